@@ -1,0 +1,1 @@
+"""hpcsec detector: context, rules, engine, alerts, outputs, store, command line."""

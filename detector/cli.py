@@ -1,0 +1,43 @@
+"""`hpcsec` command line: one module per sub-command under detector/commands/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import HpcsecError
+
+# Explicit order of sub-commands (module name under detector/commands/).
+COMMANDS = ("scan", "collect", "rules", "config", "alerts", "agent", "slurm", "firmware")
+
+EXIT_OK, EXIT_ALERTS, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpcsec",
+        description="Security detection for GPU/HPC clusters: node sensors, Sigma rules, "
+        "Slurm job context.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"{__package__}.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HpcsecError as exc:
+        print(f"hpcsec: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `hpcsec ... | head`
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the hpcsec command line, one module each."""

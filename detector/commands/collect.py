@@ -1,0 +1,92 @@
+"""`hpcsec collect`: run sensors once and print their events (or write a node snapshot)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from hpcsec.sensors import registry
+from hpcsec.sensors.base import SensorRun, run_sensor
+
+from ..config import load_config
+from ..errors import UsageError
+from ..nodectx import live_context
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collect", help="run sensors and print their events")
+    p.add_argument("--sensor", action="append", metavar="NAME",
+                   help="sensor to run (repeatable; default: every default-enabled sensor)")
+    p.add_argument("--list", action="store_true", help="list the sensors and exit")
+    p.add_argument("--sysfs-root", default="/sys", metavar="DIR",
+                   help="directory that holds class/… (default /sys)")
+    p.add_argument("--procfs-root", default="/proc", metavar="DIR")
+    p.add_argument("--etc-root", default="/etc", metavar="DIR",
+                   help="directory with passwd and group (default /etc)")
+    p.add_argument("--host-name", metavar="NAME", help="host.name of the events")
+    p.add_argument("--config", metavar="FILE", help="site config (YAML)")
+    p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
+    p.add_argument("--pcap", metavar="FILE", help="roce sensor: read RoCE v2 packets from FILE")
+    p.add_argument("--interface", metavar="IFACE", help="roce sensor: sniff IFACE")
+    p.add_argument("--watch", action="append", metavar="PATH",
+                   help="file sensor: watch PATH (repeatable)")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="seconds to watch or sniff (streaming sensors)")
+    p.set_defaults(func=run)
+
+
+def sensor_options(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("pcap", args.pcap), ("interface", args.interface),
+                              ("watch", args.watch), ("duration", args.duration))
+            if v is not None}
+
+
+def print_status(run: SensorRun) -> None:
+    status = run.status
+    print(f"hpcsec: sensor {run.name}: {status['event.action']}: {status.get('message', '')}",
+          file=sys.stderr)
+
+
+def write_events(events: list[dict], fmt: str) -> None:
+    if fmt == "jsonl":
+        out = sys.stdout.buffer
+        for event in events:
+            out.write(orjson.dumps(event) + b"\n")
+        out.flush()
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("time", "category", "action", "sensor", "summary")
+    for e in events:
+        keys = [k for k in e if k.split(".")[0] not in ("event", "host", "hpcsec", "@timestamp")]
+        summary = " ".join(f"{k}={e[k]}" for k in keys[:6])
+        table.add_row(e["@timestamp"], e["event.category"], e["event.action"],
+                      e["hpcsec.sensor"], summary)
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for spec in registry.SENSORS:
+            flag = "default" if spec.default_enabled else "opt-in"
+            print(f"{spec.name:12} {flag:8} {spec.description}")
+        return 0
+    try:
+        specs = registry.select(args.sensor)
+    except KeyError as exc:
+        known = ", ".join(registry.by_name())
+        raise UsageError(f"unknown sensor {exc.args[0]} (known: {known})") from None
+    config = load_config(args.config)
+    ctx = live_context(config, args.sysfs_root, args.procfs_root, args.etc_root,
+                       args.host_name, options=sensor_options(args))
+    events: list[dict] = []
+    for spec in specs:
+        result = run_sensor(spec, spec.factory(), ctx)
+        print_status(result)
+        events.extend(result.events)
+        events.append(result.status)
+    write_events(events, args.format)
+    return 0

@@ -1,0 +1,10 @@
+"""`hpcsec firmware` (being written)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("firmware", help="(being written)")
+    p.set_defaults(func=lambda args: print("hpcsec firmware: not available yet") or 2)

@@ -1,0 +1,10 @@
+"""`hpcsec rules` (being written)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rules", help="(being written)")
+    p.set_defaults(func=lambda args: print("hpcsec rules: not available yet") or 2)

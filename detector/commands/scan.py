@@ -1,0 +1,10 @@
+"""`hpcsec scan` (being written)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scan", help="(being written)")
+    p.set_defaults(func=lambda args: print("hpcsec scan: not available yet") or 2)

@@ -1,0 +1,1 @@
+"""Alert outputs: stdout, JSONL file, syslog, webhook; the durable spool in front."""

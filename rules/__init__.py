@@ -1,0 +1,1 @@
+"""Bundled Sigma rulesets, one file per threat vector (data only)."""

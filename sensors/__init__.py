@@ -1,0 +1,1 @@
+"""Node sensors, one module per source (see registry.py)."""
