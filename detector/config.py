@@ -16,10 +16,31 @@ from typing import Any
 
 from . import hostlist
 from .errors import ConfigError, HpcsecError, location
-from .schema import parse_time
+from .schema import FIRMWARE_COMPONENTS, parse_time
 from .yamlsrc import YamlDocument, load_documents
 
 ASSET_KINDS = ("model", "dataset", "checkpoint", "secret")
+
+# Named lists the bundled rules use through `|expand` placeholders, with the defaults that
+# apply when the site config's `lists:` does not name them (a site list replaces the default).
+# Every default is non-empty: pySigma refuses to expand a placeholder into no values.
+DEFAULT_LISTS: dict[str, tuple[str, ...]] = {
+    "miner_names": ("xmrig", "xmr-stak", "t-rex", "nbminer", "lolminer", "gminer",
+                    "phoenixminer", "ethminer", "nanominer", "teamredminer", "bzminer",
+                    "rigel", "srbminer-multi", "cpuminer", "ccminer", "excavator"),
+    "copy_tools": ("scp", "sftp", "rsync", "rclone", "curl", "wget", "aws", "gsutil",
+                   "azcopy", "s5cmd", "s3cmd", "nc", "ncat", "socat", "lftp", "ftp",
+                   "croc", "magic-wormhole"),
+    "flash_tools": ("flint", "mstflint", "mstfwmanager", "mlxfwmanager", "mlxburn",
+                    "nvflash", "nvfwupd", "fwupdmgr", "fwupdtool", "flashrom", "afulnx_64",
+                    "nvidia-smi-flash"),
+    "service_commands": ("jupyter", "ray start", "raylet", "gcs_server", "ray.dashboard",
+                         "vllm", "tritonserver", "text-generation-launcher", "ollama serve",
+                         "gradio", "streamlit", "tensorboard", "code-server"),
+    "slurm_daemons": ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "slurmrestd"),
+    "ld_preload_allowed": ("libtcmalloc", "libjemalloc", "libdarshan", "libnvidia-ml",
+                           "libhugetlbfs", "libmimalloc"),
+}
 
 
 @dataclass(frozen=True)
@@ -154,6 +175,8 @@ class SiteConfig:
         values.update({k: list(v) for k, v in self.lists.items()})
         values.setdefault("gpu_services", list(self.gpu_services))
         values.setdefault("admin_users", list(self.admins.users))
+        for name, default in DEFAULT_LISTS.items():
+            values.setdefault(name, list(default))
         return values
 
 
@@ -241,6 +264,9 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
                             r.principals(a.get("writers"), "assets", i, "writers"),
                             doc.line_of("assets", i)))
     windows = []
+    for key in ("maintenance", "silences"):
+        if not isinstance(top.get(key) or [], list):
+            raise r.fail(f"{key} must be a list", key)
     for i, item in enumerate(top.get("maintenance") or []):
         w = r.mapping(item, "maintenance", i, allowed=("start", "end", "hosts"))
         start = r.time(w.get("start"), "maintenance", i, "start")
@@ -257,15 +283,24 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     fw = r.mapping(top.get("firmware"), "firmware", allowed=("baselines", "vulnerable"))
     baselines = {}
     for cls, comps in r.mapping(fw.get("baselines"), "firmware", "baselines").items():
-        comps = r.mapping(comps, "firmware", "baselines", cls)
+        comps = r.mapping(comps, "firmware", "baselines", cls, allowed=FIRMWARE_COMPONENTS)
+        for k, v in comps.items():
+            if v is None or isinstance(v, (bool, list, dict)):
+                raise r.fail(f"firmware.baselines.{cls}.{k} must be a version string",
+                             "firmware", "baselines", cls, k)
         baselines[str(cls)] = {str(k): str(v) for k, v in comps.items()}
     vulnerable = {str(k): r.strings(v, "firmware", "vulnerable", k)
-                  for k, v in r.mapping(fw.get("vulnerable"), "firmware", "vulnerable").items()}
+                  for k, v in r.mapping(fw.get("vulnerable"), "firmware", "vulnerable",
+                                        allowed=FIRMWARE_COMPONENTS).items()}
     thresholds = {}
     for k, v in r.mapping(top.get("thresholds"), "thresholds").items():
         thresholds[str(k)] = r.number(v, "thresholds", k)
     lists = {str(k): r.strings(v, "lists", k)
              for k, v in r.mapping(top.get("lists"), "lists").items()}
+    for k, v in lists.items():
+        if not v:  # pySigma cannot expand a placeholder into no values
+            raise r.fail(f"lists.{k} must not be empty (remove it to use the default)",
+                         "lists", k)
     silences = []
     for i, item in enumerate(top.get("silences") or []):
         s = r.mapping(item, "silences", i,
@@ -287,6 +322,9 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     node_class = top.get("node_class")
     if node_class is not None and not isinstance(node_class, str):
         raise r.fail("node_class must be a string", "node_class")
+    if node_class is not None and baselines and node_class not in baselines:
+        raise r.fail(f"node_class {node_class!r} has no entry in firmware.baselines "
+                     f"(known: {', '.join(sorted(baselines))})", "node_class")
     return SiteConfig(
         node_class=node_class,
         assets=tuple(assets),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -13,6 +14,8 @@ def _split_top_level(expr: str) -> list[str]:
     for i, ch in enumerate(expr):
         if ch == "[":
             depth += 1
+            if depth > 1:
+                raise ValueError(f"nested '[' in hostlist {expr!r}")
         elif ch == "]":
             depth -= 1
             if depth < 0:
@@ -46,11 +49,22 @@ def _expand_ranges(body: str) -> list[str]:
 
 
 def _expand_one(host: str) -> list[str]:
-    m = re.search(r"\[([^\[\]]*)\]", host)
-    if not m:
-        return [host]
-    head, tail = host[: m.start()], host[m.end():]
-    return [name for n in _expand_ranges(m.group(1)) for name in _expand_one(head + n + tail)]
+    # `rack[1-2]-n[01-02]`: the cartesian product of every bracket, sized before it is built
+    # so that a few short brackets cannot ask for billions of names.
+    pieces = re.split(r"\[([^\[\]]*)\]", host)
+    literals, ranges = pieces[0::2], [_expand_ranges(body) for body in pieces[1::2]]
+    total = 1
+    for numbers in ranges:
+        total *= len(numbers)
+        if total > MAX_HOSTS:
+            raise ValueError(f"hostlist {host!r} expands to too many hosts")
+    out = []
+    for combo in itertools.product(*ranges):
+        name = literals[0]
+        for number, literal in zip(combo, literals[1:], strict=True):
+            name += number + literal
+        out.append(name)
+    return out
 
 
 def expand(expr: str | list[str] | None) -> list[str]:

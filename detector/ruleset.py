@@ -9,6 +9,8 @@ from sigma.correlations import SigmaCorrelationRule
 from sigma.filters import SigmaFilter
 from sigma.rule import SigmaRule
 
+from .errors import RuleError
+
 SigmaItem = SigmaRule | SigmaCorrelationRule | SigmaFilter
 
 
@@ -20,6 +22,17 @@ class LoadedRule:
     path: str  # file it came from
     line: int  # line where its YAML document starts
     vector: str  # the ruleset file's stem, e.g. "rdma_abuse"
+    # line of every key and list item of the document, by path (see yamlsrc.YamlDocument)
+    key_lines: dict[tuple[str | int, ...], int] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    def line_of(self, *keys: str | int) -> int:
+        """Line of the deepest known node along `keys` (the document start if none)."""
+        while keys:
+            if keys in self.key_lines:
+                return self.key_lines[keys]
+            keys = keys[:-1]
+        return self.line
 
     @property
     def id(self) -> str:
@@ -35,6 +48,15 @@ class LoadedRule:
 
 
 @dataclass(frozen=True)
+class EventSequence:
+    """Events fed, in order, to a fresh engine; for correlation rules' tests."""
+
+    events: tuple[dict[str, Any], ...]
+    expect_match: bool
+    line: int
+
+
+@dataclass(frozen=True)
 class RuleTest:
     """Test events a rule ships with: each `match` event must fire it, no `nomatch` may."""
 
@@ -43,12 +65,19 @@ class RuleTest:
     nomatch: tuple[dict[str, Any], ...]
     path: str
     line: int
+    match_lines: tuple[int, ...] = ()  # line of each `match` event in the tests file
+    nomatch_lines: tuple[int, ...] = ()
+    sequences: tuple[EventSequence, ...] = ()
+    # values for the rule's `|expand` placeholders, from the tests file
+    placeholders: dict[str, list[Any]] = field(default_factory=dict, compare=False)
 
 
 @dataclass
 class RuleSet:
     rules: list[LoadedRule] = field(default_factory=list)
     tests: list[RuleTest] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # rule files read, in order
+    errors: list[RuleError] = field(default_factory=list)  # only with collect_errors=True
 
     def by_id(self) -> dict[str, LoadedRule]:
         return {r.id: r for r in self.rules}

@@ -64,6 +64,7 @@ FIELDS: tuple[Field, ...] = (
     _f("host.name", "keyword", "the node the event was observed on"),
     _f("hpcsec.sensor", "keyword", "the sensor that produced the event"),
     _f("hpcsec.in_maintenance", "boolean", "the event falls in a maintenance window of the host"),
+    _f("hpcsec.parse_errors", "list", "inputs skipped as malformed (file, record or packet)"),
     _f("message", "keyword", "human-readable detail (sensor status, epilog findings)"),
     # process and user (ECS)
     _f("process.pid", "long", "process id"),
@@ -122,6 +123,7 @@ FIELDS: tuple[Field, ...] = (
     _f("gpu.compute_instance_id", "long", "MIG compute instance", "gpu_process"),
     _f("gpu.allocated_to_job", "boolean", "the GPU is in the allocation of the process's job"),
     _f("gpu.process_users", "list", "users with processes on this GPU", "gpu_device"),
+    _f("gpu.process_count", "long", "processes NVML lists on this GPU", "gpu_device"),
     _f("gpu.driver_version", "keyword", "NVIDIA driver version"),
     # RDMA
     _f("rdma.device", "keyword", "RDMA device, e.g. mlx5_0"),
@@ -134,10 +136,15 @@ FIELDS: tuple[Field, ...] = (
     _f("rdma.board_id", "keyword", "board id (PSID)"),
     _f("rdma.hca_type", "keyword", "HCA type"),
     _f("rdma.node_guid", "keyword", "node GUID"),
+    _f("rdma.state_id", "long", "port state number, e.g. 4 (ACTIVE)"),
+    _f("rdma.phys_state_id", "long", "physical state number, e.g. 5 (LinkUp)"),
     _f("rdma.counters.*", "long", "sysfs counters/ (data counters in bytes)", "rdma_counters"),
     _f("rdma.hw_counters.*", "long", "sysfs hw_counters/", "rdma_counters"),
-    _f("rdma.delta.*", "long", "counter increase since the previous sample", "rdma_counters"),
-    _f("rdma.per_s.*", "double", "counter increase per second", "rdma_counters"),
+    _f("rdma.counters_ext.*", "long", "sysfs counters_ext/ (legacy 64-bit; data in bytes)",
+       "rdma_counters"),
+    _f("rdma.delta.*", "long", "increase since the previous sample: `<file>` for counters/, "
+       "`hw.<file>` for hw_counters/, `ext.<file>` for counters_ext/", "rdma_counters"),
+    _f("rdma.per_s.*", "double", "increase per second, named as rdma.delta.*", "rdma_counters"),
     _f("rdma.reset", "list", "counters that went backwards (reset) since the last sample"),
     _f("rdma.interval_s", "double", "seconds since the previous sample", "rdma_counters"),
     _f("rdma.qp.lqpn", "long", "local QP number", "rdma_qp"),
@@ -145,6 +152,12 @@ FIELDS: tuple[Field, ...] = (
     _f("rdma.qp.type", "keyword", "RC, UC, UD, GSI, SMI, XRC_INI…", "rdma_qp"),
     _f("rdma.qp.state", "keyword", "RESET, INIT, RTR, RTS…", "rdma_qp"),
     _f("rdma.qp.kernel", "boolean", "the QP is owned by the kernel (no process)", "rdma_qp"),
+    _f("rdma.qp.kernel_owner", "keyword", "kernel module owning a kernel QP, e.g. ib_core",
+       "rdma_qp"),
+    _f("rdma.qp.pdn", "long", "protection domain number", "rdma_qp"),
+    _f("rdma.qp.sq_psn", "long", "send queue packet sequence number", "rdma_qp"),
+    _f("rdma.qp.rq_psn", "long", "receive queue packet sequence number", "rdma_qp"),
+    _f("rdma.qp.path_mig_state", "keyword", "MIGRATED, REARM or ARMED", "rdma_qp"),
     _f("rdma.qp.dqpn", "long", "destination QP of the flow (BTH)", "roce_flow"),
     _f("rdma.flow.write_requests", "long", "RDMA WRITE FIRST/ONLY packets", "roce_flow"),
     _f("rdma.flow.write_bytes", "long", "sum of RETH lengths of writes", "roce_flow"),
@@ -153,6 +166,8 @@ FIELDS: tuple[Field, ...] = (
     _f("rdma.flow.atomic_requests", "long", "atomic requests", "roce_flow"),
     _f("rdma.flow.sends", "long", "SEND packets", "roce_flow"),
     _f("rdma.flow.acks", "long", "ACK packets", "roce_flow"),
+    _f("rdma.flow.naks", "long", "ACK packets carrying a NAK (e.g. remote access error)",
+       "roce_flow"),
     _f("rdma.flow.rkeys", "long", "distinct rkeys seen", "roce_flow"),
     _f("rdma.flow.interval_s", "double", "aggregation interval", "roce_flow"),
     # firmware
@@ -160,6 +175,12 @@ FIELDS: tuple[Field, ...] = (
     _f("firmware.device", "keyword", "GPU uuid, mlx5_0, eth0 or system", "firmware"),
     _f("firmware.version", "keyword", "version string as reported", "firmware"),
     _f("firmware.previous_version", "keyword", "version at the previous sample", "firmware"),
+    _f("firmware.board_id", "keyword", "board id of the device (HCA PSID)", "firmware"),
+    _f("firmware.driver", "keyword", "kernel driver of a NIC (ethtool)", "firmware"),
+    _f("firmware.vendor", "keyword", "BIOS vendor (DMI)", "firmware"),
+    _f("firmware.release_date", "keyword", "BIOS release date as DMI reports it", "firmware"),
+    _f("firmware.board_name", "keyword", "mainboard name (DMI board_name)", "firmware"),
+    _f("firmware.product_name", "keyword", "system product name (DMI product_name)", "firmware"),
     _f("firmware.baseline_version", "keyword", "golden version for the node class", "firmware"),
     _f("firmware.drift", "boolean", "version differs from the baseline", "firmware"),
     _f("firmware.changed", "boolean", "version differs from the previous sample", "firmware"),
@@ -181,6 +202,7 @@ FIELDS: tuple[Field, ...] = (
     _f("slurm.job.step", "keyword", "step id (batch, extern, 0, …)"),
     _f("slurm.job.name", "keyword", "job name"),
     _f("slurm.node.users", "list", "users with a job on this node", "slurm_job"),
+    _f("slurm.node.job_count", "long", "running jobs on this node (node-level events)"),
     _f("hpcsec.findings", "list", "what the epilog found left behind", "slurm_job"),
 )
 
@@ -263,7 +285,8 @@ def fields_markdown() -> str:
            "Sigma rules use `logsource: {product: hpc, category: <event.category>}`.", "",
            "## Categories", "", "| category | events |", "|---|---|"]
     out += [f"| `{name}` | {text} |" for name, text in CATEGORIES.items()]
-    out += ["", "## Event fields", "", "| field | type | categories | meaning |", "|---|---|---|---|"]
+    out += ["", "## Event fields", "",
+            "| field | type | categories | meaning |", "|---|---|---|---|"]
     for f in FIELDS:
         cats = ", ".join(f.categories) or "any"
         out.append(f"| `{f.name}` | {f.type} | {cats} | {f.description} |")

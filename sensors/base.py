@@ -54,8 +54,12 @@ class FsRoot:
         except OSError:
             return []
 
-    def read_bytes(self, rel: str, limit: int = 1 << 20) -> bytes | None:
-        """The file's bytes (at most `limit`), or None when absent or unreadable."""
+    def read_bytes(self, rel: str, limit: int = 1 << 16) -> bytes | None:
+        """The file's bytes (at most `limit`), or None when absent or unreadable.
+
+        The limit is also the buffer Python allocates for the read, so it stays small: sysfs
+        attributes are at most a page, and the /proc files we read are small too.
+        """
         try:
             with open(self._abs(rel), "rb") as fh:
                 data = fh.read(limit)
@@ -65,7 +69,7 @@ class FsRoot:
             self.recorder.record_file(self.name, rel, data)
         return data
 
-    def read_text(self, rel: str, limit: int = 1 << 20) -> str | None:
+    def read_text(self, rel: str, limit: int = 1 << 16) -> str | None:
         data = self.read_bytes(rel, limit)
         return None if data is None else data.decode("utf-8", "replace")
 

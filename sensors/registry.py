@@ -5,7 +5,42 @@ from __future__ import annotations
 from .base import SensorSpec
 
 # Filled in as sensors land; each entry points at the module that implements the source.
-SENSORS: tuple[SensorSpec, ...] = ()
+SENSORS: tuple[SensorSpec, ...] = (
+    SensorSpec("process", lambda: _load("process", "ProcessSensor"),
+               "processes from /proc: command line, user, cgroup, selected environment",
+               categories=("process",)),
+    SensorSpec("sockets", lambda: _load("sockets", "SocketSensor"),
+               "TCP/UDP sockets (sock_diag) with the owning process",
+               categories=("network_socket",)),
+    SensorSpec("file_access", lambda: _load("file_access", "FileAccessSensor"),
+               "accesses to protected paths: fanotify stream (--duration) or open files",
+               categories=("file_access",)),
+    SensorSpec("slurm_jobs", lambda: _load("slurm_jobs", "SlurmJobsSensor"),
+               "Slurm jobs and users on this node, job start/end, prolog/epilog records",
+               categories=("slurm_job",)),
+    SensorSpec("gpu", lambda: _load("gpu", "GpuSensor"),
+               "GPUs and the processes on them, from NVML (nvml.json)",
+               categories=("gpu_device", "gpu_process")),
+    SensorSpec("firmware", lambda: _load("firmware", "FirmwareSensor"),
+               "firmware inventory: GPU VBIOS/InfoROM/GSP, driver, HCA, NIC, BIOS",
+               categories=("firmware",)),
+    SensorSpec("rdma_counters", lambda: _load("rdma_counters", "RdmaCountersSensor"),
+               "InfiniBand/RoCE port counters and hw_counters from sysfs, with deltas",
+               categories=("rdma_counters",)),
+    SensorSpec("rdma_qp", lambda: _load("rdma_qp", "RdmaQpSensor"),
+               "RDMA queue pairs and their owners from `rdma -j res show qp`",
+               categories=("rdma_qp",)),
+    SensorSpec("roce", lambda: _load("roce", "RoceSensor"),
+               "RoCE v2 flows from a capture (--pcap FILE or --interface IFACE)",
+               default_enabled=False, categories=("roce_flow",)),
+)
+
+
+def _load(module: str, cls: str):
+    """Import a sensor module only when the sensor is used (pyroute2, pynvml are heavy)."""
+    from importlib import import_module
+
+    return getattr(import_module(f"{__package__}.{module}"), cls)()
 
 
 def by_name() -> dict[str, SensorSpec]:

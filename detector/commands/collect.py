@@ -9,6 +9,7 @@ import orjson
 
 from hpcsec.sensors import registry
 from hpcsec.sensors.base import SensorRun, run_sensor
+from hpcsec.sensors.snapshot import close_sensor, record_snapshot, replay_snapshot
 
 from ..config import load_config
 from ..errors import UsageError
@@ -30,16 +31,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
     p.add_argument("--pcap", metavar="FILE", help="roce sensor: read RoCE v2 packets from FILE")
     p.add_argument("--interface", metavar="IFACE", help="roce sensor: sniff IFACE")
+    p.add_argument("--flow-interval", type=float, default=None, metavar="S",
+                   help="roce sensor: seconds of packet time per flow record (default 10)")
     p.add_argument("--watch", action="append", metavar="PATH",
                    help="file sensor: watch PATH (repeatable)")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="seconds to watch or sniff (streaming sensors)")
+    p.add_argument("--slurm-state-dir", metavar="DIR",
+                   help="slurm_jobs sensor: --state-dir of `hpcsec slurm prolog|epilog`")
+    p.add_argument("--snapshot", metavar="DIR",
+                   help="write a node snapshot (the raw inputs of every sensor) into DIR")
+    p.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="--snapshot: number of samples (default 1)")
+    p.add_argument("--interval", type=float, default=10.0, metavar="S",
+                   help="--snapshot: seconds between samples (default 10)")
+    p.add_argument("--from-snapshot", metavar="DIR",
+                   help="replay a node snapshot instead of reading the live system")
     p.set_defaults(func=run)
 
 
 def sensor_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in (("pcap", args.pcap), ("interface", args.interface),
-                              ("watch", args.watch), ("duration", args.duration))
+                              ("watch", args.watch), ("duration", args.duration),
+                              ("flow_interval", args.flow_interval),
+                              ("slurm_state_dir", args.slurm_state_dir))
             if v is not None}
 
 
@@ -72,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for spec in registry.SENSORS:
             flag = "default" if spec.default_enabled else "opt-in"
-            print(f"{spec.name:12} {flag:8} {spec.description}")
+            print(f"{spec.name:14} {flag:8} {spec.description}")
         return 0
     try:
         specs = registry.select(args.sensor)
@@ -80,13 +95,33 @@ def run(args: argparse.Namespace) -> int:
         known = ", ".join(registry.by_name())
         raise UsageError(f"unknown sensor {exc.args[0]} (known: {known})") from None
     config = load_config(args.config)
+    if args.snapshot and args.from_snapshot:
+        raise UsageError("--snapshot and --from-snapshot exclude each other")
+    if args.from_snapshot:
+        runs = list(replay_snapshot(args.from_snapshot, specs, config, sensor_options(args)))
+        return print_runs(runs, args.format)
     ctx = live_context(config, args.sysfs_root, args.procfs_root, args.etc_root,
                        args.host_name, options=sensor_options(args))
-    events: list[dict] = []
+    if args.snapshot:
+        runs = record_snapshot(args.snapshot, ctx, specs, args.samples, args.interval)
+        for result in runs:
+            print_status(result)
+        return 0
+    runs = []
     for spec in specs:
-        result = run_sensor(spec, spec.factory(), ctx)
+        sensor = spec.factory()
+        try:
+            runs.append(run_sensor(spec, sensor, ctx))
+        finally:
+            close_sensor(sensor)
+    return print_runs(runs, args.format)
+
+
+def print_runs(runs: list[SensorRun], fmt: str) -> int:
+    events: list[dict] = []
+    for result in runs:
         print_status(result)
         events.extend(result.events)
         events.append(result.status)
-    write_events(events, args.format)
+    write_events(events, fmt)
     return 0

@@ -1,10 +1,82 @@
-"""`hpcsec scan` (being written)."""
+"""`hpcsec scan`: sensors once (or a snapshot, or an events file), rules, alerts out."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from ..alerts import AlertBuilder, level_rank, sort_alerts
+from ..config import load_config
+from ..engine import Engine
+from ..pipeline import EventSources, ScanReport
+from ..render import write_json, write_jsonl, write_table
+from ..rules import load_rules
+from ..schema import LEVELS
+
+BATCH = 4096
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("scan", help="(being written)")
-    p.set_defaults(func=lambda args: print("hpcsec scan: not available yet") or 2)
+    p = sub.add_parser("scan", help="run sensors once (or read a snapshot/events), "
+                       "evaluate the rules, print or send alerts")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--events", metavar="FILE|-", help="JSONL events instead of sensors")
+    src.add_argument("--snapshot", metavar="DIR", help="replay a node snapshot")
+    src.add_argument("--demo", action="store_true", help="scan the bundled demo snapshot")
+    p.add_argument("--config", metavar="FILE", help="site config (YAML)")
+    p.add_argument("--rules", action="append", metavar="DIR|FILE",
+                   help="rule file or directory (repeatable; default: the bundled rules)")
+    p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    p.add_argument("--fail-on", choices=LEVELS, default=LEVELS[0], metavar="LEVEL",
+                   help="exit 1 when an alert at or above LEVEL is raised "
+                   f"({', '.join(LEVELS)}; default {LEVELS[0]})")
+    p.add_argument("--no-dedup", action="store_true", help="every match is an alert")
+    p.add_argument("--output", action="append", metavar="URL",
+                   help="send alerts: syslog+udp|tcp|tls://HOST:PORT, http(s)://… webhook, "
+                   "file:///PATH.jsonl, - (repeatable)")
+    p.add_argument("--webhook-secret-file", metavar="FILE")
+    p.add_argument("--spool", metavar="DIR", help="durable spool for undelivered alerts")
+    p.add_argument("--sensor", action="append", metavar="NAME", help="live scan: sensors to run")
+    p.add_argument("--sysfs-root", default="/sys", metavar="DIR")
+    p.add_argument("--procfs-root", default="/proc", metavar="DIR")
+    p.add_argument("--etc-root", default="/etc", metavar="DIR")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    ruleset = load_rules(args.rules)
+    engine = Engine(ruleset, placeholders=config.placeholders())
+    builder = AlertBuilder(dedup=not args.no_dedup, window_s=config.dedup_window_s)
+    report = ScanReport()
+    sources = EventSources(config, report)
+    if args.events:
+        batches = sources.from_events_file(args.events, BATCH)
+    elif args.snapshot or args.demo:
+        batches = sources.from_snapshot(args.snapshot, demo=args.demo)
+    else:
+        batches = sources.live(args)
+    for batch in batches:
+        builder.add(engine.evaluate(batch))
+    builder.add(engine.flush())
+    report.print(sys.stderr)
+    alerts = sort_alerts(builder.alerts())
+    outputs = list(args.output or config.outputs)
+    if outputs:
+        from ..delivery import deliver_alerts
+
+        if not deliver_alerts(alerts, outputs, args, config):
+            print("hpcsec: some alerts are still spooled (see above)", file=sys.stderr)
+    else:
+        write_alerts(alerts, args.format)
+    threshold = level_rank(args.fail_on)
+    return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
+
+
+def write_alerts(alerts: list[dict], fmt: str) -> None:
+    if fmt == "json":
+        write_json(alerts)
+    elif fmt == "jsonl":
+        write_jsonl(alerts)
+    else:
+        write_table(alerts, title=f"hpcsec: {len(alerts)} alert(s)")

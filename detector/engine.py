@@ -1,0 +1,285 @@
+"""The rule evaluation engine: events in, matches out.
+
+    engine = Engine(ruleset, placeholders={"admins": ["adm-carol"]})
+    matches = engine.evaluate(events)   # stateful across calls (correlation windows)
+    matches += engine.flush()           # end of input
+
+Routing: a detection rule only sees events whose `event.category` is its logsource category
+(`product: hpc`); rules are compiled per category (see compile.py) so an event runs only its
+category's rules. Sigma filters are AND-ed into the rules they name (their condition is written
+the Sigma way, e.g. `not selection`). Correlations (correlate.py) are fed by the rules they
+reference; a referenced rule alerts on its own only when the correlation says `generate: true`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sigma.conditions import ConditionOR
+from sigma.correlations import SigmaCorrelationRule
+from sigma.exceptions import SigmaError
+from sigma.filters import SigmaFilter
+from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
+from sigma.processing.transformations import ValueListPlaceholderTransformation
+from sigma.rule import SigmaDetection, SigmaRule
+from sigma.types import Placeholder, SigmaRegularExpression
+
+from .compile import CategoryCompiler, UnsupportedValue
+from .correlate import Correlation, CorrelationStats, Fired, epoch, timestamp_text
+from .errors import RuleError, location
+from .ruleset import LoadedRule, RuleSet
+from .schema import PRODUCT
+
+
+@dataclass(frozen=True)
+class Match:
+    rule: LoadedRule
+    events: tuple[dict[str, Any], ...]
+    group: tuple[tuple[str, Any], ...] = ()  # correlation group-by (field, value) pairs
+    window_start: str | None = None  # RFC 3339, correlations
+    value: float | None = None  # the count/sum/avg that fired, correlations
+
+    def __repr__(self) -> str:  # the rule's whole pySigma object would drown the output
+        extra = f", group={self.group}, value={self.value}" if self.group or self.value else ""
+        return f"Match(rule={self.rule.id!r}, events={len(self.events)}{extra})"
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Where a rule's matches go besides the output: a correlation and the source slot."""
+
+    correlation: Correlation
+    source: int
+
+
+@dataclass(frozen=True)
+class Slot:
+    rule: LoadedRule
+    emit: bool
+    feeds: tuple[Feed, ...]
+
+
+def rule_error(rule: LoadedRule, message: str) -> RuleError:
+    return RuleError(f"rule {rule.id}: {message}", location(rule.path, rule.line))
+
+
+def placeholder_names(rule: SigmaRule) -> set[str]:
+    names: set[str] = set()
+
+    def walk(detection: SigmaDetection) -> None:
+        for item in detection.detection_items:
+            if isinstance(item, SigmaDetection):
+                walk(item)
+                continue
+            for value in item.value:
+                parts = value.regexp.s if isinstance(value, SigmaRegularExpression) else \
+                    getattr(value, "s", ())
+                names.update(p.name for p in parts if isinstance(p, Placeholder))
+
+    for detection in rule.detection.detections.values():
+        walk(detection)
+    return names
+
+
+def fill_placeholders(rule: LoadedRule, values: dict[str, list]) -> SigmaRule:
+    """`|expand` placeholders, filled by pySigma's own ValueListPlaceholderTransformation."""
+    sigma: SigmaRule = rule.sigma  # type: ignore[assignment]
+    names = placeholder_names(sigma)
+    if not names:
+        return sigma
+    missing = sorted(names - values.keys())
+    if missing:
+        listed = ", ".join(f"%{name}%" for name in missing)
+        raise rule_error(rule, f"placeholder {listed} has no value "
+                               "(placeholder values come from the site config)")
+    pipeline = ProcessingPipeline(
+        items=[ProcessingItem(ValueListPlaceholderTransformation(), identifier="hpcsec-expand")],
+        vars=dict(values),
+    )
+    filled = copy.deepcopy(sigma)
+    try:
+        pipeline.apply(filled)
+    except SigmaError as e:
+        raise rule_error(rule, str(e)) from e
+    return filled
+
+
+def routed_category(rule: LoadedRule) -> tuple[bool, str | None]:
+    """(routable, category); a rule of another product is not evaluated on our events."""
+    logsource = rule.sigma.logsource
+    product = (logsource.product or "").lower()
+    return product == PRODUCT, logsource.category
+
+
+class Engine:
+    def __init__(self, ruleset: RuleSet, placeholders: dict[str, list] | None = None, *,
+                 max_groups: int = 100_000, sample_size: int = 10):
+        self.placeholders = dict(placeholders or {})
+        self.stats = CorrelationStats()
+        self.watermark = float("-inf")  # latest event time seen by a correlation
+        detections = [r for r in ruleset.rules if r.kind == "detection"]
+        filters = [r for r in ruleset.rules if r.kind == "filter"]
+        correlation_rules = [r for r in ruleset.rules if r.kind == "correlation"]
+        routed = [r for r in detections if routed_category(r)[0]]
+        self.correlations: list[Correlation] = []
+        feeds, silenced = self._wire_correlations(ruleset, correlation_rules, max_groups,
+                                                  sample_size)
+        self.rules: list[LoadedRule] = routed + [c.rule for c in self.correlations]
+        self._corr_slots = {
+            c.rule.id: Slot(c.rule, c.rule.id not in silenced,
+                            self._ordered(feeds.get(c.rule.id, [])))
+            for c in self.correlations
+        }
+        compilers: dict[str | None, CategoryCompiler] = {}
+        slots: dict[str | None, list[Slot]] = {}
+        for rule in routed:
+            category = routed_category(rule)[1]
+            sigma = fill_placeholders(rule, self.placeholders)
+            trees = []
+            try:
+                conditions = [c.parse() for c in sigma.detection.parsed_condition]
+                compiler = compilers.setdefault(category, CategoryCompiler())
+                trees = [_any_of(conditions)]
+                trees += [f.sigma.filter.parsed_condition[0].parse()
+                          for f in filters if _filter_applies(f, rule)]
+                compiler.add_rule(trees)
+            except (UnsupportedValue, SigmaError) as e:
+                raise rule_error(rule, str(e)) from e
+            slots.setdefault(category, []).append(
+                Slot(rule, rule.id not in silenced, self._ordered(feeds.get(rule.id, []))))
+        self._by_category: dict[str | None, tuple[Any, tuple[Slot, ...]]] = {
+            category: (compiler.build(_function_name(category)), tuple(slots[category]))
+            for category, compiler in compilers.items()
+        }
+        self._any_category = self._by_category.pop(None, None)
+
+    @staticmethod
+    def _ordered(feeds: list[Feed]) -> tuple[Feed, ...]:
+        """Later steps of an ordered chain first, so that one event (matching two rules of a
+        temporal_ordered correlation) never completes two steps at once."""
+        return tuple(sorted(feeds, key=lambda f: -f.source))
+
+    def _wire_correlations(self, ruleset: RuleSet, rules: list[LoadedRule], max_groups: int,
+                           sample_size: int) -> tuple[dict[str, list[Feed]], set[str]]:
+        feeds: dict[str, list[Feed]] = {}
+        silenced: set[str] = set()
+        for rule in rules:
+            sigma: SigmaCorrelationRule = rule.sigma  # type: ignore[assignment]
+            refs = [r.reference for r in sigma.rules] if sigma.rules else \
+                sigma.condition.get_referenced_rules()  # type: ignore[union-attr]
+            sources = []
+            for ref in refs:
+                source = ruleset.find(ref)
+                if source is None or source.kind == "filter":
+                    raise rule_error(rule, f"correlation refers to unknown rule '{ref}'")
+                sources.append(source)
+            kind = sigma.type.name.lower()
+            if kind in ("value_percentile", "value_median"):
+                raise rule_error(rule, f"correlation type {kind} is not supported")
+            correlation = Correlation(rule, sources, self.stats, max_groups, sample_size)
+            self.correlations.append(correlation)
+            for i, source in enumerate(sources):
+                feeds.setdefault(source.id, []).append(Feed(correlation, i))
+                if not sigma.generate:
+                    silenced.add(source.id)
+        return feeds, silenced
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, events: Iterable[dict[str, Any]]) -> list[Match]:
+        out: list[Match] = []
+        by_category = self._by_category
+        any_category = self._any_category
+        for event in events:
+            entry = by_category.get(event.get("event.category"))
+            if entry is not None:
+                hits = entry[0](event)
+                if hits:
+                    self._hits(entry[1], hits, event, out)
+            if any_category is not None:
+                hits = any_category[0](event)
+                if hits:
+                    self._hits(any_category[1], hits, event, out)
+        if self.correlations:
+            self._expire(out)
+        return out
+
+    def _hits(self, slots: tuple[Slot, ...], hits: tuple[int, ...], event: dict[str, Any],
+              out: list[Match]) -> None:
+        for i in hits:
+            slot = slots[i]
+            if slot.emit:
+                out.append(Match(slot.rule, (event,)))
+            if slot.feeds:
+                t = epoch(event.get("@timestamp"))
+                if t is None:
+                    self.stats.untimed_events += 1
+                    continue
+                if t > self.watermark:
+                    self.watermark = t
+                for feed in slot.feeds:
+                    self._feed(feed, event, t, (event,), out)
+
+    def _feed(self, feed: Feed, event: dict[str, Any], t: float,
+              evidence: tuple[dict[str, Any], ...], out: list[Match]) -> None:
+        fired = feed.correlation.feed(feed.source, event, t, evidence)
+        if fired is not None:
+            self._fire(feed.correlation, fired, out)
+
+    def _fire(self, correlation: Correlation, fired: Fired, out: list[Match]) -> None:
+        slot = self._corr_slots[correlation.rule.id]
+        group = correlation.group_pairs(fired.key)
+        if slot.emit:
+            out.append(Match(correlation.rule, fired.events, group,
+                             timestamp_text(fired.window_start), fired.value))
+        # chaining: the outer correlation sees the inner one's group values at its fire time
+        chained = {**dict(group), "@timestamp": timestamp_text(fired.time)}
+        for feed in slot.feeds:
+            self._feed_chained(feed, chained, fired, out)
+
+    def _feed_chained(self, feed: Feed, chained: dict[str, Any], fired: Fired,
+                      out: list[Match]) -> None:
+        outer = feed.correlation.feed(feed.source, chained, fired.time, fired.events)
+        if outer is not None:
+            self._fire(feed.correlation, outer, out)
+
+    def _expire(self, out: list[Match]) -> None:
+        for correlation in self.correlations:
+            for fired in correlation.expire(self.watermark):
+                self._fire(correlation, fired, out)
+
+    def flush(self) -> list[Match]:
+        """End of input: close every open window (conditions decided at window end)."""
+        out: list[Match] = []
+        pending = True
+        while pending:  # a chained correlation may open windows while inner ones close
+            pending = False
+            for correlation in self.correlations:
+                for fired in correlation.flush():
+                    self._fire(correlation, fired, out)
+                    pending = True
+        return out
+
+
+def _any_of(conditions: list[Any]) -> Any:
+    """A rule's list of conditions means any of them."""
+    if len(conditions) == 1:
+        return conditions[0]
+    return ConditionOR(conditions)
+
+
+def _filter_applies(filter_rule: LoadedRule, rule: LoadedRule) -> bool:
+    sigma_filter: SigmaFilter = filter_rule.sigma  # type: ignore[assignment]
+    if rule.sigma.logsource not in sigma_filter.logsource:
+        return False
+    refs = sigma_filter.filter.rules
+    if isinstance(refs, str):
+        return refs.lower() == "any"
+    names = {rule.id, getattr(rule.sigma, "name", None), str(rule.sigma.id or "")}
+    return any(ref.reference in names for ref in refs)
+
+
+def _function_name(category: str | None) -> str:
+    return "match_" + "".join(c if c.isalnum() else "_" for c in (category or "any_category"))

@@ -1,0 +1,56 @@
+"""Slurm enrichment: every event with a `process.pid` gets the `slurm.job.*` of its job.
+
+Events whose process has no job get no `slurm.job.id` at all (rules test `slurm.job.id: null`).
+`gpu_process` events also get `gpu.allocated_to_job`: whether their GPU is in the job's
+allocation on this node (false for a process with no job). `rdma_qp`, `file_access`,
+`network_socket` and `process` events are handled the same way, through their pid.
+"""
+
+from __future__ import annotations
+
+from hpcsec.sensors.base import SensorContext
+
+from .jobs import JobContext, job_context
+from .schema import Event
+
+
+class SlurmEnricher:
+    """Adds job fields in place; one refresh of the job table per batch at most."""
+
+    def __init__(self, jobs: JobContext | None = None):
+        self.jobs = jobs
+
+    def enrich(self, events: list[Event], ctx: SensorContext) -> list[Event]:
+        """Enrich `events` (modified in place and returned), then append Slurm status events."""
+        jobs = self.jobs or job_context(ctx)
+        if any(_pid(e) is not None for e in events):
+            jobs.refresh(ctx)
+        for event in events:
+            enrich_event(event, jobs, ctx)
+        events.extend(jobs.take_status())
+        return events
+
+
+def _pid(event: Event) -> int | None:
+    pid = event.get("process.pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return None
+    return pid
+
+
+def enrich_event(event: Event, jobs: JobContext, ctx: SensorContext) -> Event:
+    pid = _pid(event)
+    if pid is None or "slurm.job.id" in event:  # prolog/epilog events already name their job
+        return event
+    fields = jobs.fields_for_pid(ctx, pid)
+    for key, value in fields.items():
+        event.setdefault(key, value)
+    if event.get("event.category") == "gpu_process":
+        index = event.get("gpu.index")
+        gpus = fields.get("slurm.job.gpus")
+        if not fields:
+            event["gpu.allocated_to_job"] = False
+        elif isinstance(index, int) and gpus is not None:
+            event["gpu.allocated_to_job"] = index in gpus
+        # a job whose GRES detail we could not read: leave the field out rather than guess
+    return event

@@ -1,0 +1,400 @@
+"""Durable on-disk spool, one per destination: an alert is on disk before it is sent.
+
+Layout under the spool directory (a crash at any instant leaves either the old or the new
+state, never a torn file):
+
+    <spool>/<destination key>/destination   the destination's name (URL without secrets)
+    <spool>/<destination key>/lock          flock held by the process that owns the spool
+    <spool>/<destination key>/tmp/          files being written (deleted at the next open)
+    <spool>/<destination key>/pending/      segments: N.jsonl, one alert per line, written
+                                            once; N.done, indexes of lines settled since
+    <spool>/<destination key>/failed/       alerts the receiver refused for good, with .reason
+
+Each `add_many` call writes one segment to tmp/, fsyncs it, renames it into pending/ and
+fsyncs the directory before it returns: one fsync per batch, not per alert, which is what
+keeps a slow disk from capping the alert rate. A delivered alert's line number is appended to
+the segment's .done file (not fsynced: losing it only means sending that alert again), and
+the segment is deleted once every line is settled. Delivery is therefore at least once, and
+receivers deduplicate on `alert.id` (the webhook's Idempotency-Key).
+
+Full spool (pending bytes would exceed max_bytes): older alerts of a LOWER level than the new
+one are evicted, lowest level and oldest first, to make room; if that cannot make room, the new
+alert is refused. Nothing goes silently: every eviction or refusal is counted in one `spool
+full` notice alert per episode, kept at the front of this destination's queue (it does not
+count against the bound and is rewritten in place while it waits), and returned to the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import HpcsecError
+from ..schema import LEVELS, rfc3339
+
+Alert = dict[str, Any]
+SPOOL_FULL_RULE_ID = "hpcsec-spool-full"
+MAX_IDS_IN_NOTICE = 100
+_SEGMENT = re.compile(r"^\d{20}-\d+-\d{6}\.jsonl$")
+_NOTICE = re.compile(r"^\d{20}-\d+-\d{6}-notice\.json$")
+
+
+class SpoolError(HpcsecError):
+    """The spool directory cannot be used (permissions, in use by another process)."""
+
+
+def level_rank(alert: Alert) -> int:
+    try:
+        return LEVELS.index(str(alert.get("rule.level")))
+    except ValueError:
+        return LEVELS.index("medium")  # an unknown level is neither thrown away first nor last
+
+
+def destination_key(destination: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9.]+", "_", destination).strip("_")[:48]
+    return f"{slug}-{hashlib.sha256(destination.encode()).hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class SpoolEntry:
+    key: tuple[str, int]  # (file in pending/, line number)
+    alert: Alert
+    alert_id: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    dropped_ids: tuple[str, ...]
+    notice: Alert | None  # the episode's `spool full` notice when this call dropped alerts
+
+
+@dataclass
+class _Meta:
+    level: int
+    offset: int
+    size: int
+    notice: bool = False
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    def __init__(self, path: Path, destination: str, max_bytes: int, lock_fd: int):
+        self.path, self.destination, self.max_bytes = path, destination, max_bytes
+        self.pending = path / "pending"
+        self._lock_fd = lock_fd
+        self._index: dict[tuple[str, int], _Meta] = {}  # in arrival order
+        self._live: dict[str, int] = {}  # segment -> lines not settled yet
+        self._used = 0  # bytes of unsettled alerts, the notice excluded
+        self._seq = 0
+        self._notice_name: str | None = None
+        self._notice: Alert | None = None
+        self.corrupt = 0  # unreadable lines moved to failed/
+
+    @classmethod
+    def open(cls, root: Path, destination: str, *, max_bytes: int) -> Spool:
+        path = Path(root) / destination_key(destination)
+        try:
+            for sub in ("tmp", "pending", "failed"):
+                (path / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+            (path / "destination").write_text(destination + "\n")
+            fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SpoolError(f"cannot use spool directory {root}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise SpoolError(f"spool {path} ({destination}) is in use by another hpcsec "
+                             f"process (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        spool = cls(path, destination, max_bytes, fd)
+        spool._load()
+        return spool
+
+    def _load(self) -> None:
+        for leftover in (self.path / "tmp").iterdir():  # never committed: not accepted yet
+            leftover.unlink(missing_ok=True)
+        for entry in sorted(self.pending.iterdir()):
+            name = entry.name
+            if _NOTICE.match(name):
+                self._notice_name = name
+                self._index[(name, 0)] = _Meta(LEVELS.index("high"), 0, entry.stat().st_size,
+                                               notice=True)
+                with contextlib.suppress(OSError, orjson.JSONDecodeError):
+                    self._notice = orjson.loads(entry.read_bytes())
+            elif _SEGMENT.match(name):
+                self._load_segment(name)
+            elif not name.endswith(".done"):
+                self._quarantine_file(name, "not a spool file name")
+
+    def _load_segment(self, name: str) -> None:
+        done: set[int] = set()
+        with contextlib.suppress(FileNotFoundError):
+            for line in (self.pending / (name[:-6] + ".done")).read_text().split():
+                if line.isdigit():
+                    done.add(int(line))
+        offset = 0
+        with open(self.pending / name, "rb") as fh:
+            for number, line in enumerate(fh):
+                size = len(line)
+                if number not in done:
+                    try:
+                        alert = orjson.loads(line)
+                        if not isinstance(alert, dict):
+                            raise ValueError("not a JSON object")
+                    except ValueError as exc:
+                        self._quarantine_line(name, number, line, f"unreadable spool line: {exc}")
+                    else:
+                        self._index[(name, number)] = _Meta(level_rank(alert), offset, size)
+                        self._live[name] = self._live.get(name, 0) + 1
+                        self._used += size
+                offset += size
+        if not self._live.get(name):
+            self._drop_segment(name)
+
+    # -- queue -------------------------------------------------------------------------------
+
+    def depth(self) -> int:
+        return len(self._index)
+
+    def bytes_used(self) -> int:
+        return self._used
+
+    def _read(self, key: tuple[str, int]) -> bytes:
+        meta = self._index[key]
+        with open(self.pending / key[0], "rb") as fh:
+            if meta.notice:
+                return fh.read()
+            fh.seek(meta.offset)
+            return fh.read(meta.size)
+
+    def next_entry(self) -> SpoolEntry | None:
+        """The oldest pending alert (the `spool full` notice first)."""
+        while self._index:
+            notice_key = (self._notice_name, 0)
+            key = notice_key if notice_key in self._index else next(iter(self._index))
+            try:
+                raw = self._read(key)
+                alert = orjson.loads(raw)
+                if not isinstance(alert, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                if self._index[key].notice:
+                    self._quarantine_file(key[0], f"unreadable spool file: {exc}")
+                    self._forget_notice(key)
+                else:
+                    self._quarantine_line(key[0], key[1], b"", f"unreadable spool line: {exc}")
+                    self._settle(key)
+                continue
+            return SpoolEntry(key, alert, str(alert.get("alert.id")))
+        return None
+
+    def remove(self, entry: SpoolEntry) -> None:
+        """The receiver has the alert."""
+        if entry.key in self._index and self._index[entry.key].notice:
+            (self.pending / entry.key[0]).unlink(missing_ok=True)
+            self._forget_notice(entry.key)  # the next drop starts a new episode
+        else:
+            self._settle(entry.key)
+
+    def reject(self, entry: SpoolEntry, reason: str) -> None:
+        """The receiver refused this alert for good: keep it, with why, out of the queue."""
+        if entry.key in self._index and self._index[entry.key].notice:
+            self._quarantine_file(entry.key[0], reason)
+            self._forget_notice(entry.key)
+            return
+        self._quarantine_line(entry.key[0], entry.key[1], orjson.dumps(entry.alert), reason)
+        self._settle(entry.key)
+
+    def _forget_notice(self, key: tuple[str, int]) -> None:
+        self._index.pop(key, None)
+        self._notice_name, self._notice = None, None
+
+    def _settle(self, key: tuple[str, int]) -> None:
+        meta = self._index.pop(key, None)
+        if meta is None:
+            return
+        self._used -= meta.size
+        segment, number = key
+        self._live[segment] -= 1
+        if self._live[segment] == 0:
+            self._drop_segment(segment)
+            return
+        with open(self.pending / (segment[:-6] + ".done"), "a") as fh:
+            fh.write(f"{number}\n")
+
+    def _drop_segment(self, segment: str) -> None:
+        self._live.pop(segment, None)
+        (self.pending / segment).unlink(missing_ok=True)
+        (self.pending / (segment[:-6] + ".done")).unlink(missing_ok=True)
+
+    def _quarantine_line(self, segment: str, number: int, line: bytes, reason: str) -> None:
+        base = self.path / "failed" / f"{segment[:-6]}-{number}.json"
+        with contextlib.suppress(OSError):
+            if not line:
+                with open(self.pending / segment, "rb") as fh:
+                    line = fh.readlines()[number]
+            base.write_bytes(line)
+            base.with_name(base.name + ".reason").write_text(reason + "\n")
+        if reason.startswith("unreadable"):
+            self.corrupt += 1
+
+    def _quarantine_file(self, name: str, reason: str) -> None:
+        with contextlib.suppress(OSError):
+            os.replace(self.pending / name, self.path / "failed" / name)
+            (self.path / "failed" / (name + ".reason")).write_text(reason + "\n")
+        if reason.startswith("unreadable") or reason.startswith("not a spool"):
+            self.corrupt += 1
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _new_stem(self) -> str:
+        self._seq = (self._seq + 1) % 1_000_000
+        return f"{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}"
+
+    def _write_tmp(self, name: str, data: bytes) -> None:
+        tmp = self.path / "tmp" / name
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _evict_for(self, level: int, need: int) -> list[tuple[str, int]] | None:
+        """Keys to evict so `need` more bytes fit, or None when evicting cannot make room."""
+        free = self.max_bytes - self._used
+        if need <= free:
+            return []
+        victims = sorted((m.level, key) for key, m in self._index.items()
+                         if not m.notice and m.level < level)
+        chosen = []
+        for _, key in victims:
+            chosen.append(key)
+            free += self._index[key].size
+            if need <= free:
+                return chosen
+        return None
+
+    def add_many(self, alerts: list[Alert]) -> Admission:
+        """Commit `alerts` to disk (one segment: write, fsync, rename) before returning."""
+        dropped: list[tuple[str, int]] = []
+        lines: list[bytes] = []
+        metas: list[_Meta] = []
+        evicted: list[tuple[str, int]] = []  # settled only once the new segment is on disk
+        sizes: dict[tuple[str, int], int] = {}
+        reserved = 0
+        for alert in alerts:
+            line = orjson.dumps(alert, default=str) + b"\n"
+            level = level_rank(alert)
+            self._used += reserved  # count this batch's lines while choosing victims
+            try:
+                victims = self._evict_for(level, len(line))
+                victims = None if victims is None else [v for v in victims if v not in evicted]
+            finally:
+                self._used -= reserved
+            if victims is None:
+                dropped.append((str(alert.get("alert.id")), level))
+                continue
+            for victim in victims:
+                dropped.append((self._read_id(victim), self._index[victim].level))
+                evicted.append(victim)
+                sizes[victim] = self._index[victim].size
+                self._used -= self._index[victim].size
+                self._index[victim].size = 0  # its bytes are free for this batch
+            metas.append(_Meta(level, sum(len(x) for x in lines), len(line)))
+            lines.append(line)
+            reserved += len(line)
+        segment = self._new_stem() + ".jsonl"
+        try:
+            if lines:
+                self._write_tmp(segment, b"".join(lines))
+            notice = self._record_drops(dropped) if dropped else None
+            if lines:
+                os.replace(self.path / "tmp" / segment, self.pending / segment)
+            if lines or notice is not None:
+                _fsync_dir(self.pending)
+        except OSError as exc:
+            for victim in evicted:  # nothing was evicted after all
+                self._index[victim].size = sizes[victim]
+                self._used += sizes[victim]
+            raise SpoolError(f"cannot write to spool {self.path}: {exc.strerror}") from None
+        for number, meta in enumerate(metas):
+            self._index[(segment, number)] = meta
+        if metas:
+            self._live[segment] = len(metas)
+        self._used += reserved
+        for victim in evicted:
+            self._settle(victim)
+        return Admission(tuple(i for i, _ in dropped), notice)
+
+    def _read_id(self, key: tuple[str, int]) -> str:
+        try:
+            return str(orjson.loads(self._read(key)).get("alert.id"))
+        except (OSError, ValueError, AttributeError):
+            return f"<unreadable {key[0]}:{key[1]}>"
+
+    def _record_drops(self, dropped: list[tuple[str, int]]) -> Alert:
+        now = rfc3339()
+        notice = self._notice
+        if notice is None or (self._notice_name, 0) not in self._index:
+            episode = f"{self.destination}\x1f{time.time_ns()}"
+            notice = {
+                "alert.id": hashlib.sha256(episode.encode()).hexdigest()[:32],
+                "@timestamp": now, "rule.id": SPOOL_FULL_RULE_ID,
+                "rule.title": "Alert spool full: alerts were dropped",
+                "rule.level": "high", "rule.tags": [], "rule.vector": "hpcsec",
+                "host.name": socket.gethostname(), "events": [], "count": 0,
+                "alert.first_seen": now, "hpcsec.spool.destination": self.destination,
+                "hpcsec.spool.dropped_by_level": {}, "hpcsec.spool.dropped_alert_ids": [],
+            }
+            self._notice_name = self._new_stem() + "-notice.json"
+        by_level = dict(notice["hpcsec.spool.dropped_by_level"])
+        ids = list(notice["hpcsec.spool.dropped_alert_ids"])
+        for alert_id, level in dropped:
+            by_level[LEVELS[level]] = by_level.get(LEVELS[level], 0) + 1
+            if len(ids) < MAX_IDS_IN_NOTICE:
+                ids.append(alert_id)
+        total = notice["count"] + len(dropped)
+        notice = {**notice, "count": total, "alert.last_seen": now,
+                  "hpcsec.spool.dropped_by_level": by_level,
+                  "hpcsec.spool.dropped_alert_ids": ids,
+                  "hpcsec.spool.max_bytes": self.max_bytes,
+                  "alert.summary": f"spool for {self.destination} is full "
+                                   f"({self.max_bytes} bytes): {total} alert(s) dropped "
+                                   f"({', '.join(f'{k} {v}' for k, v in by_level.items())}); "
+                                   "they are in the alert store"}
+        data = orjson.dumps(notice, default=str)
+        name = self._notice_name
+        assert name is not None
+        self._write_tmp(name, data)
+        os.replace(self.path / "tmp" / name, self.pending / name)
+        self._index[(name, 0)] = _Meta(LEVELS.index("high"), 0, len(data), notice=True)
+        self._notice = notice
+        return notice
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1

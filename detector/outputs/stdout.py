@@ -1,0 +1,29 @@
+"""`-`: one JSON alert per line on standard output, for pipelines (`hpcsec scan --output -`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+import orjson
+
+from .base import DeliveryFailed
+
+
+class StdoutOutput:
+    name = "-"
+    durable = False
+
+    def __init__(self, stream: TextIO | None = None):
+        self._stream = stream
+
+    def send(self, alert: dict[str, Any]) -> None:
+        stream = self._stream or sys.stdout  # looked up late: tests and pagers swap it
+        try:
+            stream.write(orjson.dumps(alert, default=str).decode() + "\n")
+            stream.flush()
+        except OSError as exc:
+            raise DeliveryFailed(f"stdout: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,123 @@
+"""`http(s)://…`: signed JSON POST of one alert per request.
+
+Headers a receiver relies on (docs/outputs.md shows how to verify them):
+- `X-Hpcsec-Timestamp`: Unix seconds when this attempt was signed; refuse old ones (replays).
+- `X-Hpcsec-Signature`: `sha256=` + hex HMAC-SHA256, keyed with the shared secret, over
+  `<timestamp>.<body>` (the exact body bytes).
+- `Idempotency-Key`: the alert's `alert.id`; delivery is at least once, so deduplicate on it.
+
+One attempt per `send`. Retrying (exponential backoff with jitter, Retry-After on 429/503) is
+the delivery loop's, in base.py, so the spool keeps the alert between attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from .base import DeliveryFailed, OutputError, OutputOptions, redact
+
+# Refusals that are about this one alert: sending it again cannot help. Every other 4xx
+# (401 wrong secret, 404 wrong path, 403, 405, …) is a receiver or config problem that an
+# operator fixes, so those alerts stay spooled and are retried.
+PERMANENT_STATUSES = frozenset({400, 413, 415, 422})
+USER_AGENT = "hpcsec-webhook/1"
+
+
+def read_secret(path: str | None, url: str) -> bytes:
+    if not path:
+        raise OutputError(f"webhook output {redact(url)} needs a signing secret: "
+                          "--webhook-secret-file FILE (or webhook_secret_file in the config)")
+    try:
+        with open(path, "rb") as fh:
+            secret = fh.read().strip()
+    except OSError as exc:
+        raise OutputError(f"cannot read webhook secret file {path}: {exc.strerror}") from None
+    if not secret:
+        raise OutputError(f"webhook secret file {path} is empty")
+    return secret
+
+
+def sign(secret: bytes, timestamp: str, body: bytes) -> str:
+    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+class WebhookOutput:
+    durable = True
+
+    def __init__(self, url: str, secret: bytes, timeout_s: float = 10.0):
+        self.url = url
+        self.name = redact(url)
+        self._secret = secret
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+            follow_redirects=False, headers={"User-Agent": USER_AGENT})
+
+    @classmethod
+    def from_url(cls, url: str, options: OutputOptions) -> WebhookOutput:
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise OutputError(f"webhook output {redact(url)!r}: bad port") from None
+        if not parts.hostname or parts.fragment:
+            raise OutputError(f"webhook output {redact(url)!r}: expected http(s)://HOST[:PORT]"
+                              "/PATH")
+        return cls(url, read_secret(options.secret_file, url), options.timeout_s)
+
+    def request_headers(self, alert: dict[str, Any], body: bytes) -> dict[str, str]:
+        timestamp = str(int(time.time()))
+        return {
+            "Content-Type": "application/json",
+            "X-Hpcsec-Timestamp": timestamp,
+            "X-Hpcsec-Signature": sign(self._secret, timestamp, body),
+            "Idempotency-Key": str(alert.get("alert.id", "")),
+        }
+
+    def send(self, alert: dict[str, Any]) -> None:
+        body = orjson.dumps(alert, default=str)
+        try:
+            response = self._client.post(self.url, content=body,
+                                         headers=self.request_headers(alert, body))
+        except httpx.TransportError as exc:
+            raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        reason = f"HTTP {status} {response.reason_phrase}".strip()
+        if status in PERMANENT_STATUSES:
+            raise DeliveryFailed(reason, permanent=True)
+        retry_after = None
+        if status in (429, 503):
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        raise DeliveryFailed(reason, retry_after=retry_after)
+
+    def close(self) -> None:
+        self._client.close()
+

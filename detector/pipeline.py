@@ -1,0 +1,108 @@
+"""Where scan's events come from (events file, snapshot, live sensors) and their enrichment."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpcsec.sensors import registry
+from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
+
+from .config import SiteConfig
+from .enrich import Enricher
+from .errors import UsageError
+from .eventio import InputReport, read_jsonl
+from .nodectx import live_context
+from .schema import Event
+
+
+@dataclass
+class ScanReport:
+    """What the scan read, for stderr: sensors that ran (or not) and malformed input."""
+
+    sensor_runs: list[SensorRun] = field(default_factory=list)
+    inputs: list[InputReport] = field(default_factory=list)
+    events: int = 0
+
+    def print(self, out: TextIO) -> None:
+        seen: dict[str, str] = {}
+        for run in self.sensor_runs:
+            status = run.status
+            if status["event.action"] != "ok" or run.name not in seen:
+                seen[run.name] = f"{status['event.action']}: {status.get('message', '')}"
+        for name, text in seen.items():
+            print(f"hpcsec: sensor {name}: {text}", file=out)
+        for report in self.inputs:
+            text = report.describe()
+            if text:
+                print(f"hpcsec: {text}", file=out)
+        print(f"hpcsec: {self.events} events evaluated", file=out)
+
+
+def sample_sensors(ctx: SensorContext, specs: list[SensorSpec]) -> list[SensorRun]:
+    """One sample: every sensor in `specs` once, in order (absent ones give their status)."""
+    return [run_sensor(spec, spec.factory(), ctx) for spec in specs]
+
+
+def demo_snapshot_dir() -> Path:
+    return Path(str(files("hpcsec.demo")))
+
+
+class EventSources:
+    def __init__(self, config: SiteConfig, report: ScanReport):
+        self.config = config
+        self.report = report
+        self.enricher = Enricher(config)
+
+    def _batches(self, events: Iterator[Event], size: int) -> Iterator[list[Event]]:
+        batch: list[Event] = []
+        for event in events:
+            batch.append(event)
+            if len(batch) >= size:
+                self.report.events += len(batch)
+                yield self.enricher.enrich(batch)
+                batch = []
+        if batch:
+            self.report.events += len(batch)
+            yield self.enricher.enrich(batch)
+
+    def from_events_file(self, path: str, size: int) -> Iterator[list[Event]]:
+        report = InputReport("stdin" if path == "-" else path)
+        self.report.inputs.append(report)
+        if path == "-":
+            yield from self._batches(read_jsonl(sys.stdin.buffer, report), size)
+            return
+        try:
+            stream = open(path, "rb")  # noqa: SIM115 - closed below, after the generator
+        except OSError as exc:
+            raise UsageError(f"cannot read events file {path}: {exc.strerror}") from None
+        with stream:
+            yield from self._batches(read_jsonl(stream, report), size)
+
+    def _sample(self, ctx: SensorContext, names: list[str] | None) -> list[Event]:
+        runs = sample_sensors(ctx, registry.select(names))
+        self.report.sensor_runs.extend(runs)
+        events = [e for run in runs for e in run.events]
+        self.report.events += len(events)
+        return self.enricher.enrich(events, ctx)
+
+    def from_snapshot(self, path: str | None, demo: bool = False) -> Iterator[list[Event]]:
+        from hpcsec.sensors.snapshot import open_snapshot
+
+        snapshot = open_snapshot(demo_snapshot_dir() if demo else Path(path or "."))
+        state: dict[str, Any] = {}
+        for sample in snapshot.samples:
+            ctx = sample.context(self.config, state)
+            yield self._sample(ctx, None)
+
+    def live(self, args: Any) -> Iterator[list[Event]]:
+        try:
+            registry.select(args.sensor)
+        except KeyError as exc:
+            raise UsageError(f"unknown sensor {exc.args[0]}") from None
+        ctx = live_context(self.config, args.sysfs_root, args.procfs_root, args.etc_root)
+        yield self._sample(ctx, args.sensor)

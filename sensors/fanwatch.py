@@ -1,0 +1,298 @@
+"""The live fanotify stream behind the file-access sensor.
+
+Marks cover only the protected paths: each directory of a protected tree gets an inode mark
+with FAN_EVENT_ON_CHILD (a tree that is a mount of its own gets one filesystem mark). Never
+a mount mark on `/`: the sensor reads /proc and writes snapshots, and a permission event on
+its own reads would wait for an answer only it can give.
+
+The content group asks for FAN_OPEN_PERM: the opener is blocked until we answer, so its
+/proc entry is still there when we read it — that is how a `cat` that exits right after
+the open is still attributed. Every permission event is answered FAN_ALLOW (this sensor
+observes, it does not enforce); the reader answers right after the /proc read, and a
+watchdog answers any that wait longer than `answer_timeout_s` (a /proc read can stall).
+
+A second group in FID mode (FAN_REPORT_DFID_NAME) reports create, delete and rename, where
+the kernel supports it; otherwise the stream runs without them and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hpcsec.detector.schema import rfc3339
+
+from . import fanotify as fan
+from .base import SensorContext
+from .procinfo import Users, process_fields
+
+CONTENT_MASK = (fan.FAN_OPEN_PERM | fan.FAN_OPEN_EXEC_PERM | fan.FAN_ACCESS | fan.FAN_MODIFY
+                | fan.FAN_CLOSE_WRITE)
+FID_MASK = fan.FAN_CREATE | fan.FAN_DELETE | fan.FAN_ONDIR
+_NO_USERS = Users({})  # names are filled in at conversion, from the sample's passwd
+# Each event in a read() comes with an open descriptor; small batches keep few open, and
+# resolving /proc/self/fd/N gets slower the more there are (measured: 4.6 us at 4 KiB
+# batches, 8.8 us at 64 KiB).
+_READ_SIZE = 4096
+_MAX_PROCESSES = 16_384
+_REREAD_S = 1.0
+
+
+@functools.cache  # a handful of distinct masks occur; this runs once per kernel event
+def _actions(mask: int) -> tuple[str, ...]:
+    out = []
+    if mask & (fan.FAN_OPEN_PERM | fan.FAN_OPEN):
+        out.append("open")
+    if mask & (fan.FAN_OPEN_EXEC_PERM | fan.FAN_OPEN_EXEC):
+        out.append("exec")
+    if mask & fan.FAN_ACCESS:
+        out.append("read")
+    if mask & fan.FAN_MODIFY:
+        out.append("write")
+    if mask & fan.FAN_CLOSE_WRITE:
+        out.append("close_write")
+    return tuple(out)
+
+
+class FanotifyWatch:
+    def __init__(self, ctx: SensorContext, protected: Callable[[str], bool], folder,
+                 answer_timeout_s: float = 0.5):
+        self.ctx = ctx
+        self.protected = protected
+        self.folder = folder
+        self.answer_timeout_s = answer_timeout_s
+        self.notes: list[str] = []
+        self.own_pid = os.getpid()
+        self.content_fd = -1
+        self.fid_fd = -1
+        self.fid_mask = 0
+        self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
+        self._processes: dict[int, dict[str, Any]] = {}
+        self._read_at: dict[int, float] = {}  # pid -> monotonic time of its /proc read
+        self._pending: dict[int, float] = {}  # event fd -> deadline of its answer
+        self._answer_lock = threading.Lock()
+        self._stop_r, self._stop_w = os.pipe()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.answered_by_watchdog = 0
+
+    @classmethod
+    def start(cls, ctx: SensorContext, roots: list[str], protected: Callable[[str], bool],
+              folder, answer_timeout_s: float = 0.5) -> FanotifyWatch:
+        watch = cls(ctx, protected, folder, answer_timeout_s)
+        try:
+            watch._open_groups()
+            for root in roots:
+                watch._mark_tree(root)
+        except BaseException:
+            watch.stop()
+            raise
+        for target in (watch._read_loop, watch._watchdog):
+            thread = threading.Thread(target=target, name=f"hpcsec-{target.__name__}",
+                                      daemon=True)
+            thread.start()
+            watch._threads.append(thread)
+        return watch
+
+    # setup
+    def _open_groups(self) -> None:
+        flags = fan.FAN_CLOEXEC | fan.FAN_NONBLOCK | fan.FAN_UNLIMITED_MARKS
+        self.content_fd = fan.init(fan.FAN_CLASS_CONTENT | flags)
+        try:
+            self.fid_fd = fan.init(fan.FAN_CLASS_NOTIF | fan.FAN_REPORT_DFID_NAME | flags)
+        except OSError as exc:
+            self.notes.append(f"create/delete/rename not reported: this kernel has no "
+                              f"fanotify FID mode ({exc.strerror})")
+            return
+        self.fid_mask = FID_MASK | fan.FAN_RENAME
+
+    def _mark_tree(self, root: str) -> None:
+        if not os.path.exists(root):
+            self.notes.append(f"protected path {root} does not exist (not watched)")
+            return
+        if not os.path.isdir(root):
+            self._add_mount_fd(os.path.dirname(root) or "/")
+            self._mark(root, CONTENT_MASK, 0)
+            self._mark_fid(os.path.dirname(root) or "/", 0)
+            return
+        self._add_mount_fd(root)
+        if os.path.ismount(root) and root != "/":
+            self._mark(root, CONTENT_MASK, fan.FAN_MARK_FILESYSTEM)
+            self._mark_fid(root, fan.FAN_MARK_FILESYSTEM)
+            return
+        for dirpath, _, _ in os.walk(root):
+            self._mark_dir(dirpath)
+
+    def _add_mount_fd(self, directory: str) -> None:
+        """A descriptor on the filesystem of `directory`, for open_by_handle_at."""
+        fsid = os.statvfs(directory).f_fsid
+        if fsid not in self._mount_fds:
+            self._mount_fds[fsid] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    def _mark_dir(self, path: str) -> None:
+        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, fan.FAN_MARK_ONLYDIR)
+        self._mark_fid(path, fan.FAN_MARK_ONLYDIR)
+
+    def _mark(self, path: str, mask: int, flags: int) -> None:
+        fan.mark(self.content_fd, fan.FAN_MARK_ADD | flags, mask, path)
+
+    def _mark_fid(self, path: str, flags: int) -> None:
+        if self.fid_fd < 0:
+            return
+        try:
+            fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self.fid_mask & fan.FAN_RENAME:
+                raise
+            # Kernels before 5.17 have no FAN_RENAME: report the two halves of a move.
+            self.fid_mask = FID_MASK | fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO
+            fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+
+    # the stream
+    def _read_loop(self) -> None:
+        poller = select.poll()
+        for fd in (self.content_fd, self.fid_fd, self._stop_r):
+            if fd >= 0:
+                poller.register(fd, select.POLLIN)
+        while not self._stopping.is_set():
+            for fd, _ in poller.poll():
+                if fd == self._stop_r:
+                    return
+                try:
+                    buf = os.read(fd, _READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                when = rfc3339()  # one clock read per batch: formatting costs more than a read
+                handle = self._content_event if fd == self.content_fd else self._fid_event
+                for event in fan.parse_events(buf):
+                    handle(event, when)
+
+    def _content_event(self, event: fan.RawEvent, when: str) -> None:
+        if event.mask & fan.FAN_Q_OVERFLOW:
+            self.folder.drop()
+            return
+        permission = event.mask & fan.PERMISSION_EVENTS
+        if permission:
+            with self._answer_lock:
+                self._pending[event.fd] = time.monotonic() + self.answer_timeout_s
+        try:
+            if event.pid == self.own_pid:
+                return
+            path = fan.fd_path(event.fd)
+            if path is None or not self.protected(path):
+                return
+            if permission:
+                self._remember(event.pid, fresh=True)  # before the answer: the opener waits
+            size = None
+            if permission or event.mask & fan.FAN_CLOSE_WRITE:
+                with contextlib.suppress(OSError):
+                    size = os.fstat(event.fd).st_size
+            self.folder.add_actions(when, event.pid, path, _actions(event.mask), size)
+        finally:
+            if permission:
+                self._answer(event.fd)
+            if event.fd >= 0:
+                os.close(event.fd)  # the reader's alone: the watchdog never closes it
+
+    def _answer(self, event_fd: int) -> None:
+        """Allow a permission event once, whoever (reader or watchdog) comes first."""
+        with self._answer_lock:
+            if self._pending.pop(event_fd, None) is None:
+                return
+            with contextlib.suppress(OSError):
+                fan.respond(self.content_fd, event_fd, allow=True)
+
+    def _watchdog(self) -> None:
+        while not self._stopping.wait(self.answer_timeout_s / 2):
+            now = time.monotonic()
+            with self._answer_lock:
+                late = [fd for fd, deadline in self._pending.items() if deadline <= now]
+            for fd in late:
+                self.answered_by_watchdog += 1
+                self._answer(fd)
+
+    def _fid_event(self, event: fan.RawEvent, when: str) -> None:
+        if event.mask & fan.FAN_Q_OVERFLOW:
+            self.folder.drop()
+            return
+        if event.pid == self.own_pid:
+            return
+        paths = {fid.info_type: self._id_path(fid) for fid in event.ids}
+        old = paths.get(fan.INFO_OLD_DFID_NAME) or paths.get(fan.INFO_DFID_NAME)
+        new = paths.get(fan.INFO_NEW_DFID_NAME)
+        is_dir = bool(event.mask & fan.FAN_ONDIR)
+        if event.mask & fan.FAN_CREATE and is_dir and old:
+            with contextlib.suppress(OSError):
+                self._mark_dir(old)  # a new subdirectory of a protected tree
+        if is_dir:
+            return  # directories are containers; the files in them are the assets
+        self._remember(event.pid, fresh=False)
+        if event.mask & fan.FAN_RENAME and old and new:
+            if self.protected(old) or self.protected(new):
+                self.folder.add(when, event.pid, old, "rename", target=new)
+            return
+        action = ("create" if event.mask & fan.FAN_CREATE else
+                  "delete" if event.mask & fan.FAN_DELETE else
+                  "rename" if event.mask & (fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO) else None)
+        if action and (old or new) and self.protected(old or new):
+            self.folder.add(when, event.pid, old or new, action)
+
+    def _id_path(self, fid: fan.FileId) -> str | None:
+        mount_fd = self._mount_fds.get(fid.fsid)
+        directory = None if mount_fd is None else fan.handle_path(mount_fd, fid)
+        if directory is None:
+            return None
+        return os.path.join(directory, fid.name) if fid.name else directory
+
+    def _remember(self, pid: int, fresh: bool) -> None:
+        """Process fields of `pid` at the access (through ctx.proc, so snapshots keep them).
+
+        An open re-reads them unless this pid was read in the last `_REREAD_S` (a loader
+        opening shard after shard pays the /proc read once; an exec or a reused pid is
+        seen again within a second).
+        """
+        now = time.monotonic()
+        if pid in self._processes and (not fresh or now - self._read_at.get(pid, 0) < _REREAD_S):
+            return
+        fields = process_fields(self.ctx, pid, _NO_USERS)
+        if fields or pid not in self._processes:
+            self._processes[pid] = fields
+            self._read_at[pid] = now
+
+    # the sensor side
+    def drain(self) -> tuple[list, int, dict[int, dict[str, Any]]]:
+        records, dropped = self.folder.drain()
+        processes = dict(self._processes)
+        # Kept across intervals (a dataloader opened its shard long before it reads it);
+        # every open refreshes its pid's entry, so only a bound is needed.
+        if len(self._processes) > _MAX_PROCESSES:
+            self._processes, self._read_at = {}, {}
+        return records, dropped, processes
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        for thread in self._threads:
+            thread.join(timeout=5)
+        with self._answer_lock:
+            pending, self._pending = list(self._pending), {}
+        for fd in pending:  # closing the group also allows them; be explicit
+            with contextlib.suppress(OSError):
+                fan.respond(self.content_fd, fd, allow=True)
+        for fd in (self.content_fd, self.fid_fd, self._stop_r, self._stop_w,
+                   *self._mount_fds.values()):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.content_fd = self.fid_fd = -1
+        self._mount_fds = {}

@@ -1,0 +1,107 @@
+"""Who a pid is: name, executable, command line, parent and user, read through ctx.proc/ctx.etc.
+
+Shared by every sensor that sees a pid (processes, NVML processes, sockets, file accesses,
+RDMA queue pairs). Every read goes through the context's roots, so a snapshot records the
+`proc/<pid>/…` files and the node's `etc/passwd`, and a replay names users from the node's
+passwd, not from the machine that replays it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import FsRoot, SensorContext
+
+# Read sizes: a read buffer is allocated at its full size, and these files are read for every
+# process of every sample. status is ~1.5 KiB; a longer cmdline is cut (args keep the head).
+STATUS_MAX = 16 * 1024
+CMDLINE_MAX = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Users:
+    """uid -> name from the node's passwd (the first entry of a uid wins, as getpwuid)."""
+
+    names: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Users:
+        names: dict[int, str] = {}
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            parts = line.split(":")
+            if len(parts) >= 3 and parts[0] and parts[2].isdigit():
+                names.setdefault(int(parts[2]), parts[0])
+        return cls(names)
+
+    @classmethod
+    def load(cls, etc: FsRoot) -> Users:
+        return cls.parse(etc.read_text("passwd") or "")
+
+    def name(self, uid: int | None) -> str | None:
+        return None if uid is None else self.names.get(uid)
+
+
+def status_fields(text: str) -> dict[str, str]:
+    """`Key:\tvalue` lines of /proc/<pid>/status, values stripped."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key] = value.strip()
+    return out
+
+
+def environ_value(environ: bytes | None, var: str) -> str | None:
+    """The value of `var` in a NUL-separated /proc/<pid>/environ, or None."""
+    prefix = var.encode() + b"="
+    for entry in (environ or b"").split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
+def _first_int(value: str | None) -> int | None:
+    words = (value or "").split()
+    return int(words[0]) if words and words[0].isdigit() else None
+
+
+def users_of(ctx: SensorContext) -> Users:
+    """The node's passwd, read once per sample (cached in ctx.state by the sample's time)."""
+    cached = ctx.state.get("etc/passwd")
+    if cached is not None and cached[0] == ctx.timestamp:
+        return cached[1]
+    users = Users.load(ctx.etc)
+    ctx.state["etc/passwd"] = (ctx.timestamp, users)
+    return users
+
+
+def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> dict[str, Any]:
+    """process.* and user.* fields of `pid`; {} when the process is gone (or not visible).
+
+    A kernel thread has an empty cmdline: it gets no `process.command_line`.
+    """
+    base = str(pid)
+    status = ctx.proc.read_text(f"{base}/status", STATUS_MAX)
+    if status is None:
+        return {}
+    values = status_fields(status)
+    comm = ctx.proc.read_text(f"{base}/comm", 64)
+    fields: dict[str, Any] = {
+        "process.pid": pid,
+        "process.name": comm.rstrip("\n") if comm is not None else values.get("Name"),
+        "process.executable": ctx.proc.readlink(f"{base}/exe"),
+        "process.parent.pid": _first_int(values.get("PPid")),
+    }
+    cmdline = ctx.proc.read_bytes(f"{base}/cmdline", CMDLINE_MAX)
+    if cmdline:
+        args = cmdline.decode("utf-8", "replace").rstrip("\0").split("\0")
+        fields["process.args"] = args
+        fields["process.command_line"] = " ".join(args)
+    uid = _first_int(values.get("Uid"))  # real uid: the first of real, effective, saved, fs
+    if uid is not None:
+        fields["user.id"] = uid
+        fields["user.name"] = (users or users_of(ctx)).name(uid)
+    return {k: v for k, v in fields.items() if v is not None}

@@ -1,0 +1,254 @@
+"""Node snapshots (contract in DESIGN.md): record the raw inputs sensors read, replay them.
+
+A snapshot stores what the sensors *read*, not the events they made: files under
+DIR/<n>/sys|proc|etc in kernel layout (links as symlinks), command outputs and library dumps
+as DIR/<n>/<name>, the sample time in DIR/<n>/time, and DIR/meta.json. Replaying points the
+roots of a SensorContext at a sample, so the same parsing code runs with no access to the
+live system; sensor state is carried from sample to sample, so counter deltas work too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcsec.detector.errors import SourceError, UsageError, location
+from hpcsec.detector.schema import parse_time, rfc3339
+
+from .base import FsRoot, Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
+
+FORMAT_VERSION = 1
+META = "meta.json"
+TIME = "time"
+ROOTS = ("sys", "proc", "etc")
+EPOCH = "1970-01-01T00:00:00.000Z"
+
+
+def _safe_rel(rel: str) -> str | None:
+    """`rel` normalised inside its root, or None when it would leave it."""
+    norm = os.path.normpath(rel.lstrip("/"))
+    if norm in (".", "") or norm.startswith(".."):
+        return None
+    return norm
+
+
+class SnapshotWriter:
+    """The Recorder of `hpcsec collect --snapshot DIR`.
+
+    Thread-safe: the file-access stream records /proc entries from its own thread while the
+    main thread runs the sampled sensors. Within one sample the first copy of a file wins,
+    so a process's entry stays as it was seen at the access that made us read it.
+    """
+
+    def __init__(self, directory: str | Path, host_name: str):
+        self.directory = Path(directory)
+        self.host_name = host_name
+        self.samples = 0
+        self._current: Path | None = None
+        self._lock = threading.Lock()
+        if self.directory.exists() and (not self.directory.is_dir()
+                                        or any(self.directory.iterdir())):
+            raise UsageError(f"snapshot directory {self.directory} exists and is not empty")
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def begin_sample(self) -> Path:
+        with self._lock:
+            self._current = self.directory / str(self.samples)
+            self._current.mkdir()
+            self.samples += 1
+            return self._current
+
+    def write_time(self, timestamp: str) -> None:
+        self._write(TIME, (timestamp + "\n").encode(), overwrite=True)
+
+    def finish(self) -> None:
+        meta = {"hpcsec.snapshot": FORMAT_VERSION, "host.name": self.host_name,
+                "samples": self.samples}
+        (self.directory / META).write_text(json.dumps(meta, indent=1) + "\n")
+
+    # Recorder protocol
+    def record_file(self, root: str, rel: str, data: bytes) -> None:
+        safe = _safe_rel(rel)
+        if safe is not None:
+            self._write(f"{root}/{safe}", data)
+
+    def record_link(self, root: str, rel: str, target: str) -> None:
+        safe = _safe_rel(rel)
+        if safe is None:
+            return
+        with self._lock:
+            if self._current is None:
+                return
+            path = self._current / root / safe
+            if path.is_symlink() or path.exists():
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target, path)
+
+    def record_input(self, name: str, data: str) -> None:
+        if "/" not in name and name not in (TIME, "", ".", ".."):
+            self._write(name, data.encode())
+
+    def _write(self, rel: str, data: bytes, overwrite: bool = False) -> None:
+        with self._lock:
+            if self._current is None:
+                return
+            path = self._current / rel
+            if not overwrite and (path.exists() or path.is_symlink()):
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+@dataclass(frozen=True)
+class SampleDir:
+    index: int
+    path: Path
+    host_name: str
+
+    def timestamp(self) -> str:
+        """The sample's `time` (the epoch when the sample has none: every file is optional)."""
+        path = self.path / TIME
+        try:
+            text = path.read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return EPOCH
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", location(path)) from None
+        try:
+            parse_time(text)
+        except ValueError:
+            raise SourceError(f"not an RFC 3339 time: {text[:40]!r}", location(path, 1)) from None
+        return text
+
+    def replay_inputs(self) -> dict[str, str | None]:
+        inputs: dict[str, str | None] = {}
+        for entry in sorted(self.path.iterdir()):
+            if entry.name != TIME and entry.is_file():
+                inputs[entry.name] = entry.read_text(errors="replace")
+        return inputs
+
+    def context(self, config: Any, state: dict[str, Any],
+                options: dict[str, Any] | None = None) -> SensorContext:
+        """A context whose roots and raw inputs are this sample; `state` carries over."""
+        return SensorContext(
+            host_name=self.host_name,
+            sys=FsRoot("sys", self.path / "sys"),
+            proc=FsRoot("proc", self.path / "proc"),
+            etc=FsRoot("etc", self.path / "etc"),
+            timestamp=self.timestamp(),
+            config=config,
+            options=dict(options or {}),
+            state=state,
+            replay_inputs=self.replay_inputs(),
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: Path
+    host_name: str
+    samples: tuple[SampleDir, ...]
+
+
+def open_snapshot(directory: str | Path) -> Snapshot:
+    """Read and check DIR/meta.json and the sample directories it announces."""
+    root = Path(directory)
+    meta_path = root / META
+    if not root.is_dir():
+        raise UsageError(f"snapshot directory not found: {root}")
+    try:
+        text = meta_path.read_text()
+    except FileNotFoundError:
+        raise SourceError("missing: not a node snapshot", location(meta_path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"cannot read: {exc}", location(meta_path)) from None
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"invalid JSON: {exc.msg}",
+                          location(meta_path, exc.lineno, exc.colno)) from None
+    if not isinstance(meta, dict):
+        raise SourceError("expected a JSON object", location(meta_path, 1))
+    version = meta.get("hpcsec.snapshot")
+    if version != FORMAT_VERSION:
+        raise SourceError(f'"hpcsec.snapshot" must be {FORMAT_VERSION}, not {version!r}',
+                          location(meta_path))
+    host = meta.get("host.name")
+    if not isinstance(host, str) or not host:
+        raise SourceError(f'"host.name" must be a non-empty string, not {host!r}',
+                          location(meta_path))
+    count = meta.get("samples")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise SourceError(f'"samples" must be a count (0 or more), not {count!r}',
+                          location(meta_path))
+    samples = []
+    for n in range(count):
+        sample = root / str(n)
+        if not sample.is_dir():
+            raise SourceError(f'sample directory {n}/ is missing ("samples" is {count})',
+                              location(meta_path))
+        samples.append(SampleDir(n, sample, host))
+    return Snapshot(root, host, tuple(samples))
+
+
+def close_sensor(sensor: Sensor) -> None:
+    """Stop what a streaming sensor started (its `close`, when it has one)."""
+    close = getattr(sensor, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+
+
+def record_snapshot(directory: str | Path, ctx: SensorContext, specs: list[SensorSpec],
+                    samples: int = 1, interval: float = 10.0,
+                    sleep: Callable[[float], None] = time.sleep) -> list[SensorRun]:
+    """Run `specs` `samples` times, `interval` seconds apart, recording into `directory`.
+
+    Sample n is opened before the wait that ends at it, so what a streaming sensor reads
+    during the interval (the /proc entry of a process at its file access) lands in sample n.
+    """
+    if samples < 1:
+        raise UsageError(f"--samples must be 1 or more, not {samples}")
+    writer = SnapshotWriter(directory, ctx.host_name)
+    ctx.recorder = writer
+    for root in (ctx.sys, ctx.proc, ctx.etc):
+        root.recorder = writer
+    sensors = [(spec, spec.factory()) for spec in specs]
+    runs: list[SensorRun] = []
+    try:
+        for n in range(samples):
+            writer.begin_sample()
+            if n:
+                sleep(interval)
+            ctx.timestamp = rfc3339()
+            writer.write_time(ctx.timestamp)
+            runs.extend(run_sensor(spec, sensor, ctx) for spec, sensor in sensors)
+    finally:
+        for _, sensor in sensors:
+            close_sensor(sensor)
+        writer.finish()
+    return runs
+
+
+def replay_snapshot(directory: str | Path, specs: list[SensorSpec], config: Any,
+                    options: dict[str, Any] | None = None) -> Iterator[SensorRun]:
+    """Run `specs` over every sample of a snapshot, in time order, carrying sensor state."""
+    snapshot = open_snapshot(directory)
+    sensors = [(spec, spec.factory()) for spec in specs]
+    state: dict[str, Any] = {}
+    try:
+        for sample in snapshot.samples:
+            ctx = sample.context(config, state, options)
+            for spec, sensor in sensors:
+                yield run_sensor(spec, sensor, ctx)
+    finally:
+        for _, sensor in sensors:
+            close_sensor(sensor)

@@ -1,0 +1,86 @@
+"""File (JSONL) and stdout outputs, and the URL registry's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcsec.detector.errors import HpcsecError
+from hpcsec.detector.outputs.base import OutputError, open_outputs
+
+ALERTS = [{"alert.id": "a1", "rule.id": "r", "alert.summary": "two\nlines"},
+          {"alert.id": "a2", "rule.id": "r", "user.name": "zoë"}]
+
+
+def test_jsonl_file_appends_one_alert_per_line(tmp_path):
+    path = tmp_path / "alerts.jsonl"
+    with open_outputs([f"file://{path}"]) as outputs:
+        report = outputs.deliver(ALERTS[:1])
+        assert outputs.spool_dir is None  # local outputs are written directly, no spool
+    assert report.destinations[f"file://{path}"].delivered == 1
+    with open_outputs([f"file://{path}"]) as outputs:
+        outputs.deliver(ALERTS[1:])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == ALERTS
+
+
+def test_stdout_writes_json_lines(capsys):
+    with open_outputs(["-"]) as outputs:
+        report = outputs.deliver(ALERTS)
+    assert report.complete
+    out = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in out] == ALERTS
+
+
+def test_unwritable_jsonl_file_is_a_clear_error(tmp_path):
+    with pytest.raises(OutputError, match=r"cannot open for appending: No such file"):
+        open_outputs([f"file://{tmp_path}/missing/alerts.jsonl"])
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("ftp://host/x", "unknown output type 'ftp://host/x' (expected one of: syslog+udp://, "
+                     "syslog+tcp://, syslog+tls://, http(s)://, file:///….jsonl, -)"),
+    ("alerts.jsonl", "unknown output type 'alerts.jsonl'"),
+    ("file://relative/alerts.jsonl", "a file output is file:///ABSOLUTE/PATH.jsonl"),
+    ("file:///tmp/alerts.txt", "a file output must end in .jsonl"),
+    ("syslog+tcp://:514", "expected syslog+tcp://HOST:PORT"),
+    ("syslog+udp://host:port", "bad port"),
+    ("syslog+udp://host:514?ca=x", "ca/cert/key only apply to syslog+tls"),
+    ("syslog+tcp://host:514?fmt=cef", "unknown option(s) fmt"),
+    ("syslog+tcp://host:514?format=xml", "format must be json or cef"),
+    ("syslog+tcp://host:514?facility=mail2", "unknown facility 'mail2'"),
+    ("syslog+tls://host:6514?ca=/nonexistent/ca.pem", "TLS files"),
+    ("https://siem.example/hook", "needs a signing secret: --webhook-secret-file FILE"),
+    ("http://:80/x", "expected http(s)://HOST[:PORT]/PATH"),
+    ("", "empty output URL"),
+])
+def test_malformed_output_urls(url, message):
+    with pytest.raises(OutputError) as info:
+        open_outputs([url])
+    assert message in str(info.value)
+    assert isinstance(info.value, HpcsecError)  # the CLI prints it and exits 2
+
+
+def test_same_output_twice_is_an_error(tmp_path):
+    with pytest.raises(OutputError, match="is given twice"):
+        open_outputs([f"file://{tmp_path}/a.jsonl", f"file://{tmp_path}/a.jsonl"])
+
+
+def test_webhook_secret_file_problems(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(OutputError, match=rf"webhook secret file {empty} is empty"):
+        open_outputs(["https://siem.example/hook"], secret_file=str(empty))
+    with pytest.raises(OutputError, match=rf"cannot read webhook secret file "
+                                          rf"{tmp_path}/nope: No such file or directory"):
+        open_outputs(["https://siem.example/hook"], secret_file=str(tmp_path / "nope"))
+
+
+def test_outputs_come_from_the_config_when_none_are_given(tmp_path):
+    from hpcsec.detector.config import SiteConfig
+    config = SiteConfig(outputs=(f"file://{tmp_path}/c.jsonl",))
+    with open_outputs([], config=config) as outputs:
+        assert outputs.names == [f"file://{tmp_path}/c.jsonl"]
+    with open_outputs(["-"], config=config) as outputs:  # the command line wins
+        assert outputs.names == ["-"]

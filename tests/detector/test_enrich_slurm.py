@@ -1,0 +1,88 @@
+from pathlib import Path
+
+from hpcsec.detector.enrich_slurm import SlurmEnricher
+from hpcsec.detector.jobs import JobContext, SlurmUnreachable
+from hpcsec.detector.schema import new_event
+from hpcsec.sensors.base import FsRoot, SensorContext
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
+REPLAY = {"slurm-jobs.json": (FIX / "squeue-22.05.json").read_text(),
+          "slurm-listpids.txt": (FIX / "listpids-1.txt").read_text() + "30001 3 batch 0 0\n"}
+TS = "2026-11-30T01:33:00.000Z"
+
+
+def ctx_for(root: Path, replay=REPLAY) -> SensorContext:
+    (root / "proc").mkdir(exist_ok=True)
+    return SensorContext("vm", FsRoot("sys", root), FsRoot("proc", root / "proc"),
+                         FsRoot("etc", root), timestamp=TS, replay_inputs=replay)
+
+
+def gpu_event(pid: int, index: int) -> dict:
+    return new_event("gpu_process", "sample", "gpu", "vm", TS,
+                     {"process.pid": pid, "gpu.index": index})
+
+
+def test_events_get_their_jobs_fields(tmp_path):
+    ctx = ctx_for(tmp_path)
+    events = [
+        new_event("file_access", "open", "file_access", "vm", TS,
+                  {"process.pid": 19315, "file.path": "/models/x"}),
+        new_event("rdma_qp", "sample", "rdma_qp", "vm", TS, {"process.pid": 30001}),
+        new_event("process", "sample", "process", "vm", TS, {"process.pid": 4242}),
+        new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.component": "bios"}),
+    ]
+    out = SlurmEnricher(JobContext()).enrich(events, ctx)
+    assert out is events and len(out) == 4
+    assert {k: v for k, v in out[0].items() if k.startswith("slurm.")} == {
+        "slurm.job.id": "1", "slurm.job.user": "alice", "slurm.job.partition": "debug",
+        "slurm.job.nodes": ["vm"], "slurm.job.gpus": [0, 1], "slurm.job.state": "RUNNING",
+        "slurm.job.start": "2026-11-30T01:32:33.000Z", "slurm.job.name": "wrap",
+        "slurm.job.id_source": "listpids", "slurm.job.step": "0"}
+    assert (out[1]["slurm.job.id"], out[1]["slurm.job.user"]) == ("3", "bob")
+    assert "slurm.job.id" not in out[2]  # no job: no field at all (rules test null)
+    assert not any(k.startswith("slurm.") for k in out[3])
+
+
+def test_gpu_allocated_to_job(tmp_path):
+    ctx = ctx_for(tmp_path)
+    events = [gpu_event(19315, 1), gpu_event(19315, 2), gpu_event(30001, 2), gpu_event(4242, 0)]
+    SlurmEnricher(JobContext()).enrich(events, ctx)
+    assert [e["gpu.allocated_to_job"] for e in events] == [True, False, True, False]
+
+
+def test_gpu_allocation_unknown_is_left_out(tmp_path):
+    jobs = '{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "RUNNING"}]}'
+    ctx = ctx_for(tmp_path, {"slurm-jobs.json": jobs,
+                             "slurm-listpids.txt": "PID JOBID STEPID\n19315 1 0\n"})
+    [event] = SlurmEnricher(JobContext()).enrich([gpu_event(19315, 0)], ctx)
+    assert event["slurm.job.id"] == "1" and "gpu.allocated_to_job" not in event
+
+
+def test_hook_events_keep_their_job(tmp_path):
+    ctx = ctx_for(tmp_path)
+    event = new_event("slurm_job", "epilog_findings", "slurm_epilog", "vm", TS,
+                      {"process.pid": 19315, "slurm.job.id": "9"})
+    SlurmEnricher(JobContext()).enrich([event], ctx)
+    assert event["slurm.job.id"] == "9" and "slurm.job.user" not in event
+
+
+class DownCommands:
+    def available(self):
+        return True
+
+    def jobs_json(self):
+        raise SlurmUnreachable("squeue --json exited 1: slurm_load_jobs error: "
+                               "Unable to contact slurm controller (connect failure)")
+
+    listpids = jobs_detail = jobs_json
+
+
+def test_slurm_down_events_flow_with_one_status(tmp_path):
+    ctx = ctx_for(tmp_path, replay=None)
+    enricher = SlurmEnricher(JobContext(DownCommands(), ttl_s=0))
+    first = enricher.enrich([gpu_event(19315, 0)], ctx)
+    second = enricher.enrich([gpu_event(19315, 0)], ctx)
+    assert [e["event.category"] for e in first] == ["gpu_process", "sensor_status"]
+    assert first[1]["message"].endswith("Unable to contact slurm controller (connect failure)")
+    assert [e["event.category"] for e in second] == ["gpu_process"]
+    assert "slurm.job.id" not in second[0] and second[0]["gpu.allocated_to_job"] is False

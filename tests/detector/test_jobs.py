@@ -1,0 +1,252 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.jobs import (
+    STATE_KEY,
+    JobContext,
+    SlurmCommands,
+    SlurmUnreachable,
+    build_table,
+    job_context,
+)
+from hpcsec.detector.slurm import PidJob
+from hpcsec.sensors.base import FsRoot, SensorContext
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
+JOBS_22 = (FIX / "squeue-22.05.json").read_text()
+LISTPIDS_1 = (FIX / "listpids-1.txt").read_text()
+
+
+def make_proc(root: Path, pid: int, uid: int, cgroup: str = "0::/\n",
+              environ: bytes = b"PATH=/bin\0") -> None:
+    d = root / "proc" / str(pid)
+    d.mkdir(parents=True)
+    (d / "status").write_text(f"Name:\tsleep\nState:\tS (sleeping)\nPid:\t{pid}\n"
+                              f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (d / "cgroup").write_text(cgroup)
+    (d / "environ").write_bytes(environ)
+
+
+def make_ctx(root: Path, replay: dict | None = None, host: str = "vm") -> SensorContext:
+    (root / "proc").mkdir(exist_ok=True)
+    return SensorContext(host, FsRoot("sys", root / "sys"), FsRoot("proc", root / "proc"),
+                         FsRoot("etc", root / "etc"), timestamp="2026-11-30T01:33:00.000Z",
+                         replay_inputs=replay)
+
+
+class FakeCommands(SlurmCommands):
+    """Serves fixture text as if Slurm printed it; counts the calls."""
+
+    def __init__(self, jobs=JOBS_22, listpids=LISTPIDS_1, detail="", fail=None):
+        object.__setattr__(self, "outputs", {"jobs": jobs, "listpids": listpids,
+                                             "detail": detail})
+        object.__setattr__(self, "fail", fail)
+        object.__setattr__(self, "calls", [])
+
+    def available(self) -> bool:
+        return True
+
+    def _out(self, name: str) -> str:
+        self.calls.append(name)
+        if self.fail:
+            raise SlurmUnreachable(self.fail)
+        return self.outputs[name]
+
+    def jobs_json(self) -> str:
+        return self._out("jobs")
+
+    def listpids(self) -> str:
+        return self._out("listpids")
+
+    def jobs_detail(self) -> str:
+        return self._out("detail")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    def __init__(self):
+        self.inputs = []
+
+    def record_file(self, root, rel, data):
+        pass
+
+    def record_link(self, root, rel, target):
+        pass
+
+    def record_input(self, name, data):
+        self.inputs.append(name)
+
+
+REPLAY = {"slurm-jobs.json": JOBS_22, "slurm-listpids.txt": LISTPIDS_1}
+
+
+def test_replay_listpids_gives_job_fields(tmp_path):
+    make_proc(tmp_path, 19315, 1001)
+    ctx = make_ctx(tmp_path, REPLAY)
+    jc = JobContext(FakeCommands())
+    jc.refresh(ctx)
+    assert jc.fields_for_pid(ctx, 19315) == {
+        "slurm.job.id": "1", "slurm.job.user": "alice", "slurm.job.partition": "debug",
+        "slurm.job.nodes": ["vm"], "slurm.job.gpus": [0, 1], "slurm.job.state": "RUNNING",
+        "slurm.job.start": "2026-11-30T01:32:33.000Z", "slurm.job.name": "wrap",
+        "slurm.job.id_source": "listpids", "slurm.job.step": "0"}
+    assert jc.commands.calls == []  # replay never asks Slurm
+
+
+def test_cgroup_wins_over_listpids_and_environ(tmp_path):
+    make_proc(tmp_path, 19315, 1002,
+              cgroup="6:freezer:/slurm_vm/uid_1002/job_3/step_batch\n0::/\n",
+              environ=b"SLURM_JOB_ID=1\0")
+    ctx = make_ctx(tmp_path, REPLAY)
+    jc = JobContext()
+    jc.refresh(ctx)
+    assert jc.pid_job(ctx, 19315) == PidJob("3", "batch", "cgroup")
+    fields = jc.fields_for_pid(ctx, 19315)
+    assert (fields["slurm.job.user"], fields["slurm.job.gpus"]) == ("bob", [2, 3])
+
+
+def test_environ_is_last_and_only_for_the_jobs_owner(tmp_path):
+    make_proc(tmp_path, 500, 1001, environ=b"SLURM_JOB_ID=1\0SLURM_STEP_ID=0\0")
+    make_proc(tmp_path, 501, 1002, environ=b"SLURM_JOB_ID=1\0")   # bob claims alice's job
+    make_proc(tmp_path, 502, 1001, environ=b"SLURM_JOB_ID=99\0")  # no such job
+    make_proc(tmp_path, 503, 1001)
+    ctx = make_ctx(tmp_path, REPLAY)
+    jc = JobContext()
+    jc.refresh(ctx)
+    assert jc.pid_job(ctx, 500) == PidJob("1", "0", "environ")
+    assert jc.fields_for_pid(ctx, 500)["slurm.job.id_source"] == "environ"
+    assert jc.pid_job(ctx, 500, use_environ=False) is None
+    for pid in (501, 502, 503, 404):
+        assert jc.fields_for_pid(ctx, pid) == {}
+
+
+def test_job_unknown_to_the_table_still_named(tmp_path):
+    make_proc(tmp_path, 700, 1001, cgroup="0::/system.slice/slurmstepd.scope/job_77/step_0\n")
+    ctx = make_ctx(tmp_path, REPLAY)
+    jc = JobContext()
+    jc.refresh(ctx)
+    assert jc.fields_for_pid(ctx, 700) == {"slurm.job.id": "77", "slurm.job.id_source": "cgroup",
+                                           "slurm.job.step": "0"}
+
+
+def test_ttl_cache_and_recording(tmp_path):
+    clock, rec = Clock(), Recorder()
+    cmds = FakeCommands()
+    jc = JobContext(cmds, ttl_s=30, clock=clock)
+    ctx = make_ctx(tmp_path)
+    ctx.recorder = rec
+    jc.refresh(ctx)
+    assert cmds.calls == ["jobs", "listpids"]  # 22.05 JSON has gres_detail: no detail call
+    clock.now += 29
+    jc.refresh(ctx)
+    assert cmds.calls == ["jobs", "listpids"]
+    # every sample of a snapshot gets the inputs, cached or not
+    assert rec.inputs == ["slurm-jobs.json", "slurm-listpids.txt"] * 2
+    clock.now += 1
+    jc.refresh(ctx)
+    assert cmds.calls == ["jobs", "listpids"] * 2
+    jc.invalidate()
+    jc.refresh(ctx)
+    assert jc.refreshes == 3
+    assert [j.job_id for j in jc.jobs_on("vm")] == ["1", "3"]
+    assert jc.take_status() == []
+
+
+def test_events_file_change_refreshes(tmp_path):
+    clock = Clock()
+    events = tmp_path / "slurm-events.jsonl"
+    jc = JobContext(FakeCommands(), ttl_s=300, events_file=str(events), clock=clock)
+    ctx = make_ctx(tmp_path)
+    jc.refresh(ctx)
+    jc.refresh(ctx)
+    assert jc.refreshes == 1
+    events.write_text('{"event.category": "slurm_job"}\n')
+    jc.refresh(ctx)
+    assert jc.refreshes == 2
+    jc.refresh(ctx)
+    assert jc.refreshes == 2
+    os.utime(events, (1, 1))
+    jc.refresh(ctx)
+    assert jc.refreshes == 3
+
+
+def test_unreachable_gives_one_status_then_recovery(tmp_path):
+    clock = Clock()
+    cmds = FakeCommands(fail="squeue --json timed out after 3s")
+    jc = JobContext(cmds, ttl_s=30, clock=clock)
+    make_proc(tmp_path, 19315, 1001, environ=b"SLURM_JOB_ID=1\0")
+    ctx = make_ctx(tmp_path)
+    jc.refresh(ctx)
+    status = jc.take_status()
+    assert [(s["event.category"], s["event.action"], s["hpcsec.sensor"], s["message"])
+            for s in status] == [("sensor_status", "unavailable", "slurm_context",
+                                  "Slurm unreachable, events carry no job: "
+                                  "squeue --json timed out after 3s")]
+    assert jc.fields_for_pid(ctx, 19315) == {}
+    for _ in range(3):
+        clock.now += 31
+        jc.refresh(ctx)
+        jc.refresh(ctx)  # within the TTL: not retried
+    assert cmds.calls == ["jobs"] * 4
+    assert jc.take_status() == []
+    object.__setattr__(cmds, "fail", None)
+    clock.now += 31
+    jc.refresh(ctx)
+    assert [s["message"] for s in jc.take_status()] == ["Slurm reachable again"]
+    assert jc.fields_for_pid(ctx, 19315)["slurm.job.id"] == "1"
+
+
+def test_detail_fetched_when_json_lacks_gres_detail(tmp_path):
+    jobs = ('{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "RUNNING", '
+            '"user_name": "alice", "user_id": 1001}]}')
+    detail = (FIX / "show-job-d-1.txt").read_text()
+    cmds = FakeCommands(jobs=jobs, detail=detail)
+    jc = JobContext(cmds)
+    jc.refresh(make_ctx(tmp_path))
+    assert cmds.calls == ["jobs", "listpids", "detail"]
+    assert jc.job("1").gpus_on("vm") == (0, 1)
+
+
+def test_parse_problems_become_one_error_status(tmp_path):
+    jc = JobContext(FakeCommands(jobs="not json", listpids="PID JOBID\nbad line\n"))
+    jc.refresh(make_ctx(tmp_path))
+    [status] = jc.take_status()
+    assert status["event.action"] == "error"
+    assert status["hpcsec.errors"] == 2
+    assert status["message"].startswith("job JSON is not JSON: ")
+    assert status["message"].endswith("; listpids line 2: 'bad line'")
+
+
+def test_build_table_merges_detail_only_where_json_has_none():
+    table = build_table({"slurm-jobs.json": JOBS_22,
+                         "slurm-jobs-detail.txt": "JobId=1 x\n     Nodes=vm CPU_IDs=0 Mem=0 "
+                                                  "GRES=gpu:1(IDX:3)\n"})
+    assert table.jobs["1"].gpus_on("vm") == (0, 1)  # the JSON's own gres_detail is kept
+
+
+def test_job_context_is_shared_through_state(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.options.update(slurm_ttl_s=5, slurm_timeout_s=0.5, slurm_state_dir=str(tmp_path))
+    jc = job_context(ctx)
+    assert job_context(ctx) is jc and ctx.state[STATE_KEY] is jc
+    assert (jc.ttl_s, jc.commands.timeout_s) == (5.0, 0.5)
+    assert jc.events_file == str(tmp_path / "slurm-events.jsonl")
+
+
+def test_real_commands_fail_fast():
+    cmds = SlurmCommands(timeout_s=0.2)
+    with pytest.raises(SlurmUnreachable, match=r"^hpcsec-no-such-binary not found$"):
+        cmds._run(["hpcsec-no-such-binary"])
+    with pytest.raises(SlurmUnreachable, match=r"^sleep 5 timed out after 0\.2s$"):
+        cmds._run(["sleep", "5"])
+    with pytest.raises(SlurmUnreachable, match=r"^false exited 1: no output$"):
+        cmds._run(["false"])

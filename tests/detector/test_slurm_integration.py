@@ -1,0 +1,231 @@
+"""Against a real Slurm (tests/slurm_harness.py): jobs of unprivileged users with fake GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.config import load_config
+from hpcsec.detector.enrich_slurm import SlurmEnricher
+from hpcsec.detector.jobs import STATE_KEY, JobContext, SlurmCommands
+from hpcsec.detector.nodectx import live_context
+from hpcsec.detector.schema import new_event
+from hpcsec.sensors import registry
+from hpcsec.sensors.base import run_sensor
+from hpcsec.sensors.slurm_jobs import SlurmJobsSensor
+
+pytestmark = [pytest.mark.slurm, pytest.mark.root]
+
+
+def context(cluster, **options):
+    ctx = live_context(load_config(None), host_name=cluster.node, options=options)
+    ctx.state[STATE_KEY] = JobContext(SlurmCommands(env={"SLURM_CONF": str(cluster.conf)}),
+                                      ttl_s=0)
+    return ctx
+
+
+def uid_of(pid: int) -> int:
+    return os.stat(f"/proc/{pid}").st_uid
+
+
+def kill_if(pid: int, uid: int, marker: str) -> None:
+    """Stop a process this test started (by pid, after checking it is still ours)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if uid_of(pid) == uid and marker in cmdline:
+            os.kill(pid, 9)
+    except (OSError, ValueError):
+        pass
+
+
+@pytest.fixture(scope="module")
+def work(slurm_cluster):
+    work = slurm_cluster.kit_dir / "work"
+    work.mkdir(mode=0o1777, exist_ok=True)
+    work.chmod(0o1777)
+    weights = slurm_cluster.kit_dir / "weights" / "llama-70b"
+    weights.mkdir(parents=True, exist_ok=True)
+    (weights / "model.safetensors").write_bytes(b"\0" * 4096)
+    os.chmod(weights / "model.safetensors", 0o644)
+    return work
+
+
+@pytest.fixture(scope="module")
+def two_jobs(slurm_cluster, work):
+    """alice: 2 GPUs, account llm-core, holding a weights file open; bob: 1 GPU."""
+    weights = slurm_cluster.kit_dir / "weights" / "llama-70b" / "model.safetensors"
+    alice = slurm_cluster.sbatch(
+        "alice", "--gres=gpu:2", "-A", "llm-core", "-J", "train",
+        "--wrap", f"echo $SLURM_JOB_GPUS > {work}/$SLURM_JOB_ID.gpus; "
+                  f"exec 3< {weights}; sleep 60")
+    bob = slurm_cluster.sbatch("bob", "--gres=gpu:1", "--wrap",
+                               f"echo $SLURM_JOB_GPUS > {work}/$SLURM_JOB_ID.gpus; sleep 60")
+    jobs = {}
+    for user, job_id in (("alice", alice), ("bob", bob)):
+        slurm_cluster.wait_state(job_id, ("RUNNING",))
+        pids = slurm_cluster.wait_pids(job_id)
+        gpus_file = work / f"{job_id}.gpus"
+        slurm_cluster.wait_hook_event(job_id, "prolog")
+        for _ in range(50):
+            if gpus_file.exists() and gpus_file.read_text().strip():
+                break
+            subprocess.run(["sleep", "0.1"])
+        gpus = [int(g) for g in gpus_file.read_text().split(",")]
+        jobs[user] = {"id": job_id, "pids": pids, "gpus": gpus}
+    yield jobs
+    slurm_cluster.run(["scancel", alice, bob], check=False)
+
+
+def test_pid_to_job_with_fields_and_gpus(slurm_cluster, two_jobs):
+    ctx = context(slurm_cluster)
+    jc = ctx.state[STATE_KEY]
+    jc.refresh(ctx)
+    assert jc.reachable is True
+    alice, bob = two_jobs["alice"], two_jobs["bob"]
+    assert len(alice["gpus"]) == 2 and len(bob["gpus"]) == 1
+    assert not set(alice["gpus"]) & set(bob["gpus"])
+    for pid in alice["pids"]:
+        fields = jc.fields_for_pid(ctx, pid)
+        start = fields.pop("slurm.job.start")
+        assert start.endswith("Z")
+        assert fields == {
+            "slurm.job.id": alice["id"], "slurm.job.user": "alice",
+            "slurm.job.account": "llm-core", "slurm.job.partition": "debug",
+            "slurm.job.nodes": [slurm_cluster.node], "slurm.job.gpus": alice["gpus"],
+            "slurm.job.state": "RUNNING", "slurm.job.name": "train",
+            "slurm.job.step": "batch", "slurm.job.id_source": "listpids"}
+    for pid in bob["pids"]:
+        fields = jc.fields_for_pid(ctx, pid)
+        assert (fields["slurm.job.id"], fields["slurm.job.user"], fields["slurm.job.gpus"]) == \
+            (bob["id"], "bob", bob["gpus"])
+        assert "slurm.job.account" not in fields  # no account given, no accounting
+    assert jc.fields_for_pid(ctx, os.getpid()) == {}
+
+
+def test_prolog_recorded_the_allocation(slurm_cluster, two_jobs):
+    alice = two_jobs["alice"]
+    [prolog] = slurm_cluster.wait_hook_event(alice["id"], "prolog")
+    assert (prolog["slurm.job.user"], prolog["user.id"], prolog["slurm.job.gpus"],
+            prolog["slurm.job.account"], prolog["slurm.job.partition"]) == \
+        ("alice", uid_of(next(iter(alice["pids"]))), alice["gpus"], "llm-core", "debug")
+    assert (slurm_cluster.state_dir / "jobs" / f"{alice['id']}.json").exists()
+
+
+def test_environ_claims(slurm_cluster, two_jobs):
+    alice_job = two_jobs["alice"]["id"]
+    procs = [subprocess.Popen(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
+                               "env", f"SLURM_JOB_ID={alice_job}", "sleep", "29"])
+             for user in ("alice", "bob")]
+    try:
+        ctx = context(slurm_cluster)
+        jc = ctx.state[STATE_KEY]
+        jc.refresh(ctx)
+        own, forged = procs
+        for _ in range(50):  # until env has exec'd sleep
+            if all(b"sleep" in Path(f"/proc/{p.pid}/cmdline").read_bytes() for p in procs):
+                break
+            subprocess.run(["sleep", "0.05"])
+        fields = jc.fields_for_pid(ctx, own.pid)
+        assert (fields["slurm.job.id"], fields["slurm.job.id_source"]) == (alice_job, "environ")
+        assert jc.fields_for_pid(ctx, forged.pid) == {}  # bob cannot borrow alice's job
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_slurm_jobs_sensor_live(slurm_cluster, two_jobs):
+    ctx = context(slurm_cluster, slurm_state_dir=str(slurm_cluster.state_dir))
+    run = run_sensor(registry.by_name()["slurm_jobs"], SlurmJobsSensor(), ctx)
+    assert run.ok
+    present = {e["slurm.job.id"]: e for e in run.events if e["event.action"] == "present"}
+    for user in ("alice", "bob"):
+        event = present[two_jobs[user]["id"]]
+        assert event["slurm.node.users"] == ["alice", "bob"]
+        assert event["slurm.job.gpus"] == two_jobs[user]["gpus"]
+    prologs = {e["slurm.job.id"] for e in run.events if e["event.action"] == "prolog"}
+    assert {two_jobs["alice"]["id"], two_jobs["bob"]["id"]} <= prologs
+
+
+def test_file_access_of_alices_job_carries_her_job(slurm_cluster, two_jobs):
+    """End to end: fd walk of the file_access sensor, then Slurm enrichment."""
+    weights = slurm_cluster.kit_dir / "weights"
+    ctx = context(slurm_cluster, watch=[str(weights)])
+    run = run_sensor(registry.by_name()["file_access"],
+                     registry.by_name()["file_access"].factory(), ctx)
+    assert run.ok, run.status["message"]
+    events = SlurmEnricher().enrich(run.events, ctx)
+    alice = two_jobs["alice"]
+    hits = [e for e in events if e.get("process.pid") in alice["pids"]]
+    assert hits, events
+    for event in hits:
+        assert event["file.path"] == str(weights / "llama-70b" / "model.safetensors")
+        assert (event["user.name"], event["slurm.job.id"], event["slurm.job.account"],
+                event["slurm.job.partition"], event["slurm.job.user"]) == \
+            ("alice", alice["id"], "llm-core", "debug", "alice")
+
+
+def test_epilog_reports_lingering_process(slurm_cluster, two_jobs):
+    """A process that escapes its job (setsid) outlives it; the epilog names it, and not
+    the processes of alice's other, still running, job."""
+    job = slurm_cluster.sbatch("alice", "--wrap",
+                               "setsid nohup sleep 171 >/dev/null 2>&1 </dev/null & sleep 1")
+    alice_uid = uid_of(next(iter(two_jobs["alice"]["pids"])))
+    try:
+        [epilog] = slurm_cluster.wait_hook_event(job, "epilog", timeout=60)
+        findings = slurm_cluster.wait_hook_event(job, "epilog_findings")
+        assert epilog["message"] == "1 findings: lingering_process"
+        assert "hpcsec.findings" not in epilog
+        assert [(f["process.name"], f["process.command_line"], f["user.name"],
+                 f["hpcsec.findings"], f["process.env.SLURM_JOB_ID"]) for f in findings] == \
+            [("sleep", "sleep 171", "alice", ["lingering_process"], job)]
+        assert findings[0]["process.pid"] not in two_jobs["alice"]["pids"]
+        assert not (slurm_cluster.state_dir / "jobs" / f"{job}.json").exists()
+        [prolog] = slurm_cluster.wait_hook_event(job, "prolog")
+        assert epilog["slurm.job.start"] == prolog["slurm.job.start"]
+    finally:
+        for event in slurm_cluster.hook_events():
+            if event.get("slurm.job.id") == job and "process.pid" in event:
+                kill_if(event["process.pid"], alice_uid, "sleep 171")
+
+
+def test_unreachable_slurm_is_one_status(tmp_path, slurm_cluster):
+    ctx = context(slurm_cluster)
+    jc = JobContext(SlurmCommands(timeout_s=2, env={"SLURM_CONF": str(tmp_path / "none")}),
+                    ttl_s=0)
+    ctx.state[STATE_KEY] = jc
+    batches = [SlurmEnricher().enrich([new_event("process", "sample", "process", "vm",
+                                                 ctx.timestamp, {"process.pid": os.getpid()})],
+                                      ctx) for _ in range(2)]
+    assert [[e["event.category"] for e in b] for b in batches] == \
+        [["process", "sensor_status"], ["process"]]
+    # without a config, squeue either fails or hangs looking for a controller: both are bounded
+    assert re.match(r"Slurm unreachable, events carry no job: squeue --json "
+                    r"(exited 1: .+|timed out after 2s)$", batches[0][1]["message"])
+
+
+def test_snapshot_replays_the_slurm_inputs(slurm_cluster, two_jobs, tmp_path):
+    """`collect --snapshot` keeps squeue/listpids output; replaying it needs no Slurm."""
+    snap = tmp_path / "snap"
+    hpcsec = [sys.executable, "-m", "hpcsec.detector.cli", "collect", "--sensor", "slurm_jobs",
+              "--host-name", slurm_cluster.node]
+    live = subprocess.run([*hpcsec, "--snapshot", str(snap)], env=slurm_cluster.env,
+                          capture_output=True, text=True, timeout=60)
+    assert live.returncode == 0, live.stderr
+    sample = snap / "0"
+    assert {"slurm-jobs.json", "slurm-listpids.txt"} <= {p.name for p in sample.iterdir()}
+    replay = subprocess.run([*hpcsec, "--from-snapshot", str(snap)],
+                            env={**slurm_cluster.env, "SLURM_CONF": "/nonexistent"},
+                            capture_output=True, text=True, timeout=60)
+    assert replay.returncode == 0, replay.stderr
+    events = [json.loads(line) for line in replay.stdout.splitlines()]
+    present = {e["slurm.job.id"]: e["slurm.job.user"] for e in events
+               if e["event.action"] == "present"}
+    assert present[two_jobs["alice"]["id"]] == "alice"
+    assert present[two_jobs["bob"]["id"]] == "bob"

@@ -1,0 +1,53 @@
+import pytest
+
+from hpcsec.detector.errors import SourceError
+from hpcsec.detector.yamlsrc import decode_source, load_documents, load_text_documents
+
+
+def test_documents_keep_lines_of_keys_and_items():
+    docs = load_text_documents("a: 1\nb:\n  - x\n  - {c: 2}\n---\nz: [1, 2]\n", "f.yml")
+    assert [d.data for d in docs] == [{"a": 1, "b": ["x", {"c": 2}]}, {"z": [1, 2]}]
+    assert docs[0].line_of("b", 1, "c") == 4
+    assert docs[0].line_of("b", 0) == 3
+    assert docs[0].line_of("nope", "deeper") == 1
+    assert docs[1].line == 6
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: &x [1]\nb: *x\n", "f.yml:2: YAML aliases (*name) are not allowed"),
+        ("a: 1\na: 2\n", "f.yml:2: duplicate key 'a'"),
+        ("a:\n\t- b\n", "f.yml:2:1: YAML syntax error: tab character where YAML expects spaces"),
+        ("a: [1\n", "f.yml:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'"),
+        ("<<: {a: 1}\n", "f.yml:1: YAML merge keys (<<) are not supported"),
+    ],
+)
+def test_malformed_yaml_names_file_and_line(text, message):
+    with pytest.raises(SourceError) as exc:
+        load_text_documents(text, "f.yml")
+    assert str(exc.value) == message
+
+
+def test_alias_bomb_is_refused_quickly():
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9))
+    with pytest.raises(SourceError, match="aliases"):
+        load_text_documents(bomb, "bomb.yml")
+
+
+def test_non_utf8_names_the_line():
+    with pytest.raises(SourceError) as exc:
+        decode_source(b"title: ok\ndescription: caf\xe9\n", "r.yml")
+    assert str(exc.value) == "r.yml:2: not UTF-8: byte 0xe9 at offset 26"
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(SourceError, match="cannot read"):
+        load_documents(tmp_path / "missing.yml")
+
+
+def test_scalars_are_typed_like_safe_load():
+    (doc,) = load_text_documents("n: 3\nf: 1.5\nb: true\nz: null\ns: '3'\n", "f.yml")
+    assert doc.data == {"n": 3, "f": 1.5, "b": True, "z": None, "s": "3"}

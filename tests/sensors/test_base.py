@@ -1,0 +1,78 @@
+from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, SensorUnavailable, run_sensor
+
+
+class _Rec:
+    def __init__(self):
+        self.files, self.links, self.inputs = {}, {}, {}
+
+    def record_file(self, root, rel, data):
+        self.files[(root, rel)] = data
+
+    def record_link(self, root, rel, target):
+        self.links[(root, rel)] = target
+
+    def record_input(self, name, data):
+        self.inputs[name] = data
+
+
+def _ctx(tmp_path, recorder=None, replay=None):
+    return SensorContext("n1", FsRoot("sys", tmp_path / "sys", recorder),
+                         FsRoot("proc", tmp_path / "proc", recorder),
+                         FsRoot("etc", tmp_path / "etc", recorder),
+                         timestamp="2026-11-30T00:00:00.000Z", recorder=recorder,
+                         replay_inputs=replay)
+
+
+def test_fsroot_reads_through_root_and_records(tmp_path):
+    (tmp_path / "sys/class/x").mkdir(parents=True)
+    (tmp_path / "sys/class/x/v").write_text("7\n")
+    (tmp_path / "sys/class/x/l").symlink_to("v")
+    rec = _Rec()
+    ctx = _ctx(tmp_path, rec)
+    assert ctx.sys.read_text("/class/x/v") == "7\n"
+    assert ctx.sys.listdir("class/x") == ["l", "v"]
+    assert ctx.sys.readlink("class/x/l") == "v"
+    assert ctx.sys.read_text("class/x/missing") is None
+    assert ctx.sys.listdir("class/missing") == []
+    assert rec.files == {("sys", "/class/x/v"): b"7\n"}
+    assert rec.links == {("sys", "class/x/l"): "v"}
+
+
+def test_raw_input_live_records_and_replay_never_calls_live(tmp_path):
+    rec = _Rec()
+    live = _ctx(tmp_path, rec)
+    assert live.raw_input("nvml.json", lambda: "{}") == "{}"
+    assert rec.inputs == {"nvml.json": "{}"}
+    replay = _ctx(tmp_path, replay={"nvml.json": "[1]"})
+
+    def boom():
+        raise AssertionError("live source used during replay")
+
+    assert replay.raw_input("nvml.json", boom) == "[1]"
+    assert replay.raw_input("rdma-res-qp.json", boom) is None
+
+
+class _Absent:
+    name = "absent"
+
+    def collect(self, ctx):
+        raise SensorUnavailable("no such hardware")
+
+
+class _Broken:
+    name = "broken"
+
+    def collect(self, ctx):
+        yield {"x": 1}
+        raise ValueError("bad parse")
+
+
+def test_run_sensor_turns_absence_and_failure_into_status(tmp_path):
+    ctx = _ctx(tmp_path)
+    absent = run_sensor(SensorSpec("absent", _Absent, "t"), _Absent(), ctx)
+    assert absent.events == [] and absent.status["event.action"] == "unavailable"
+    assert absent.status["message"] == "no such hardware"
+    assert absent.status["event.category"] == "sensor_status"
+    broken = run_sensor(SensorSpec("broken", _Broken, "t"), _Broken(), ctx)
+    assert broken.status["event.action"] == "error"
+    assert broken.status["message"] == "ValueError: bad parse"

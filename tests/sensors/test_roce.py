@@ -1,0 +1,231 @@
+"""roce: RoCE v2 flows from pcaps built with scapy (known counts), RETH decoding, bad packets."""
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+from scapy.contrib.roce import AETH, BTH
+from scapy.layers.inet import IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+from scapy.utils import wrpcap
+
+from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable, run_sensor
+from hpcsec.sensors.registry import by_name
+from hpcsec.sensors.roce import CaptureError, FlowAggregator, RoceSensor, read_pcap
+from hpcsec.sensors.roce_headers import DETH, RETH, XRCETH, AtomicETH
+
+T0 = 1796000400.0  # 2026-11-30T01:00:00Z, the start of an interval
+A, B = "10.0.0.1", "10.0.0.2"
+# Explicit MACs: scapy would otherwise resolve them (ARP/ND) while building frames.
+MACS = {"src": "02:00:0a:00:00:01", "dst": "02:00:0a:00:00:02"}
+
+
+def _frame(src, dst, opcode, dqpn, *ext, t=T0, payload=b""):
+    ip = IPv6(src=src, dst=dst) if ":" in src else IP(src=src, dst=dst)
+    packet = Ether(**MACS) / ip / UDP(sport=49152, dport=4791) / BTH(opcode=opcode, dqpn=dqpn)
+    for header in ext:
+        packet = packet / header
+    if payload:
+        packet = packet / Raw(payload)
+    packet.time = t
+    return packet
+
+
+def _ctx(tmp_path, **options):
+    root = FsRoot("sys", tmp_path)
+    return SensorContext("gpu-017", root, root, root, timestamp="2026-11-30T02:00:00.000Z",
+                         options=options)
+
+
+def _flows(tmp_path, packets, **options):
+    path = tmp_path / "capture.pcap"
+    wrpcap(str(path), packets)
+    events = RoceSensor().collect(_ctx(tmp_path, pcap=str(path), **options))
+    return events, {(e.get("source.ip"), e.get("destination.ip"), e.get("rdma.qp.dqpn"),
+                     e["@timestamp"]): e for e in events}
+
+
+def _counts(event):
+    return {k: v for k, v in event.items()
+            if k.startswith(("network.", "rdma.flow.")) or k == "hpcsec.parse_errors"}
+
+
+def _expected(packets, **counts):
+    base = {"network.packets": len(packets), "network.bytes": sum(len(p) for p in packets),
+            "network.transport": "udp", "rdma.flow.interval_s": 10.0}
+    for name in ("write_requests", "write_bytes", "read_requests", "read_bytes",
+                 "atomic_requests", "sends", "acks", "naks", "rkeys"):
+        base[f"rdma.flow.{name}"] = counts.pop(name, 0)
+    base.update(counts)
+    return base
+
+
+REQUESTS = [  # A -> B, QP 0x1234: a WRITE of 8 KiB in four packets, and one of everything
+    _frame(A, B, 0x06, 0x1234, RETH(va=0x7F0000000000, rkey=0x100, dma_length=8192),
+           payload=b"w" * 1024),
+    _frame(A, B, 0x07, 0x1234, payload=b"w" * 1024),
+    _frame(A, B, 0x07, 0x1234, payload=b"w" * 1024, t=T0 + 1),
+    _frame(A, B, 0x08, 0x1234, payload=b"w" * 1024, t=T0 + 2),
+    _frame(A, B, 0x0A, 0x1234, RETH(rkey=0x100, dma_length=512), payload=b"o" * 512),
+    _frame(A, B, 0x0B, 0x1234, RETH(rkey=0x200, dma_length=64), payload=b"\0\0\0\7" + b"i" * 64),
+    _frame(A, B, 0x0C, 0x1234, RETH(rkey=0x300, dma_length=65536)),
+    _frame(A, B, 0x14, 0x1234, AtomicETH(rkey=0x400, swap_add=1)),
+    _frame(A, B, 0x13, 0x1234, AtomicETH(rkey=0x400, swap_add=2, compare=1)),
+    _frame(A, B, 0x04, 0x1234, payload=b"s" * 100),
+    _frame(A, B, 0x00, 0x1234, payload=b"s" * 1024),
+    _frame(A, B, 0x03, 0x1234, payload=b"\0\0\0\1" + b"s" * 10, t=T0 + 9.999),
+]
+RESPONSES = [  # B -> A, QP 0x5678
+    _frame(B, A, 0x11, 0x5678, AETH(syndrome=0x1F, msn=1)),
+    _frame(B, A, 0x11, 0x5678, AETH(syndrome=0x1F, msn=2)),
+    _frame(B, A, 0x11, 0x5678, AETH(syndrome=0x62, msn=2)),  # NAK: remote access error
+    _frame(B, A, 0x11, 0x5678, AETH(syndrome=0x20, msn=2)),  # RNR NAK: not a NAK
+    _frame(B, A, 0x12, 0x5678, AETH(syndrome=0x1F, msn=3), payload=b"\0" * 8),
+    _frame(B, A, 0x10, 0x5678, AETH(syndrome=0x1F, msn=4), payload=b"r" * 256),
+]
+
+
+def test_rc_requests_and_responses_are_counted_exactly(tmp_path):
+    events, flows = _flows(tmp_path, REQUESTS + RESPONSES)
+    assert len(events) == 2
+    start = "2026-11-30T01:00:00.000Z"
+    request = flows[(A, B, 0x1234, start)]
+    assert _counts(request) == _expected(
+        REQUESTS, write_requests=3, write_bytes=8192 + 512 + 64, read_requests=1,
+        read_bytes=65536, atomic_requests=2, sends=3, rkeys=4)
+    assert request["event.category"] == "roce_flow"
+    assert request["event.action"] == "flow"
+    assert request["destination.port"] == 4791
+    response = flows[(B, A, 0x5678, start)]
+    assert _counts(response) == _expected(RESPONSES, acks=5, naks=1)
+
+
+def test_uc_xrc_ud_ipv6_and_cnp(tmp_path):
+    uc = [_frame(A, B, 0x26, 77, RETH(rkey=0x900, dma_length=4096), payload=b"u" * 1024),
+          _frame(A, B, 0x24, 77, payload=b"u" * 8)]
+    xrc = [_frame(A, B, 0xAA, 78, XRCETH(xrcsrq=5), RETH(rkey=0xA00, dma_length=128)),
+           _frame(A, B, 0xAC, 78, XRCETH(xrcsrq=5), RETH(rkey=0xA01, dma_length=256)),
+           _frame(A, B, 0xB4, 78, XRCETH(xrcsrq=5), AtomicETH(rkey=0xA00)),
+           _frame(A, B, 0xA4, 78, XRCETH(xrcsrq=5), payload=b"x" * 30),
+           _frame(B, A, 0xB1, 79, AETH(syndrome=0x1F))]
+    ud = [_frame(A, B, 0x64, 1, DETH(qkey=0x80010000, srcqp=1), payload=b"m" * 256)]
+    v6 = [_frame("fd00::1", "fd00::2", 0x0A, 80, RETH(rkey=7, dma_length=1 << 20),
+                 payload=b"6" * 900),
+          _frame("fd00::1", "fd00::2", 0x81, 80, payload=b"\0" * 16)]  # CNP
+    events, flows = _flows(tmp_path, uc + xrc + ud + v6)
+    start = "2026-11-30T01:00:00.000Z"
+    assert len(events) == 5
+    assert _counts(flows[(A, B, 77, start)]) == _expected(
+        uc, write_requests=1, write_bytes=4096, sends=1, rkeys=1)
+    assert _counts(flows[(A, B, 78, start)]) == _expected(
+        xrc[:4], write_requests=1, write_bytes=128, read_requests=1, read_bytes=256,
+        atomic_requests=1, sends=1, rkeys=2)
+    assert _counts(flows[(B, A, 79, start)]) == _expected(xrc[4:], acks=1)
+    assert _counts(flows[(A, B, 1, start)]) == _expected(ud, sends=1)
+    assert _counts(flows[("fd00::1", "fd00::2", 80, start)]) == _expected(
+        v6, write_requests=1, write_bytes=1 << 20, rkeys=1)
+
+
+def test_intervals_are_packet_time_and_aligned(tmp_path):
+    packets = [_frame(A, B, 0x0A, 9, RETH(rkey=1, dma_length=10), t=T0 + 3),
+               _frame(A, B, 0x0A, 9, RETH(rkey=2, dma_length=20), t=T0 + 9.5),
+               _frame(A, B, 0x0A, 9, RETH(rkey=3, dma_length=40), t=T0 + 10.0),
+               _frame(A, B, 0x0A, 9, RETH(rkey=3, dma_length=80), t=T0 + 31)]
+    events, _ = _flows(tmp_path, packets)
+    assert [(e["@timestamp"], e["rdma.flow.write_bytes"], e["rdma.flow.rkeys"])
+            for e in events] == [("2026-11-30T01:00:00.000Z", 30, 2),
+                                 ("2026-11-30T01:00:10.000Z", 40, 1),
+                                 ("2026-11-30T01:00:30.000Z", 80, 1)]
+    events, _ = _flows(tmp_path, packets, flow_interval=60)
+    assert [(e["@timestamp"], e["rdma.flow.write_requests"], e["rdma.flow.interval_s"])
+            for e in events] == [("2026-11-30T01:00:00.000Z", 4, 60.0)]
+
+
+def test_non_roce_traffic_is_ignored(tmp_path):
+    other = [Ether(**MACS) / IP(src=A, dst=B) / UDP(dport=53) / Raw(b"q" * 40),
+             Ether(**MACS) / IP(src=A, dst=B) / TCP(dport=4791) / Raw(b"t" * 40),
+             Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=4791, dport=50000) / Raw(b"z" * 40)]
+    events, _ = _flows(tmp_path, other)
+    assert events == []
+
+
+def test_truncated_and_short_packets_are_counted_not_fatal(tmp_path):
+    good = _frame(A, B, 0x0A, 5, RETH(rkey=1, dma_length=64), payload=b"g" * 64)
+    cut_reth = Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=1, dport=4791) / Raw(
+        bytes(BTH(opcode=0x0A, dqpn=5, icrc=0))[:12] + b"\1" * 10)
+    cut_aeth = Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=1, dport=4791) / Raw(
+        bytes(BTH(opcode=0x11, dqpn=5, icrc=0))[:12] + b"\1" * 6)
+    runt = Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=1, dport=4791) / Raw(b"\x0a\0\0")
+    for p in (cut_reth, cut_aeth, runt):
+        p.time = T0
+    events = _flows(tmp_path, [good, cut_reth, runt, cut_aeth])[0]
+    flow, status = events
+    assert flow["network.packets"] == 3
+    assert flow["rdma.flow.write_requests"] == 1
+    assert flow["rdma.flow.acks"] == 0
+    assert flow["hpcsec.parse_errors"] == [
+        "packet 2: opcode 0x0a without a whole RETH",
+        "packet 4: opcode 0x11 without a whole AETH"]
+    assert status["event.category"] == "sensor_status"
+    assert status["event.action"] == "dropped"
+    assert status["message"] == "1 RoCE packets too short for a BTH"
+    assert status["hpcsec.parse_errors"] == ["packet 3: too short for a BTH"]
+
+
+def test_truncated_pcap_file_keeps_the_whole_records(tmp_path):
+    path = tmp_path / "cut.pcap"
+    wrpcap(str(path), REQUESTS[:3])
+    path.write_bytes(path.read_bytes()[:-100])  # the capture stopped mid-record
+    events = RoceSensor().collect(_ctx(tmp_path, pcap=str(path)))
+    assert events[0]["network.packets"] == 3
+    assert events[0]["network.bytes"] == sum(len(p) for p in REQUESTS[:3])  # wire length
+
+
+def test_missing_options_and_bad_files(tmp_path):
+    with pytest.raises(SensorUnavailable, match=r"give --pcap FILE or --interface IFACE"):
+        RoceSensor().collect(_ctx(tmp_path))
+    with pytest.raises(CaptureError, match=r"^cannot read capture .*/nope.pcap: No such file"):
+        read_pcap(str(tmp_path / "nope.pcap"), FlowAggregator())
+    junk = tmp_path / "junk.pcap"
+    junk.write_bytes(b"this is not a capture file at all")
+    run = run_sensor(by_name()["roce"], RoceSensor(), _ctx(tmp_path, pcap=str(junk)))
+    assert run.status["event.action"] == "error"
+    assert run.status["message"].startswith(
+        f"CaptureError: {junk}: not a pcap or pcapng capture")
+    with pytest.raises(ValueError, match="flow interval must be positive, got 0"):
+        FlowAggregator(0)
+    replaying = _ctx(tmp_path, pcap=str(junk))
+    replaying.replay_inputs = {}
+    with pytest.raises(SensorUnavailable, match=r"^capture-based: node snapshots hold no packets$"):
+        RoceSensor().collect(replaying)
+
+
+def test_registry_entry_is_opt_in():
+    spec = by_name()["roce"]
+    assert spec.default_enabled is False
+    assert spec.categories == ("roce_flow",)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sniffing needs root (CI runs as root)")
+def test_sniffing_loopback_sees_roce_datagrams(tmp_path):
+    bth = bytes(BTH(opcode=0x0A, dqpn=0x42, icrc=0) / RETH(rkey=0x77, dma_length=4096))
+
+    def send_later():
+        time.sleep(0.5)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _ in range(3):
+                s.sendto(bth + b"\0\0\0\0", ("127.0.0.1", 4791))
+
+    sender = threading.Thread(target=send_later)
+    sender.start()
+    events = RoceSensor().collect(_ctx(tmp_path, interface="lo", duration=2.0))
+    sender.join()
+    flows = [e for e in events if e["event.category"] == "roce_flow"]
+    assert sum(e["network.packets"] for e in flows) == 3
+    assert {(e["source.ip"], e["destination.ip"], e["rdma.qp.dqpn"]) for e in flows} == {
+        ("127.0.0.1", "127.0.0.1", 0x42)}
+    assert sum(e["rdma.flow.write_bytes"] for e in flows) == 3 * 4096

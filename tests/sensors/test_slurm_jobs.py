@@ -1,0 +1,105 @@
+import json
+from pathlib import Path
+
+from hpcsec.detector.jobs import STATE_KEY, JobContext
+from hpcsec.sensors import registry
+from hpcsec.sensors.base import FsRoot, SensorContext, run_sensor
+from hpcsec.sensors.slurm_jobs import SlurmJobsSensor
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
+JOBS = json.loads((FIX / "squeue-22.05.json").read_text())
+
+
+def jobs_doc(*running: int) -> str:
+    doc = json.loads(json.dumps(JOBS))
+    for job in doc["jobs"]:
+        if job["job_state"] == "RUNNING" and job["job_id"] not in running:
+            job["job_state"] = "COMPLETED"
+    return json.dumps(doc)
+
+
+def ctx_for(root: Path, replay, state=None, ts="2026-11-30T01:33:00.000Z") -> SensorContext:
+    return SensorContext("vm", FsRoot("sys", root), FsRoot("proc", root), FsRoot("etc", root),
+                         timestamp=ts, replay_inputs=replay,
+                         state=state if state is not None else {})
+
+
+def summary(events):
+    return [(e["event.action"], e.get("slurm.job.id"), e.get("slurm.node.users"))
+            for e in events]
+
+
+def test_registered():
+    spec = registry.by_name()["slurm_jobs"]
+    assert spec.categories == ("slurm_job",)
+    assert isinstance(spec.factory(), SlurmJobsSensor)
+
+
+def test_present_started_ended(tmp_path):
+    state: dict = {}
+    sensor = SlurmJobsSensor()
+    first = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1)}, state)))
+    assert summary(first) == [("present", "1", ["alice"])]
+    assert first[0]["slurm.job.gpus"] == [0, 1] and first[0]["hpcsec.sensor"] == "slurm_jobs"
+    second = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1, 3)}, state)))
+    assert summary(second) == [("present", "1", ["alice", "bob"]),
+                               ("present", "3", ["alice", "bob"]),
+                               ("started", "3", ["alice", "bob"])]
+    third = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(3)}, state)))
+    assert summary(third) == [("present", "3", ["bob"]), ("ended", "1", ["bob"])]
+    ended = third[1]
+    assert ended["slurm.job.state"] == "COMPLETED"
+    assert ended["slurm.job.end"] == "2027-11-30T01:32:33.000Z"
+    assert ended["slurm.job.user"] == "alice"
+
+
+def test_no_slurm_data_in_snapshot_means_no_jobs(tmp_path):
+    run = run_sensor(registry.by_name()["slurm_jobs"], SlurmJobsSensor(),
+                     ctx_for(tmp_path, {}))
+    assert run.events == [] and run.ok
+
+
+class Down:
+    def available(self):
+        return True
+
+    def jobs_json(self):
+        from hpcsec.detector.jobs import SlurmUnreachable
+        raise SlurmUnreachable("squeue --json timed out after 3s")
+
+    listpids = jobs_detail = jobs_json
+
+
+def test_outage_is_not_the_end_of_every_job(tmp_path):
+    state: dict = {}
+    sensor = SlurmJobsSensor()
+    list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1, 3)}, state)))
+    state[STATE_KEY] = JobContext(Down(), ttl_s=0)
+    down = list(sensor.collect(ctx_for(tmp_path, None, state)))
+    assert [(e["event.category"], e["event.action"]) for e in down] == \
+        [("sensor_status", "unavailable")]
+    assert sorted(state["slurm_jobs"]["jobs"]) == ["1", "3"]
+
+
+def test_hook_records_are_tailed(tmp_path):
+    state: dict = {}
+    events_file = tmp_path / "slurm-events.jsonl"
+    prolog = {"event.category": "slurm_job", "event.action": "prolog", "slurm.job.id": "1"}
+    events_file.write_text(json.dumps(prolog) + "\nnot json\n" + '{"event.category": "x"}\n'
+                           + '{"event.category": "slurm_job", "event.action": "epi')
+    sensor = SlurmJobsSensor()
+
+    def sample():
+        ctx = ctx_for(tmp_path, None, state)
+        ctx.options["slurm_state_dir"] = str(tmp_path)
+        state.setdefault(STATE_KEY, JobContext(Down(), ttl_s=3600))
+        return [e for e in sensor.collect(ctx) if e["event.category"] != "sensor_status"
+                or e["event.action"] == "dropped"]
+
+    first = sample()
+    assert [e["event.action"] for e in first] == ["prolog", "dropped"]
+    assert first[1]["hpcsec.dropped"] == 2
+    assert sample() == []  # the partial last line waits for its newline
+    with events_file.open("a") as fh:
+        fh.write('log"}\n')
+    assert [e["event.action"] for e in sample()] == ["epilog"]
