@@ -43,6 +43,8 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
+	$(BIN)/hpcsec rules check --strict
+	$(BIN)/hpcsec rules test
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test

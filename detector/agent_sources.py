@@ -78,6 +78,11 @@ class EventQueue:
             self._size -= taken
             return out
 
+    def wake(self) -> None:
+        """Make a waiting `get` return now (a signal arrived)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def take_dropped(self) -> dict[str, int]:
         with self._cond:
             dropped, self._dropped = self._dropped, {}

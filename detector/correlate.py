@@ -82,7 +82,12 @@ class Group:
 
 
 def hashable(value: Any) -> Any:
-    return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+    """Group keys and distinct values from JSON values (lists and objects included)."""
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), hashable(v)) for k, v in value.items()))
+    return value
 
 
 class Correlation:

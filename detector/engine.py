@@ -138,7 +138,6 @@ class Engine:
         for rule in routed:
             category = routed_category(rule)[1]
             sigma = fill_placeholders(rule, self.placeholders)
-            trees = []
             try:
                 conditions = [c.parse() for c in sigma.detection.parsed_condition]
                 compiler = compilers.setdefault(category, CategoryCompiler())
@@ -185,7 +184,24 @@ class Engine:
                 feeds.setdefault(source.id, []).append(Feed(correlation, i))
                 if not sigma.generate:
                     silenced.add(source.id)
+        self._check_chains()
         return feeds, silenced
+
+    def _check_chains(self) -> None:
+        """A correlation must not (through others) refer to itself: it would feed itself."""
+        refers = {c.rule.id: [s.id for s in c.sources if s.kind == "correlation"]
+                  for c in self.correlations}
+
+        def walk(rule_id: str, path: tuple[str, ...]) -> None:
+            for ref in refers.get(rule_id, ()):
+                if ref in path:
+                    rule = next(c.rule for c in self.correlations if c.rule.id == ref)
+                    chain = " -> ".join((*path[path.index(ref):], ref))
+                    raise rule_error(rule, f"correlation chain refers to itself: {chain}")
+                walk(ref, (*path, ref))
+
+        for rule_id in refers:
+            walk(rule_id, (rule_id,))
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, events: Iterable[dict[str, Any]]) -> list[Match]:
@@ -193,7 +209,10 @@ class Engine:
         by_category = self._by_category
         any_category = self._any_category
         for event in events:
-            entry = by_category.get(event.get("event.category"))
+            try:
+                entry = by_category.get(event.get("event.category"))
+            except TypeError:  # a malformed, unhashable category routes nowhere
+                entry = None
             if entry is not None:
                 hits = entry[0](event)
                 if hits:

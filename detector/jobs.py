@@ -131,6 +131,8 @@ class JobContext:
         if ctx.replaying:
             raw = {name: ctx.raw_input(name, lambda: None) for name in INPUTS}
             self.table = build_table(raw)
+            # a sample recorded while Slurm did not answer has no job list
+            self.reachable = raw["slurm-jobs.json"] is not None
             return
         if not force and not self._stale():
             for name, data in self._raw.items():  # every snapshot sample gets the inputs
@@ -155,9 +157,10 @@ class JobContext:
         self._raw = raw
         self.table = build_table(raw)
         if self.table.errors:
+            errors = list(self.table.errors)
             self._pending_status.append(ctx.status(
-                SENSOR, "error", "; ".join(self.table.errors[:5]),
-                **{"hpcsec.errors": len(self.table.errors)}))
+                SENSOR, "malformed", f"{len(errors)} Slurm records skipped: "
+                + "; ".join(errors[:5]), **{"hpcsec.parse_errors": errors[:50]}))
 
     def _fetch(self, ctx: SensorContext) -> dict[str, str | None]:
         cmds = self.commands

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from hpcsec.sensors import registry
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.sensors.snapshot import close_sensor
 
 from .config import SiteConfig
 from .enrich import Enricher
@@ -43,9 +44,31 @@ class ScanReport:
         print(f"hpcsec: {self.events} events evaluated", file=out)
 
 
+class SensorSet:
+    """Sensor instances kept across samples (NVML stays initialised), closed at the end."""
+
+    def __init__(self, specs: list[SensorSpec]):
+        self.sensors = [(spec, spec.factory()) for spec in specs]
+
+    def sample(self, ctx: SensorContext) -> list[SensorRun]:
+        """Every sensor once, in order; absent or failing ones give their status record."""
+        return [run_sensor(spec, sensor, ctx) for spec, sensor in self.sensors]
+
+    def close(self) -> None:
+        for _, sensor in self.sensors:
+            close_sensor(sensor)
+
+    def __enter__(self) -> SensorSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def sample_sensors(ctx: SensorContext, specs: list[SensorSpec]) -> list[SensorRun]:
-    """One sample: every sensor in `specs` once, in order (absent ones give their status)."""
-    return [run_sensor(spec, spec.factory(), ctx) for spec in specs]
+    """One sample with fresh sensor instances (for one-shot callers)."""
+    with SensorSet(specs) as sensors:
+        return sensors.sample(ctx)
 
 
 def demo_snapshot_dir() -> Path:
@@ -83,8 +106,8 @@ class EventSources:
         with stream:
             yield from self._batches(read_jsonl(stream, report), size)
 
-    def _sample(self, ctx: SensorContext, names: list[str] | None) -> list[Event]:
-        runs = sample_sensors(ctx, registry.select(names))
+    def _sample(self, ctx: SensorContext, sensors: SensorSet) -> list[Event]:
+        runs = sensors.sample(ctx)
         self.report.sensor_runs.extend(runs)
         events = [e for run in runs for e in run.events]
         self.report.events += len(events)
@@ -95,9 +118,9 @@ class EventSources:
 
         snapshot = open_snapshot(demo_snapshot_dir() if demo else Path(path or "."))
         state: dict[str, Any] = {}
-        for sample in snapshot.samples:
-            ctx = sample.context(self.config, state)
-            yield self._sample(ctx, None)
+        with SensorSet(registry.select(None)) as sensors:
+            for sample in snapshot.samples:
+                yield self._sample(sample.context(self.config, state), sensors)
 
     def live(self, args: Any) -> Iterator[list[Event]]:
         try:
@@ -105,4 +128,5 @@ class EventSources:
         except KeyError as exc:
             raise UsageError(f"unknown sensor {exc.args[0]}") from None
         ctx = live_context(self.config, args.sysfs_root, args.procfs_root, args.etc_root)
-        yield self._sample(ctx, args.sensor)
+        with SensorSet(registry.select(args.sensor)) as sensors:
+            yield self._sample(ctx, sensors)

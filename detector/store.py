@@ -200,6 +200,23 @@ class Store:
             self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
         return len(rows)
 
+    def insert_decision(self, decision: Any) -> None:
+        """Every alert of a suppression.Decision with its disposition: sent (summaries
+        included), silenced (with the silence that matched) or rate_limited."""
+        self.insert_alerts(decision.send, "sent")
+        by_reason: dict[str, list[dict[str, Any]]] = {}
+        for alert, silence in decision.silenced:
+            reason = "silenced by " + ", ".join(
+                f"{k}={v}" for k, v in (("rule_id", silence.rule_id), ("host", silence.host),
+                                        ("job", silence.job), ("user", silence.user))
+                if v is not None)
+            if silence.comment:
+                reason += f" ({silence.comment})"
+            by_reason.setdefault(reason, []).append(alert)
+        for reason, alerts in by_reason.items():
+            self.insert_alerts(alerts, "silenced", reason)
+        self.insert_alerts(decision.rate_limited, "rate_limited", "over the per-rule rate limit")
+
     def record_deliveries(self, outcomes: Iterable[Any]) -> int:
         """Delivery state per (alert, destination): DeliveryOutcome-like objects with
         alert_id, destination, state and error; the latest state wins."""

@@ -118,6 +118,9 @@ def iter_documents(text: str, source: str) -> Iterator[YamlDocument]:
         raise SourceError(f"YAML syntax error: {problem}", location(source, line, column)) from None
     except yaml.YAMLError as exc:
         raise SourceError(f"YAML error: {exc}", location(source)) from None
+    except RecursionError:
+        line = loader.get_mark().line + 1 if loader.get_mark() else None
+        raise SourceError("YAML nesting is too deep", location(source, line)) from None
     finally:
         loader.dispose()
 

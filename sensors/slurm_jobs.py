@@ -39,7 +39,7 @@ class SlurmJobsSensor:
             jc.invalidate()  # a job started or ended: do not wait for the TTL
         jc.refresh(ctx)
         events.extend(jc.take_status())
-        if jc.reachable is False and not ctx.replaying:
+        if jc.reachable is False:
             return events
         jobs = jc.jobs_on(ctx.host_name)
         users = sorted({j.user for j in jobs if j.user})
@@ -92,19 +92,19 @@ class SlurmJobsSensor:
             return data.decode("utf-8", "replace") if data else None
 
         text = ctx.raw_input(EVENTS_INPUT, live)
-        bad = 0
-        for line in (text or "").splitlines():
+        bad: list[str] = []
+        for n, line in enumerate((text or "").splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 record = orjson.loads(line)
             except orjson.JSONDecodeError:
-                bad += 1
+                bad.append(f"{EVENTS_INPUT} line {n}: not JSON")
                 continue
             if not isinstance(record, dict) or record.get("event.category") != "slurm_job":
-                bad += 1
+                bad.append(f"{EVENTS_INPUT} line {n}: not a slurm_job event")
                 continue
             yield record
         if bad:
-            yield ctx.status(NAME, "dropped", f"{bad} malformed lines in {EVENTS_INPUT}",
-                             **{"hpcsec.dropped": bad})
+            yield ctx.status(NAME, "malformed", f"{len(bad)} lines skipped: " + "; ".join(bad[:5]),
+                             **{"hpcsec.parse_errors": bad[:50]})

@@ -22,8 +22,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scenarios import SCENARIOS, demo_scenario  # noqa: E402
-from snapshot_model import Scenario, write_snapshot  # noqa: E402
+from scenarios import SCENARIOS, demo_scenario
+from snapshot_model import Scenario, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_CONFIG = ROOT / "examples" / "site-config.yml"

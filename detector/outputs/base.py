@@ -201,7 +201,14 @@ class _Lane:
                     break
                 attempted = True
                 try:
-                    self.output.send(entry.alert)
+                    try:
+                        self.output.send(entry.alert)
+                    except DeliveryFailed:
+                        raise
+                    except Exception as exc:
+                        # An output's bug must not stop the agent: the alert stays spooled
+                        # and the error is reported.
+                        raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
                 except DeliveryFailed as exc:
                     self.last_error = str(exc)
                     if exc.permanent:

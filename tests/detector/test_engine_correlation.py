@@ -257,3 +257,24 @@ def test_unknown_reference_is_a_rule_error():
         Engine(rules)
     assert str(err.value).endswith("correlation refers to unknown rule 'nope'")
     assert str(err.value).startswith("rules/c.yml:1: rule ")
+
+
+def test_correlation_chain_that_loops_is_a_rule_error():
+    first = correlation("event_count", "[second]", "{gte: 1}", name="first")
+    second = correlation("event_count", "[first]", "{gte: 1}", name="second")
+    items = [SigmaCorrelationRule.from_yaml(first), SigmaCorrelationRule.from_yaml(second)]
+    rules = ruleset(correlation("event_count", "[gpu_proc]", "{gte: 1}"))
+    rules.rules += [LoadedRule(item, "rules/c.yml", 7, "test") for item in items]
+    with pytest.raises(RuleError) as err:
+        Engine(rules)
+    assert str(err.value).endswith("correlation chain refers to itself: "
+                                   f"{items[0].id} -> {items[1].id} -> {items[0].id}")
+
+
+def test_group_values_may_be_lists_or_objects():
+    rule = correlation("event_count", "[gpu_proc]", "{gte: 2}", group_by="[slurm.job.gpus]")
+    engine = Engine(ruleset(rule))
+    events = [gpu(0, **{"slurm.job.gpus": [0, 1]}), gpu(1, **{"slurm.job.gpus": {"a": [1]}}),
+              gpu(2, **{"slurm.job.gpus": [0, 1]})]
+    (m,) = engine.evaluate(events)
+    assert m.group == (("slurm.job.gpus", (0, 1)),)

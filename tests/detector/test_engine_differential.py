@@ -37,8 +37,8 @@ from hpcsec.detector.engine import Engine
 from hpcsec.detector.ruleset import LoadedRule, RuleSet
 
 SEED = 20261201
-RULES = 160
-EVENTS = 400
+RULES = 300
+EVENTS = 500
 WORDS = ["alpha", "Beta", "gamma", "50%off", "a_b", "back\\slash", "x-ray", "x/ray", "EPS",
          "nvidia-smi", "it's"]
 STRING_FIELDS = ["s.one", "s.two", "s.three"]

@@ -344,3 +344,11 @@ def test_filters_apply_to_named_rules_only():
         "6b1c2f6e-0000-4000-8000-000000000001", "6b1c2f6e-0000-4000-8000-000000000002"]
     any_rule = FILTERED.replace("rules: [gpu_tool]", "rules: any")
     assert Engine(ruleset(any_rule)).evaluate([admin]) == []
+
+
+def test_malformed_events_do_not_crash():
+    engine = engine_for("sel:\n  process.name: a\ncondition: sel\n")
+    odd = [{"event.category": ["process"]}, {"event.category": None},
+           {"event.category": "process", "process.name": {"nested": "a"}},
+           {"event.category": "process", "process.name": [["a"]]}]
+    assert engine.evaluate(odd) == []

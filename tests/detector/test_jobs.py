@@ -220,9 +220,9 @@ def test_parse_problems_become_one_error_status(tmp_path):
     jc = JobContext(FakeCommands(jobs="not json", listpids="PID JOBID\nbad line\n"))
     jc.refresh(make_ctx(tmp_path))
     [status] = jc.take_status()
-    assert status["event.action"] == "error"
-    assert status["hpcsec.errors"] == 2
-    assert status["message"].startswith("job JSON is not JSON: ")
+    assert status["event.action"] == "malformed"
+    assert len(status["hpcsec.parse_errors"]) == 2
+    assert status["message"].startswith("2 Slurm records skipped: job JSON is not JSON: ")
     assert status["message"].endswith("; listpids line 2: 'bad line'")
 
 

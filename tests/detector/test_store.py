@@ -126,3 +126,20 @@ def test_parse_since():
     assert parse_since("2026-11-30T10:00:00Z", NOW) == datetime(2026, 11, 30, 10, tzinfo=UTC)
     with pytest.raises(UsageError, match=r"--since 'yesterday': expected a duration"):
         parse_since("yesterday", NOW)
+
+
+def test_a_suppression_decision_is_stored_with_dispositions(tmp_path):
+    from hpcsec.detector.config import Silence
+    from hpcsec.detector.suppression import Suppressor
+
+    sup = Suppressor((Silence(job="42", user="alice", comment="pentest"),),
+                     rate_limit_per_rule=1, clock=lambda: NOW)
+    decision = sup.apply([alert("s1", 1, **{"slurm.job.id": "7"}),
+                          alert("s2", 1, **{"slurm.job.id": "8"}), alert("s3", 1)])
+    store = Store(tmp_path / "s.duckdb")
+    store.insert_decision(decision)
+    rows = {a["alert.id"]: (a["hpcsec.disposition"], a.get("hpcsec.disposition_reason"))
+            for a in store.query_alerts(AlertQuery())}
+    assert rows == {"s1": ("sent", None),
+                    "s2": ("rate_limited", "over the per-rule rate limit"),
+                    "s3": ("silenced", "silenced by job=42, user=alice (pentest)")}

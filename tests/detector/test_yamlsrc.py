@@ -51,3 +51,8 @@ def test_unreadable_file(tmp_path):
 def test_scalars_are_typed_like_safe_load():
     (doc,) = load_text_documents("n: 3\nf: 1.5\nb: true\nz: null\ns: '3'\n", "f.yml")
     assert doc.data == {"n": 3, "f": 1.5, "b": True, "z": None, "s": "3"}
+
+
+def test_deep_nesting_is_an_error_not_a_crash():
+    with pytest.raises(SourceError, match="nesting is too deep"):
+        load_text_documents("a: " + "[" * 5000 + "]" * 5000 + "\n", "deep.yml")

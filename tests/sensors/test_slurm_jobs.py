@@ -59,6 +59,15 @@ def test_no_slurm_data_in_snapshot_means_no_jobs(tmp_path):
     assert run.events == [] and run.ok
 
 
+def test_sample_without_job_list_ends_nothing(tmp_path):
+    state: dict = {}
+    sensor = SlurmJobsSensor()
+    list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1)}, state)))
+    assert list(sensor.collect(ctx_for(tmp_path, {}, state))) == []
+    again = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1)}, state)))
+    assert summary(again) == [("present", "1", ["alice"])]
+
+
 class Down:
     def available(self):
         return True
@@ -94,11 +103,12 @@ def test_hook_records_are_tailed(tmp_path):
         ctx.options["slurm_state_dir"] = str(tmp_path)
         state.setdefault(STATE_KEY, JobContext(Down(), ttl_s=3600))
         return [e for e in sensor.collect(ctx) if e["event.category"] != "sensor_status"
-                or e["event.action"] == "dropped"]
+                or e["event.action"] == "malformed"]
 
     first = sample()
-    assert [e["event.action"] for e in first] == ["prolog", "dropped"]
-    assert first[1]["hpcsec.dropped"] == 2
+    assert [e["event.action"] for e in first] == ["prolog", "malformed"]
+    assert first[1]["hpcsec.parse_errors"] == ["slurm-events.jsonl line 2: not JSON",
+                                               "slurm-events.jsonl line 3: not a slurm_job event"]
     assert sample() == []  # the partial last line waits for its newline
     with events_file.open("a") as fh:
         fh.write('log"}\n')

@@ -180,3 +180,21 @@ def test_output_set_keeps_what_it_cannot_deliver_and_flushes_it_later(tmp_path):
     assert [(o.alert_id, o.state) for o in report.outcomes] == [
         ("a000", "delivered"), ("a001", "failed"), ("a002", "delivered")]
     again.close()
+
+
+def test_output_set_reports_drops_and_the_notice(tmp_path):
+    down = Receiver("https://b/hook")
+    down.up = False
+    one = size_of(alert(0, "low"))
+    outputs = OutputSet([down], str(tmp_path), 2 * one)
+    report = outputs.deliver([alert(i, "low") for i in range(3)], timeout_s=0)
+    d = report.destinations["https://b/hook"]
+    assert (d.pending, d.dropped) == (3, 1)  # two alerts and the notice wait
+    (notice,) = report.notices
+    assert notice["hpcsec.spool.dropped_alert_ids"] == ["a002"]
+    assert ("a002", "dropped") in [(o.alert_id, o.state) for o in report.outcomes]
+    assert report.problems()[-1] == "https://b/hook: 1 alert(s) dropped because the spool is full"
+    down.up = True
+    outputs.flush(timeout_s=5)
+    assert down.got == [notice["alert.id"], "a000", "a001"]
+    outputs.close()

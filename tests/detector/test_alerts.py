@@ -1,0 +1,98 @@
+"""Matches -> alerts: the alert schema, dedup by (rule, key, window), stable ids."""
+
+from hpcsec.detector.alerts import AlertBuilder, alert_id, sort_alerts, summarize
+from hpcsec.detector.engine import Engine
+from hpcsec.detector.rules import load_rules
+
+RULE = """
+title: Weights read by a copy tool
+id: 0f4c9b5e-9a77-4a43-9f0b-0f5a2b1c3d4e
+status: test
+summary: "{process.name} of {user.name} read {file.path}"
+level: high
+tags: [attack.exfiltration, attack.t1048]
+logsource: {product: hpc, category: file_access}
+detection:
+  sel:
+    process.name: [scp, rsync]
+  condition: sel
+"""
+
+
+def _event(n, user="mallory", job="881", ts="2026-11-30T01:00:00Z", **extra):
+    return {"@timestamp": ts, "event.id": f"e{n}", "event.category": "file_access",
+            "event.action": "open", "host.name": "gpu-017", "hpcsec.sensor": "file_access",
+            "process.name": "scp", "process.pid": 4000 + n, "user.name": user,
+            "slurm.job.id": job, "slurm.job.account": "vision",
+            "file.path": f"/models/m/{n}.bin", "gpu.index": 3, **extra}
+
+
+def _matches(tmp_path, events):
+    path = tmp_path / "model_theft.yml"
+    path.write_text(RULE)
+    engine = Engine(load_rules([path]))
+    return engine.evaluate(events) + engine.flush()
+
+
+def test_alert_schema_fields(tmp_path):
+    builder = AlertBuilder()
+    builder.add(_matches(tmp_path, [_event(1)]))
+    (alert,) = builder.alerts()
+    assert alert["rule.id"] == "0f4c9b5e-9a77-4a43-9f0b-0f5a2b1c3d4e"
+    assert alert["rule.title"] == "Weights read by a copy tool"
+    assert alert["rule.level"] == "high"
+    assert alert["rule.tags"] == ["attack.exfiltration", "attack.t1048"]
+    assert alert["rule.vector"] == "model_theft"
+    assert alert["host.name"] == "gpu-017"
+    assert alert["@timestamp"] == "2026-11-30T01:00:00Z"
+    assert alert["slurm.job.id"] == "881" and alert["slurm.job.account"] == "vision"
+    assert alert["user.name"] == "mallory" and alert["process.pid"] == 4001
+    assert alert["gpu.index"] == 3
+    assert "file.path" not in alert  # only slurm/user/gpu/process fields are lifted
+    assert alert["events"] == [_event(1)]
+    assert alert["count"] == 1
+    assert alert["alert.summary"] == "scp of mallory read /models/m/1.bin"
+
+
+def test_dedup_folds_same_key_in_one_window(tmp_path):
+    events = [_event(1), _event(2, ts="2026-11-30T01:01:00Z"),
+              _event(3, user="eve", job="882"),
+              _event(4, ts="2026-11-30T02:00:00Z")]  # another 5-minute window
+    builder = AlertBuilder(window_s=300)
+    builder.add(_matches(tmp_path, events))
+    alerts = builder.alerts()
+    assert [(a["user.name"], a["count"]) for a in alerts] == [
+        ("mallory", 2), ("eve", 1), ("mallory", 1)]
+    first = alerts[0]
+    assert [e["event.id"] for e in first["events"]] == ["e1", "e2"]
+    assert first["alert.first_seen"] == "2026-11-30T01:00:00Z"
+    assert first["alert.last_seen"] == "2026-11-30T01:01:00Z"
+    assert len({a["alert.id"] for a in alerts}) == 3
+
+
+def test_alert_id_is_stable_across_runs_and_changes_with_key(tmp_path):
+    one, two = AlertBuilder(), AlertBuilder()
+    one.add(_matches(tmp_path, [_event(1)]))
+    two.add(_matches(tmp_path, [_event(2, ts="2026-11-30T01:02:00Z")]))  # same window and key
+    assert one.alerts()[0]["alert.id"] == two.alerts()[0]["alert.id"]
+    assert alert_id("r", (("user.name", "a"),), 1) != alert_id("r", (("user.name", "b"),), 1)
+
+
+def test_no_dedup_gives_one_alert_per_match(tmp_path):
+    builder = AlertBuilder(dedup=False)
+    new = builder.add(_matches(tmp_path, [_event(1), _event(2)]))
+    assert len(new) == 2 and len(builder.alerts()) == 2
+    assert new[0]["alert.id"] != new[1]["alert.id"]
+
+
+def test_generic_summary_and_broken_template():
+    event = _event(1)
+    assert summarize("T", event) == (
+        "T: user mallory, job 881, scp[4001], /models/m/1.bin, GPU 3")
+    assert summarize("T", event, "{oops").startswith("T: user mallory")
+
+
+def test_sort_puts_most_severe_first():
+    alerts = [{"rule.level": "low", "@timestamp": "1"}, {"rule.level": "critical",
+                                                         "@timestamp": "2"}]
+    assert [a["rule.level"] for a in sort_alerts(alerts)] == ["critical", "low"]

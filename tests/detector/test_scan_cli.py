@@ -1,0 +1,111 @@
+"""`hpcsec scan --events`: exit codes, formats, malformed lines, --fail-on, --no-dedup."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpcsec.detector.cli import main
+
+RULES = """
+title: Miner process
+id: 6a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d
+status: test
+level: critical
+logsource: {product: hpc, category: process}
+detection:
+  sel:
+    process.name: xmrig
+  condition: sel
+---
+title: Copy tool on weights
+id: 7b2e3d4c-5f6a-4b7c-9d8e-0f1a2b3c4d5e
+status: test
+level: low
+logsource: {product: hpc, category: file_access}
+detection:
+  sel:
+    process.name: scp
+  condition: sel
+"""
+
+
+def _ev(category, name, pid, ts="2026-11-30T01:00:00Z"):
+    return {"@timestamp": ts, "event.id": f"{name}{pid}", "event.category": category,
+            "event.action": "sample", "host.name": "n1", "hpcsec.sensor": "t",
+            "process.name": name, "process.pid": pid, "user.name": "mallory"}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    rules = tmp_path / "gpu_hijack.yml"
+    rules.write_text(RULES)
+    events = tmp_path / "events.jsonl"
+    lines = [json.dumps(_ev("process", "xmrig", 1)), "{broken", json.dumps([1]),
+             json.dumps(_ev("file_access", "scp", 2)), json.dumps(_ev("process", "bash", 3)),
+             json.dumps(_ev("process", "xmrig", 4))]
+    events.write_text("\n".join(lines) + "\n")
+    return rules, events
+
+
+def test_alerts_exit_1_and_json_output(setup, capsys):
+    rules, events = setup
+    rc = main(["scan", "--events", str(events), "--rules", str(rules), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    alerts = json.loads(out)
+    assert [(a["rule.title"], a["count"]) for a in alerts] == [
+        ("Miner process", 2), ("Copy tool on weights", 1)]
+    assert "skipped 2 malformed line(s) of 6 (line 2: not JSON" in err
+    assert "line 3: not an object but list" in err
+
+
+def test_fail_on_level(setup, capsys):
+    rules, events = setup
+    events.write_text(json.dumps(_ev("file_access", "scp", 2)) + "\n")
+    assert main(["scan", "--events", str(events), "--rules", str(rules),
+                 "--fail-on", "high", "--format", "jsonl"]) == 0
+    assert main(["scan", "--events", str(events), "--rules", str(rules),
+                 "--fail-on", "low", "--format", "jsonl"]) == 1
+
+
+def test_no_alert_exits_0(setup, capsys):
+    rules, events = setup
+    events.write_text(json.dumps(_ev("process", "bash", 3)) + "\n")
+    assert main(["scan", "--events", str(events), "--rules", str(rules)]) == 0
+
+
+def test_no_dedup_and_jsonl(setup, capsys):
+    rules, events = setup
+    main(["scan", "--events", str(events), "--rules", str(rules), "--no-dedup",
+          "--format", "jsonl"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(x)["process.pid"] for x in lines] == [1, 4, 2]
+
+
+def test_stdin_and_table(setup, monkeypatch, capsys):
+    rules, events = setup
+    monkeypatch.setattr(sys, "stdin", open(events))  # noqa: SIM115
+    assert main(["scan", "--events", "-", "--rules", str(rules)]) == 1
+    out = capsys.readouterr().out
+    assert "Miner process" in out and "critical" in out and "mallory" in out
+
+
+def test_errors_exit_2_without_traceback(setup, tmp_path):
+    rules, events = setup
+    bad = tmp_path / "bad.yml"
+    bad.write_text("title: x\nlogsource: {product: hpc, category: process}\n"
+                   "detection:\n  sel:\n    process.name|nosuchmod: x\n  condition: sel\n")
+    for args in (["--rules", str(bad)], ["--rules", str(rules), "--config",
+                                         str(tmp_path / "missing.yml")],
+                 ["--rules", str(rules), "--events", str(tmp_path / "none.jsonl")]):
+        cmd = [sys.executable, "-m", "hpcsec.detector", "scan", "--events", str(events), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("hpcsec: error: ")
+    proc = subprocess.run([sys.executable, "-m", "hpcsec.detector", "scan", "--events",
+                           str(events), "--rules", str(bad)], capture_output=True, text=True,
+                          timeout=60)
+    assert f"{bad}:5" in proc.stderr
