@@ -102,6 +102,7 @@ class AlertSink:
 
     def _delivered(self, report: Any) -> None:
         self._outcomes.extend(report.outcomes)
+        self.spool_depth()  # the gauge follows every delivery round
         for name, dest in report.destinations.items():
             if dest.delivered:
                 self.metrics.delivered.labels(name).inc(dest.delivered)

@@ -42,7 +42,7 @@ def enrich_event(event: Event, jobs: JobContext, ctx: SensorContext) -> Event:
     pid = _pid(event)
     if pid is None or "slurm.job.id" in event:  # prolog/epilog events already name their job
         return event
-    fields = jobs.fields_for_pid(ctx, pid)
+    fields = jobs.fields_for_pid(ctx, pid, seen=event)
     for key, value in fields.items():
         event.setdefault(key, value)
     if event.get("event.category") == "gpu_process":

@@ -188,35 +188,49 @@ class JobContext:
                        if j.runs_on(host) and (j.state in states)),
                       key=lambda j: int(j.job_id))
 
-    def pid_job(self, ctx: SensorContext, pid: int, use_environ: bool = True) -> PidJob | None:
-        """The job of `pid`: cgroup first, then listpids, then (marked) the environment."""
+    def pid_job(self, ctx: SensorContext, pid: int, use_environ: bool = True,
+                seen: dict[str, Any] | None = None) -> PidJob | None:
+        """The job of `pid`: cgroup first, then listpids, then (marked) the environment.
+
+        `seen` is the event's own process fields (`process.cgroup`, `process.env.SLURM_JOB_ID`,
+        `user.id`), captured when the sensor saw the process: used when /proc no longer has it
+        (a short-lived reader of a model file is gone by the time its event is enriched).
+        """
+        seen = seen or {}
         text = ctx.proc.read_text(f"{pid}/cgroup")
+        if text is None and isinstance(seen.get("process.cgroup"), str):
+            text = seen["process.cgroup"]
         found = slurm.job_from_cgroup(text) if text else None
         if found is None:
             found = self.table.listpids.get(pid)
         if found is None and use_environ:
-            found = self._from_environ(ctx, pid)
+            found = self._from_environ(ctx, pid, seen)
         if found is not None and found.job_id not in self.table.jobs and not ctx.replaying \
                 and self.reachable and self._fetched_at is not None \
                 and self.clock() - self._fetched_at >= 1.0:
             self.refresh(ctx, force=True)  # a job newer than our cache
         return found
 
-    def _from_environ(self, ctx: SensorContext, pid: int) -> PidJob | None:
+    def _from_environ(self, ctx: SensorContext, pid: int,
+                      seen: dict[str, Any]) -> PidJob | None:
         raw = ctx.proc.read_bytes(f"{pid}/environ")
+        uid = _process_uid(ctx, pid)
+        if raw is None and isinstance(seen.get("process.env.SLURM_JOB_ID"), str):
+            raw = b"SLURM_JOB_ID=" + seen["process.env.SLURM_JOB_ID"].encode()
+            uid = seen.get("user.id") if isinstance(seen.get("user.id"), int) else None
         found = slurm.job_from_environ(raw) if raw else None
         if found is None:
             return None
         # A user can only claim their own job: the job's owner must be the process's uid.
         job = self.table.jobs.get(found.job_id)
-        uid = _process_uid(ctx, pid)
         if job is None or job.user_id is None or uid is None or job.user_id != uid:
             return None
         return found
 
-    def fields_for_pid(self, ctx: SensorContext, pid: int) -> dict[str, Any]:
-        """`slurm.job.*` of the process's job ({} when it has none)."""
-        found = self.pid_job(ctx, pid)
+    def fields_for_pid(self, ctx: SensorContext, pid: int,
+                       seen: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`slurm.job.*` of the process's job ({} when it has none); `seen` as in pid_job."""
+        found = self.pid_job(ctx, pid, seen=seen)
         if found is None:
             return {}
         job = self.table.jobs.get(found.job_id) or JobRecord(found.job_id)

@@ -117,6 +117,12 @@ class FanotifyWatch:
         if not os.path.exists(root):
             self.notes.append(f"protected path {root} does not exist (not watched)")
             return
+        real = os.path.realpath(root)
+        if real == "/" or real == "/proc" or real.startswith("/proc/"):
+            # The reader reads /proc to name the opener: a mark there would have it wait
+            # on a permission event that only it can answer.
+            self.notes.append(f"protected path {root} not watched: it holds /proc")
+            return
         if not os.path.isdir(root):
             self._add_mount_fd(os.path.dirname(root) or "/")
             self._mark(root, CONTENT_MASK, 0)
@@ -147,13 +153,17 @@ class FanotifyWatch:
         if self.fid_fd < 0:
             return
         try:
-            fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL or not self.fid_mask & fan.FAN_RENAME:
-                raise
-            # Kernels before 5.17 have no FAN_RENAME: report the two halves of a move.
-            self.fid_mask = FID_MASK | fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO
-            fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+            try:
+                fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self.fid_mask & fan.FAN_RENAME:
+                    raise
+                # Kernels before 5.17 have no FAN_RENAME: report the two halves of a move.
+                self.fid_mask = FID_MASK | fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO
+                fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+        except OSError as exc:  # e.g. a filesystem without file handles
+            self.notes.append(f"create/delete/rename not reported under {path}: "
+                              f"{exc.strerror}")
 
     # the stream
     def _read_loop(self) -> None:

@@ -108,10 +108,12 @@ def dataloader_reads(pid: int, first: int, n: int = 4) -> list[FileAccess]:
             for i in range(first, first + n)]
 
 
-def node_sample(t: str, *, jobs=(ALICE_JOB,), busy: bool = True, **extra) -> Sample:
-    """One sample of the node running alice's job (busy) or nothing, plus `extra`."""
+def node_sample(t: str, *, jobs=(), busy: bool = True, **extra) -> Sample:
+    """One sample of the node running alice's job (busy) or idle, plus other `jobs` and
+    `extra` (lists are appended to, other values replace the default)."""
     procs, gpu_procs, qps, sockets = training() if busy else ([], [], [], [])
-    sample = Sample(t, procs=system_procs() + procs, jobs=list(jobs) if busy else [],
+    sample = Sample(t, procs=system_procs() + procs,
+                    jobs=([ALICE_JOB] if busy else []) + list(jobs),
                     gpu_procs=gpu_procs, qps=kernel_qps() + qps,
                     sockets=system_sockets() + sockets,
                     rdma_rates=nccl_rates() if busy else dict(IDLE_RATES))

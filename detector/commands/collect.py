@@ -8,12 +8,14 @@ import sys
 import orjson
 
 from hpcsec.sensors import registry
-from hpcsec.sensors.base import SensorRun, run_sensor
-from hpcsec.sensors.snapshot import close_sensor, record_snapshot, replay_snapshot
+from hpcsec.sensors.base import SensorContext, SensorRun
+from hpcsec.sensors.snapshot import open_snapshot, record_snapshot
 
 from ..config import load_config
+from ..enrich import Enricher
 from ..errors import UsageError
 from ..nodectx import live_context
+from ..pipeline import SensorSet
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--snapshot: seconds between samples (default 10)")
     p.add_argument("--from-snapshot", metavar="DIR",
                    help="replay a node snapshot instead of reading the live system")
+    p.add_argument("--raw", action="store_true",
+                   help="events as the sensors produced them, without the Slurm job and "
+                   "site-policy fields")
     p.set_defaults(func=run)
 
 
@@ -97,9 +102,15 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.snapshot and args.from_snapshot:
         raise UsageError("--snapshot and --from-snapshot exclude each other")
+    enricher = None if args.raw else Enricher(config)
     if args.from_snapshot:
-        runs = list(replay_snapshot(args.from_snapshot, specs, config, sensor_options(args)))
-        return print_runs(runs, args.format)
+        snapshot = open_snapshot(args.from_snapshot)
+        state: dict = {}
+        with SensorSet(specs) as sensors:
+            for sample in snapshot.samples:
+                ctx = sample.context(config, state, sensor_options(args))
+                print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+        return 0
     ctx = live_context(config, args.sysfs_root, args.procfs_root, args.etc_root,
                        args.host_name, options=sensor_options(args))
     if args.snapshot:
@@ -107,21 +118,18 @@ def run(args: argparse.Namespace) -> int:
         for result in runs:
             print_status(result)
         return 0
-    runs = []
-    for spec in specs:
-        sensor = spec.factory()
-        try:
-            runs.append(run_sensor(spec, sensor, ctx))
-        finally:
-            close_sensor(sensor)
-    return print_runs(runs, args.format)
+    with SensorSet(specs) as sensors:
+        return print_runs(sensors.sample(ctx), args.format, enricher, ctx)
 
 
-def print_runs(runs: list[SensorRun], fmt: str) -> int:
+def print_runs(runs: list[SensorRun], fmt: str, enricher: Enricher | None = None,
+               ctx: SensorContext | None = None) -> int:
     events: list[dict] = []
     for result in runs:
         print_status(result)
         events.extend(result.events)
-        events.append(result.status)
+    if enricher is not None:
+        events = enricher.enrich(events, ctx)
+    events.extend(result.status for result in runs)
     write_events(events, fmt)
     return 0

@@ -7,6 +7,7 @@ import sys
 
 from ..alerts import AlertBuilder, level_rank, sort_alerts
 from ..config import load_config
+from ..delivery import deliver_alerts, store_decision, suppress
 from ..engine import Engine
 from ..pipeline import EventSources, ScanReport
 from ..render import write_json, write_jsonl, write_table
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "file:///PATH.jsonl, - (repeatable)")
     p.add_argument("--webhook-secret-file", metavar="FILE")
     p.add_argument("--spool", metavar="DIR", help="durable spool for undelivered alerts")
+    p.add_argument("--store", metavar="FILE", help="also keep the alerts in this DuckDB file")
     p.add_argument("--sensor", action="append", metavar="NAME", help="live scan: sensors to run")
     p.add_argument("--sysfs-root", default="/sys", metavar="DIR")
     p.add_argument("--procfs-root", default="/proc", metavar="DIR")
@@ -60,15 +62,15 @@ def run(args: argparse.Namespace) -> int:
         builder.add(engine.evaluate(batch))
     builder.add(engine.flush())
     report.print(sys.stderr)
-    alerts = sort_alerts(builder.alerts())
+    decision = suppress(sort_alerts(builder.alerts()), config)
+    alerts = decision.send
     outputs = list(args.output or config.outputs)
+    report = None
     if outputs:
-        from ..delivery import deliver_alerts
-
-        if not deliver_alerts(alerts, outputs, args, config):
-            print("hpcsec: some alerts are still spooled (see above)", file=sys.stderr)
+        report = deliver_alerts(alerts, outputs, args, config)
     else:
         write_alerts(alerts, args.format)
+    store_decision(args.store or config.store_path, config, decision, report)
     threshold = level_rank(args.fail_on)
     return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
 

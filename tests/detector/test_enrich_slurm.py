@@ -86,3 +86,19 @@ def test_slurm_down_events_flow_with_one_status(tmp_path):
     assert first[1]["message"].endswith("Unable to contact slurm controller (connect failure)")
     assert [e["event.category"] for e in second] == ["gpu_process"]
     assert "slurm.job.id" not in second[0] and second[0]["gpu.allocated_to_job"] is False
+
+
+def test_process_gone_uses_what_the_sensor_saw(tmp_path):
+    ctx = ctx_for(tmp_path)
+    cgroup = "6:freezer:/slurm_vm/uid_1002/job_3/step_0\n0::/"
+    events = [
+        new_event("file_access", "read", "file_access", "vm", TS,
+                  {"process.pid": 5001, "process.cgroup": cgroup}),
+        new_event("file_access", "read", "file_access", "vm", TS,
+                  {"process.pid": 5002, "process.env.SLURM_JOB_ID": "1", "user.id": 1001}),
+        new_event("file_access", "read", "file_access", "vm", TS,
+                  {"process.pid": 5003, "process.env.SLURM_JOB_ID": "1", "user.id": 1002}),
+    ]
+    SlurmEnricher(JobContext()).enrich(events, ctx)
+    assert [(e.get("slurm.job.id"), e.get("slurm.job.id_source")) for e in events] == \
+        [("3", "cgroup"), ("1", "environ"), (None, None)]

@@ -325,3 +325,18 @@ def test_without_fid_mode_the_stream_says_what_it_misses(shared_dir, monkeypatch
     assert status["event.action"] == "degraded"
     assert status["message"] == ("create/delete/rename not reported: this kernel has no "
                                  "fanotify FID mode (Invalid argument)")
+
+
+@root_only
+def test_never_marks_proc_or_the_root_directory(tmp_path):
+    from hpcsec.sensors import fanwatch
+
+    ctx = NodeTree(tmp_path).context()
+    watch = fanwatch.FanotifyWatch.start(ctx, ["/", "/proc/self", str(tmp_path / "absent")],
+                                         lambda p: True, Folder())
+    watch.stop()
+    assert watch.notes == [
+        "protected path / not watched: it holds /proc",
+        "protected path /proc/self not watched: it holds /proc",
+        f"protected path {tmp_path / 'absent'} does not exist (not watched)",
+    ]

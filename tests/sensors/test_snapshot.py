@@ -156,7 +156,9 @@ def test_cli_collect_snapshot_then_from_snapshot(tmp_path, capsys):
     node = build_node(tmp_path / "node")
     roots = ["--procfs-root", str(node.proc), "--sysfs-root", str(node.sys), "--etc-root",
              str(node.etc), "--host-name", "gpu-017"]
-    sensors = ["--sensor", "process", "--sensor", "file_access", "--watch", "/lustre/models"]
+    # --raw: the live run would add a "Slurm unreachable" status that a replay cannot have
+    sensors = ["--sensor", "process", "--sensor", "file_access", "--watch", "/lustre/models",
+               "--raw"]
     assert main(["collect", *roots, *sensors, "--snapshot", str(tmp_path / "snap")]) == 0
     capsys.readouterr()
     assert main(["collect", *sensors, "--from-snapshot", str(tmp_path / "snap")]) == 0
@@ -222,3 +224,10 @@ def test_stream_snapshot_keeps_the_short_lived_readers_proc_entry(tmp_path):
         ("cat", str(watched / "w.bin"), "root")]
     assert (tmp_path / f"snap/1/proc/{pid}/cmdline").read_bytes() == (
         f"cat\0{watched / 'w.bin'}\0".encode())
+
+
+def test_cli_snapshot_options_exclude_each_other(tmp_path, capsys):
+    assert main(["collect", "--snapshot", str(tmp_path / "a"),
+                 "--from-snapshot", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == (
+        "hpcsec: error: --snapshot and --from-snapshot exclude each other\n")

@@ -1,0 +1,417 @@
+"""`hpcsec agent` as a real process: a procfs tree of the test (processes appear and vanish as
+the test writes them), rules in a temp dir, a JSONL file output and a signed webhook to a real
+HTTP server in the test; SIGHUP reloads, SIGTERM drains, kill -9 loses nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from hpcsec.detector import cli
+from hpcsec.detector.agent import Agent, AgentSettings
+from hpcsec.detector.agent_sources import Chunk, EventQueue
+from hpcsec.detector.nodectx import live_context
+from hpcsec.detector.schema import new_event
+from hpcsec.detector.store import AlertQuery, Store
+
+SECRET = b"test-secret-0123456789"
+RULE_A_ID = "7d2b1c1e-0000-4000-8000-00000000000a"
+RULE_B_ID = "7d2b1c1e-0000-4000-8000-00000000000b"
+PASSWD = "root:x:0:0:root:/root:/bin/sh\n" + "".join(
+    f"u{i}:x:{2000 + i}:{2000 + i}::/home/u{i}:/bin/sh\n" for i in range(1, 10))
+
+
+def rule(rule_id: str, name: str, category: str = "process",
+         field: str = "process.name") -> str:
+    return f"""title: Test rule {name}
+id: {rule_id}
+status: test
+logsource:
+  product: hpc
+  category: {category}
+detection:
+  selection:
+    {field}: {name}
+  condition: selection
+level: high
+"""
+
+
+BROKEN_RULE = rule(RULE_A_ID, "cryptominer").replace("condition: selection",
+                                                     "condition: selection and")
+
+
+class Receiver:
+    """A webhook receiver that checks the signature and records every alert id it got."""
+
+    def __init__(self, port: int = 0):
+        received: list[str] = []
+        self.received = received
+        self.bad_signatures = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                stamp = self.headers.get("X-Hpcsec-Timestamp", "")
+                mac = hmac.new(SECRET, stamp.encode() + b"." + body, hashlib.sha256)
+                if not hmac.compare_digest("sha256=" + mac.hexdigest(),
+                                           self.headers.get("X-Hpcsec-Signature", "")):
+                    outer.bad_signatures += 1
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                alert = orjson.loads(body)
+                assert self.headers["Idempotency-Key"] == alert["alert.id"]
+                received.append(alert["alert.id"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Node:
+    """A procfs and etc tree the agent reads; the test adds and removes processes."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.proc = root / "proc"
+        self.etc = root / "etc"
+        self.rules = root / "rules"
+        for d in (self.proc, self.etc, self.rules):
+            d.mkdir(parents=True)
+        (self.etc / "passwd").write_text(PASSWD)
+        self.secret = root / "secret"
+        self.secret.write_bytes(SECRET + b"\n")
+        self.alerts_file = root / "alerts.jsonl"
+        self.spool = root / "spool"
+        # One dedup window for the whole test: a process alerts once, whatever the clock.
+        self.config = root / "site.yml"
+        self.config.write_text("dedup_window_s: 86400\n")
+
+    def start_process(self, pid: int, name: str, user: int) -> None:
+        d = self.proc / str(pid)
+        d.mkdir()
+        uid = 2000 + user
+        (d / "status").write_text(f"Name:\t{name}\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        (d / "cmdline").write_bytes(f"{name}\0--pool\0stratum+tcp://x\0".encode())
+        (d / "comm").write_text(name + "\n")
+
+    def end_process(self, pid: int) -> None:
+        shutil.rmtree(self.proc / str(pid))
+
+    def file_alerts(self) -> list[dict]:
+        if not self.alerts_file.exists():
+            return []
+        return [orjson.loads(line) for line in self.alerts_file.read_bytes().splitlines()
+                if line.strip()]
+
+    def spooled(self) -> list[str]:
+        """Alert ids in the spool's segments (delivered lines included until the segment
+        is deleted, which happens once all of its lines are delivered)."""
+        return sorted(orjson.loads(line)["alert.id"]
+                      for seg in self.spool.glob("*/pending/*.jsonl")
+                      for line in seg.read_bytes().splitlines() if line.strip())
+
+
+class AgentProcess:
+    def __init__(self, node: Node, *args: str, sensor: str = "process",
+                 procfs: str | None = None):
+        self.log = node.root / f"agent-{time.monotonic_ns()}.log"
+        argv = [sys.executable, "-m", "hpcsec.detector", "agent", "--config", str(node.config),
+                "--sensor", sensor, "--procfs-root", procfs or str(node.proc),
+                "--etc-root", str(node.etc),
+                "--rules", str(node.rules), "--interval", "0.3",
+                "--metrics-address", "127.0.0.1:0", "--spool", str(node.spool),
+                "--webhook-secret-file", str(node.secret),
+                "--output", f"file://{node.alerts_file}", *args]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        line = wait_for(lambda: next((ln for ln in self.text().splitlines()
+                                      if "metrics at http://" in ln), None),
+                        what="the agent to start", check=self)
+        self.metrics_url = line.split("metrics at ", 1)[1].strip()
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def metrics(self) -> dict[str, float]:
+        values = {}
+        for line in httpx.get(self.metrics_url, timeout=5).text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0, check: AgentProcess | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if check is not None and check.proc.poll() is not None:
+            pytest.fail(f"agent exited ({check.proc.returncode}) while waiting for {what}:\n"
+                        + check.text())
+        time.sleep(0.05)
+    detail = ("\n" + check.text()) if check is not None else ""
+    pytest.fail(f"timed out waiting for {what}{detail}")
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
+    receiver = Receiver()
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    node.start_process(4242, "cryptominer", 1)
+    store = node.root / "store.duckdb"
+    agent = AgentProcess(node, "--output", receiver.url, "--store", str(store))
+    try:
+        first = wait_for(node.file_alerts, "the first alert", check=agent)
+        assert [(a["rule.id"], a["user.name"], a["process.pid"]) for a in first] == [
+            (RULE_A_ID, "u1", 4242)]
+        wait_for(lambda: receiver.received, "the webhook delivery", check=agent)
+        assert receiver.received == [first[0]["alert.id"]]
+        assert receiver.bad_signatures == 0
+        node.end_process(4242)  # alerted: no other dedup window may raise it again
+
+        metrics = agent.metrics()
+        assert metrics['hpcsec_events_total{sensor="process"}'] >= 1
+        assert metrics['hpcsec_alerts_total{disposition="sent",level="high",vector="test"}'] == 1
+        assert metrics[f'hpcsec_alerts_delivered_total{{destination="{receiver.url}"}}'] == 1
+        assert metrics[f'hpcsec_spool_depth{{destination="{receiver.url}"}}'] == 0
+        assert metrics["hpcsec_rules_loaded"] == 1
+        assert metrics["hpcsec_rule_evaluation_seconds_count"] >= 1
+        assert 0 <= metrics["hpcsec_last_sample_age_seconds"] < 30
+
+        # A broken rule: the old set keeps running, and the failure is an alert.
+        rule_file = node.rules / "test.yml"
+        rule_file.write_text(BROKEN_RULE)
+        agent.signal(signal.SIGHUP)
+        failed = wait_for(lambda: [a for a in node.file_alerts()
+                                   if a["rule.id"] == "hpcsec-reload-failed"],
+                          "the reload-failed alert", check=agent)
+        assert failed[0]["rule.level"] == "high"
+        assert (f"{rule_file}:10: condition syntax error in 'selection and'"
+                in failed[0]["alert.summary"])
+        assert f"reload failed, the previous rules and config keep running: {rule_file}:10:" \
+            in agent.text()
+        node.start_process(4243, "cryptominer", 2)
+        wait_for(lambda: any(a.get("user.name") == "u2" for a in node.file_alerts()),
+                 "an alert of the old rule after the failed reload", check=agent)
+        node.end_process(4243)
+        assert agent.metrics()['hpcsec_reloads_total{outcome="failed"}'] == 1
+
+        # A good new rule replaces the old one.
+        rule_file.write_text(rule(RULE_B_ID, "otherminer"))
+        agent.signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded: 1 rules" in agent.text(), "the reload", check=agent)
+        node.start_process(4244, "otherminer", 3)
+        node.start_process(4245, "cryptominer", 4)
+        wait_for(lambda: any(a["rule.id"] == RULE_B_ID for a in node.file_alerts()),
+                 "an alert of the new rule", check=agent)
+        time.sleep(0.7)  # two more samples: the old rule must not fire on u4
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+        receiver.stop()
+
+    alerts = node.file_alerts()
+    by_rule = sorted((a["rule.id"], a.get("user.name")) for a in alerts)
+    assert by_rule == [(RULE_A_ID, "u1"), (RULE_A_ID, "u2"), (RULE_B_ID, "u3"),
+                       ("hpcsec-reload-failed", None)]
+    # Every alert went to the webhook too, exactly once, in time for the SIGTERM drain.
+    assert sorted(receiver.received) == sorted(a["alert.id"] for a in alerts)
+    assert "stopped" in agent.text()
+    with Store(store, read_only=True) as db:
+        stored = db.query_alerts(AlertQuery())
+        assert sorted(a["alert.id"] for a in stored) == sorted(a["alert.id"] for a in alerts)
+        assert db.count("events") >= 4
+
+
+def test_agent_kill9_with_pending_alerts_loses_nothing(node: Node):
+    with socket.socket() as s:  # a port with nobody listening: the receiver is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/hook"
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    for user in (1, 2, 3):
+        node.start_process(5000 + user, "cryptominer", user)
+    agent = AgentProcess(node, "--output", url)
+    try:
+        wait_for(lambda: len(node.file_alerts()) == 3
+                 and agent.metrics().get(f'hpcsec_spool_depth{{destination="{url}"}}') == 3,
+                 "three spooled alerts", check=agent)
+        assert node.spooled() == sorted(a["alert.id"] for a in node.file_alerts())
+        for user in (1, 2, 3):  # gone before the restart: it must not raise them again
+            node.end_process(5000 + user)
+        time.sleep(0.5)
+    finally:
+        agent.proc.kill()
+        agent.proc.wait(timeout=10)
+    raised = sorted(a["alert.id"] for a in node.file_alerts())
+
+    receiver = Receiver(port)
+    restarted = AgentProcess(node, "--output", url)
+    try:
+        wait_for(lambda: len(receiver.received) >= 3, "the spooled alerts", check=restarted)
+        assert restarted.stop() == 0
+    finally:
+        restarted.kill()
+        receiver.stop()
+    assert sorted(receiver.received) == raised
+    assert node.spooled() == []
+
+
+def test_sigterm_with_receiver_down_exits_0_and_keeps_the_spool(node: Node):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    node.start_process(6001, "cryptominer", 1)
+    agent = AgentProcess(node, "--output", f"http://127.0.0.1:{port}/hook",
+                         "--drain-timeout", "1")
+    try:
+        wait_for(lambda: node.file_alerts(), "the alert", check=agent)
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+    assert node.spooled() == [a["alert.id"] for a in node.file_alerts()]
+    assert "1 alert(s) not delivered yet, kept in the spool" in agent.text()
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fanotify needs root (CAP_SYS_ADMIN)")
+def test_file_access_stream_reaches_the_webhook(node: Node):
+    model = node.root / "models" / "llama"
+    model.mkdir(parents=True)
+    (model / "weights.bin").write_bytes(b"w" * 4096)
+    node.config.write_text(f"""dedup_window_s: 86400
+assets:
+  - name: llama
+    kind: model
+    paths: ["{model}/**"]
+    readers: {{users: [svc-train]}}
+""")
+    (node.rules / "file.yml").write_text(
+        rule(RULE_A_ID, "weights.bin", category="file_access", field="file.name"))
+    receiver = Receiver()
+    # A long interval: the alert can only come from the stream, not from a sample.
+    agent = AgentProcess(node, "--output", receiver.url, "--interval", "3600",
+                         sensor="file_access", procfs="/proc")
+    try:
+        reader = subprocess.run(["cat", str(model / "weights.bin")], capture_output=True,
+                                check=True)
+        assert len(reader.stdout) == 4096
+        wait_for(lambda: receiver.received, "the file access alert", check=agent)
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+        receiver.stop()
+    (alert,) = node.file_alerts()
+    assert receiver.received == [alert["alert.id"]]
+    assert alert["process.name"] == "cat"
+    assert {e["event.action"] for e in alert["events"]} >= {"open"}
+    assert alert["events"][0]["file.path"] == str(model / "weights.bin")
+
+
+# -- in-process: errors at start, the bounded queue --------------------------------------------
+
+def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path, capsys):
+    config = tmp_path / "site.yml"
+    config.write_text("agent:\n  interval_s: 10\n  colour: blue\n")
+    assert cli.main(["agent", "--config", str(config), "--rules", str(node.rules)]) == 2
+    assert capsys.readouterr().err == (f"hpcsec: error: {config}:3: unknown key 'colour' "
+                                       "(expected one of: interval_s, metrics_address)\n")
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    assert cli.main(["agent", "--rules", str(node.rules), "--output", "gopher://x"]) == 2
+    assert "unknown output type 'gopher://x'" in capsys.readouterr().err
+    assert cli.main(["agent", "--rules", str(node.rules), "--output", "http://127.0.0.1:9/h",
+                     "--webhook-secret-file", str(tmp_path / "missing"),
+                     "--spool", str(tmp_path / "spool")]) == 2
+    assert (f"cannot read webhook secret file {tmp_path / 'missing'}"
+            in capsys.readouterr().err)
+    assert cli.main(["agent", "--rules", str(node.rules), "--sensor", "nosuch"]) == 2
+    assert capsys.readouterr().err == "hpcsec: error: unknown sensor nosuch\n"
+
+
+def test_queue_is_bounded_in_events_and_counts_drops(node: Node):
+    ctx = live_context(None, etc_root=node.etc, host_name="n1")  # type: ignore[arg-type]
+    events = [new_event("process", "present", "process", "n1", ctx.timestamp,
+                        {"process.pid": i}) for i in range(5)]
+    q = EventQueue(max_events=3)
+    assert q.put(Chunk(ctx, events[:2]), "process") == 0
+    assert q.put(Chunk(ctx, events[2:]), "process") == 2
+    assert len(q) == 3
+    assert q.take_dropped() == {"process": 2}
+    assert q.take_dropped() == {}
+    got = q.get(max_events=2, timeout=0)
+    assert [[e["process.pid"] for e in c.events] for c in got] == [[0, 1]]
+    got = q.get(max_events=2, timeout=0)
+    assert [[e["process.pid"] for e in c.events] for c in got] == [[2]]
+    assert q.get(max_events=2, timeout=0) == [] and len(q) == 0
+
+
+def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
+    (node.rules / "drops.yml").write_text(
+        rule(RULE_A_ID, "dropped", category="sensor_status", field="event.action"))
+    out = node.root / "drops.jsonl"
+    agent = Agent(AgentSettings(rule_paths=(str(node.rules),), outputs=(f"file://{out}",),
+                                etc_root=str(node.etc), host_name="n1"))
+    agent.queue = EventQueue(max_events=1)
+    ctx = agent._context()
+    events = [new_event("process", "present", "process", "n1", ctx.timestamp,
+                        {"process.pid": i}) for i in range(4)]
+    agent.queue.put(Chunk(ctx, events), "process")
+    agent._process(agent.queue.get(10, 0))
+    assert agent.metrics.drops.labels("process")._value.get() == 3
+    agent.sink.drain(0)
+    agent._close_outputs()
+    alerts = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [(a["rule.id"], a["events"][0]["hpcsec.sensor"], a["events"][0]["hpcsec.dropped"])
+            for a in alerts] == [(RULE_A_ID, "process", 3)]
+    assert alerts[0]["events"][0]["message"] == "3 events dropped: the agent queue was full"
+
