@@ -47,13 +47,21 @@ def _common(rng: random.Random, category: str, n: int, host: str) -> dict[str, A
     }
 
 
+def _process(rng: random.Random, host: int) -> tuple[int, str, int, str, int]:
+    """Sensors sample the same long-running processes again and again: each node runs a
+    few dozen (pid, user, job, program), drawn from a per-node pool."""
+    slot = rng.randrange(32)
+    owner = random.Random(host * 1000 + slot % 8)  # one job (and user) per GPU
+    local = random.Random(host * 1000 + 100 + slot)
+    return (local.randrange(1000, 4_000_000), owner.choice(USERS),
+            owner.randrange(100000, 200000), local.choice(PROGRAMS), slot % 8)
+
+
 def _background(rng: random.Random, category: str, n: int) -> dict[str, Any]:
-    host = f"gpu{rng.randrange(1, 129):03d}"
+    host_index = rng.randrange(1, 129)
+    host = f"gpu{host_index:03d}"
     ev = _common(rng, category, n, host)
-    user = rng.choice(USERS)
-    job = rng.randrange(100000, 200000)
-    pid = rng.randrange(1000, 4_000_000)
-    prog = rng.choice(PROGRAMS)
+    pid, user, job, prog, gpu = _process(rng, host_index)
     if category in ("process", "file_access", "gpu_process", "network_socket", "rdma_qp"):
         ev.update({"process.pid": pid, "process.name": prog,
                    "process.executable": f"/usr/bin/{prog}",
@@ -70,7 +78,7 @@ def _background(rng: random.Random, category: str, n: int) -> dict[str, Any]:
                    "file.path": path, "file.extension": path.rsplit(".", 1)[-1],
                    "file.size": rng.randrange(1 << 30)})
     elif category == "gpu_process":
-        index = rng.randrange(8)
+        index = gpu
         ev.update({"event.action": "sample", "gpu.index": index,
                    "gpu.uuid": f"GPU-{host}-{index}", "gpu.allocated_to_job": True,
                    "gpu.mig_mode": 0, "gpu.memory_used_bytes": rng.randrange(1 << 36)})

@@ -41,7 +41,8 @@ from .suppression import Suppressor
 STREAM_SENSOR = "file_access"
 MAX_BATCH_EVENTS = 4096
 QUEUE_MAX_EVENTS = 100_000
-IDLE_WAKE_S = 1.0  # the loop looks at signals, deadlines and retries at least this often
+IDLE_WAKE_S = 2.0  # the loop looks at deadlines and retries at least this often
+SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
 PRUNE_EVERY_S = 3600.0
 
 
@@ -153,6 +154,7 @@ class Agent:
         self._reload = False
         self._rotate_at = time.monotonic() + 2 * self.builder.window_s
         self._prune_at = time.monotonic()
+        self._summary_at = time.monotonic() + SUMMARY_EVERY_S
 
     # -- sources -----------------------------------------------------------------------------
 
@@ -276,7 +278,10 @@ class Agent:
             self.sink.restore_counts(self.builder.alerts())
             self.builder = AlertBuilder(dedup=True, window_s=self.gen.config.dedup_window_s)
             self._rotate_at = now + 2 * self.builder.window_s
-            self.sink.emit([])  # closes rate-limit minutes that ended: their summaries go out
+        if now >= self._summary_at:
+            self._summary_at = now + SUMMARY_EVERY_S
+            if self.sink.suppressor.rate_limit > 0:
+                self.sink.emit([])  # closes rate-limit minutes that ended: summaries go out
         if now >= self._prune_at:
             self._prune_at = now + PRUNE_EVERY_S
             self.sink.prune_store()

@@ -82,7 +82,7 @@ class AlertSink:
                    f"over {self.suppressor.rate_limit} alerts per minute")
         if decision.send and self.outputs is not None:
             self._delivered(self.outputs.deliver(decision.send, timeout_s=0.0))
-            self._retry_due = time.monotonic() + RETRY_IDLE_S
+            self._retry_due = 0.0  # the rest of the batch goes out in the next tick
 
     def _keep(self, alerts: list[Alert], disposition: str, reason: str) -> None:
         if not alerts:

@@ -34,6 +34,10 @@ def alert_id(rule_id: str, key: tuple, window: int | str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 class _Formatter(string.Formatter):
     """`{user.name}` templates over flat dotted fields; missing fields print as `?`."""
 
@@ -58,6 +62,9 @@ def summarize(title: str, event: Event, template: str | None = None) -> str:
     facts.append(f"job {event['slurm.job.id']}" if event.get("slurm.job.id") else "no job")
     if event.get("process.name"):
         facts.append(f"{event['process.name']}[{event.get('process.pid', '?')}]")
+        command = event.get("process.command_line")
+        if command and command != event["process.name"]:
+            facts.append(f"`{_shorten(str(command), 80)}`")
     for key, label in (("file.path", ""), ("destination.ip", "to "), ("gpu.index", "GPU "),
                        ("rdma.device", "")):
         if event.get(key) is not None:
@@ -71,6 +78,22 @@ def summarize(title: str, event: Event, template: str | None = None) -> str:
             fw += f" (baseline {event['firmware.baseline_version']})"
         facts.append(fw)
     return f"{title}: " + ", ".join(facts)
+
+
+def correlation_note(sigma: Any, value: float | None) -> str:
+    """What a correlation counted, e.g. ` (12 events in 1m)`; empty for detection rules."""
+    kind = getattr(getattr(sigma, "type", None), "name", None)
+    if value is None or kind is None:
+        return ""
+    field = getattr(getattr(sigma, "condition", None), "fieldref", None)
+    what = {"EVENT_COUNT": f"{value:g} events",
+            "VALUE_COUNT": f"{value:g} distinct {field or 'values'}",
+            "VALUE_SUM": f"{field or 'sum'} totals {value:g}",
+            "VALUE_AVG": f"{field or 'average'} averages {value:g}"}.get(kind)
+    if what is None:
+        return ""
+    timespan = getattr(getattr(sigma, "timespan", None), "spec", None)
+    return f" ({what} in {timespan})" if timespan else f" ({what})"
 
 
 @dataclass
@@ -115,10 +138,11 @@ class AlertBuilder:
         key = self._key(match)
         if not self.dedup:
             ident = alert_id(rule.id, key, "event:" + str(first.get("event.id", when)))
-        elif match.window_start is not None:
-            ident = alert_id(rule.id, key, match.window_start)
         else:
-            ident = alert_id(rule.id, key, int(when // self.window_s))
+            # Correlations fire once per group and correlation window; repeated firings of
+            # one group inside the dedup window fold like repeated detection matches.
+            start = _epoch(match.window_start) if match.window_start else when
+            ident = alert_id(rule.id, key, int(start // self.window_s))
         existing = self._open.get(ident)
         if existing is not None:
             alert = existing.alert
@@ -163,7 +187,7 @@ class AlertBuilder:
             alert["alert.value"] = match.value
         template = (getattr(sigma, "custom_attributes", None) or {}).get("summary")
         alert["alert.summary"] = summarize(sigma.title, {**first, **dict(match.group)},
-                                           template)
+                                           template) + correlation_note(sigma, match.value)
         alert["alert.first_seen"] = first.get("@timestamp")
         alert["alert.last_seen"] = match.events[-1].get("@timestamp")
         alert["events"] = list(match.events[:MAX_EVIDENCE_EVENTS])

@@ -67,11 +67,12 @@ class Group:
     __slots__ = ("buckets", "chain", "count", "last", "sample", "seen", "start", "times",
                  "values")
 
-    def __init__(self, start: float, kind: str, sources: int):
+    def __init__(self, start: float, kind: str, sources: int, sample_size: int):
         self.start = start  # first event of the window (closing windows) or of the group
         self.last = start
         self.count = 0
-        self.sample: deque[tuple[float, dict[str, Any]]] = deque()
+        # the most recent events, as evidence of what made the group fire
+        self.sample: deque[tuple[float, dict[str, Any]]] = deque(maxlen=sample_size)
         self.times: deque[float] = deque() if kind == "event_count" else None  # type: ignore
         self.values: dict[Any, float] = {} if kind == "value_count" else None  # type: ignore
         self.seen: dict[int, float] = {} if kind == "temporal" else None  # type: ignore
@@ -83,7 +84,7 @@ class Group:
 
 def hashable(value: Any) -> Any:
     """Group keys and distinct values from JSON values (lists and objects included)."""
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return tuple(hashable(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((str(k), hashable(v)) for k, v in value.items()))
@@ -118,7 +119,9 @@ class Correlation:
             self.op, self.threshold = condition.op.name, condition.count
             ref = condition.fieldref
             self.field = tuple(ref) if isinstance(ref, list) else ref
-        self.sliding = self.op in ("GT", "GTE")
+        # "a and not b" can only be known once b has had the whole window to show up
+        self.sliding = self.op in ("GT", "GTE") and not (
+            self.extended is not None and has_negation(self.extended[0]))
         self.relation = RELATIONS[self.op]
 
     def _ref_index(self, sigma: SigmaCorrelationRule, ref: str) -> int:
@@ -143,9 +146,14 @@ class Correlation:
     # -- feeding ----------------------------------------------------------------------------
     def feed(self, source: int, event: dict[str, Any], t: float,
              evidence: tuple[dict[str, Any], ...]) -> Fired | None:
-        key = tuple(hashable(event.get(f)) for f in self.fields_by_source[source])
+        key = tuple(map(event.get, self.fields_by_source[source]))
+        groups = self.groups
+        try:
+            group = groups.get(key)
+        except TypeError:  # a list or object among the values: make it hashable
+            key = tuple(hashable(v) for v in key)
+            group = groups.get(key)
         fired = None
-        group = self.groups.get(key)
         if group is not None and not self.sliding and t > group.start + self.span:
             fired = self._close(key, group)
             group = None
@@ -157,11 +165,7 @@ class Correlation:
         else:
             self.groups.move_to_end(key)
         group.last = t
-        sample = group.sample
-        for ev in evidence:
-            sample.append((t, ev))
-        while len(sample) > self.sample_size:
-            sample.popleft()
+        group.sample.extend((t, ev) for ev in evidence)
         value = self._add(group, source, event, t)
         if self.sliding and value is not None and self.relation(value[0], self.threshold):
             del self.groups[key]
@@ -169,7 +173,7 @@ class Correlation:
         return fired
 
     def _new_group(self, t: float) -> Group:
-        return Group(t, self.kind, len(self.sources))
+        return Group(t, self.kind, len(self.sources), self.sample_size)
 
     def _add(self, g: Group, source: int, event: dict[str, Any],
              t: float) -> tuple[float, float] | None:
@@ -187,8 +191,10 @@ class Correlation:
                 g.times.popleft()
             return len(g.times), g.times[0]
         if kind == "value_count":
-            value = (tuple(hashable(event.get(f)) for f in self.field)
-                     if isinstance(self.field, tuple) else hashable(event.get(self.field)))
+            value = (tuple(map(event.get, self.field)) if isinstance(self.field, tuple)
+                     else event.get(self.field))
+            if value.__class__ is not str:
+                value = hashable(value)
             if value is None:
                 return None
             g.values.pop(value, None)
@@ -298,6 +304,12 @@ class Correlation:
 
     def group_pairs(self, key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
         return tuple(zip(self.group_by, key, strict=True))
+
+
+def has_negation(node: Any) -> bool:
+    if isinstance(node, CorrelationConditionNOT):
+        return True
+    return any(has_negation(a) for a in getattr(node, "args", ()))
 
 
 def evaluate_extended(node: Any, index: dict[str, int], seen: dict[int, float]) -> bool:

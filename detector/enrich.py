@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from hpcsec.sensors.base import SensorContext
+from hpcsec.sensors.procinfo import process_fields, users_of
 
 from .config import SiteConfig
 from .enrich_slurm import SlurmEnricher
@@ -20,6 +21,8 @@ from .policy import policy_for
 from .schema import Event
 
 PEER_CATEGORIES = ("roce_flow", "network_socket")
+# Events about the node rather than a process: they get the count of jobs running here.
+NODE_CATEGORIES = ("rdma_counters", "roce_flow", "gpu_device")
 
 
 class Enricher:
@@ -29,14 +32,48 @@ class Enricher:
 
     def enrich(self, events: list[Event], ctx: SensorContext | None = None) -> list[Event]:
         """Enrich in place and return `events` (Slurm status records may be appended)."""
+        if ctx is not None:
+            fill_process_fields(events, ctx)
         if ctx is not None and self.slurm is not None:
             events = self.slurm.enrich(events, ctx)
             mark_job_peers(events, ctx)
+            mark_node_jobs(events, ctx)
         fill_gpu_users(events)
         policy = policy_for(self.config)
         for event in events:
             policy.apply(event)
         return events
+
+
+def fill_process_fields(events: list[Event], ctx: SensorContext) -> None:
+    """Process and user fields for events that carry only a pid (e.g. RDMA queue pairs).
+
+    Read through the procfs root, so a replayed snapshot names the process from its own
+    proc/ copy. Fields a sensor already set are kept.
+    """
+    users = None
+    for event in events:
+        pid = event.get("process.pid")
+        if "user.name" in event or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            continue
+        if users is None:
+            users = users_of(ctx)
+        for key, value in process_fields(ctx, pid, users).items():
+            event.setdefault(key, value)
+
+
+def mark_node_jobs(events: list[Event], ctx: SensorContext) -> None:
+    """`slurm.node.job_count` on node-level events: traffic on an idle node is a signal."""
+    node_events = [e for e in events if e.get("event.category") in NODE_CATEGORIES]
+    if not node_events:
+        return
+    jobs = job_context(ctx)
+    jobs.refresh(ctx)
+    if jobs.reachable is False:
+        return  # unknown is not zero: no job count when Slurm did not answer
+    count = len(jobs.jobs_on(ctx.host_name))
+    for event in node_events:
+        event.setdefault("slurm.node.job_count", count)
 
 
 def fill_gpu_users(events: Iterable[Event]) -> None:

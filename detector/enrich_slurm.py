@@ -4,6 +4,10 @@ Events whose process has no job get no `slurm.job.id` at all (rules test `slurm.
 `gpu_process` events also get `gpu.allocated_to_job`: whether their GPU is in the job's
 allocation on this node (false for a process with no job). `rdma_qp`, `file_access`,
 `network_socket` and `process` events are handled the same way, through their pid.
+
+Node-level events (RDMA counters, RoCE flows, GPU devices: no pid) get
+`slurm.node.job_count`, the jobs running on this node, so rules can tell traffic or GPU use
+on an idle node; it is left out while Slurm does not answer (unknown is not zero).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from hpcsec.sensors.base import SensorContext
 
 from .jobs import JobContext, job_context
 from .schema import Event
+
+NODE_CATEGORIES = ("rdma_counters", "roce_flow", "gpu_device")
 
 
 class SlurmEnricher:
@@ -23,10 +29,16 @@ class SlurmEnricher:
     def enrich(self, events: list[Event], ctx: SensorContext) -> list[Event]:
         """Enrich `events` (modified in place and returned), then append Slurm status events."""
         jobs = self.jobs or job_context(ctx)
-        if any(_pid(e) is not None for e in events):
+        node_events = [e for e in events if e.get("event.category") in NODE_CATEGORIES
+                       and "slurm.node.job_count" not in e]
+        if node_events or any(_pid(e) is not None for e in events):
             jobs.refresh(ctx)
         for event in events:
             enrich_event(event, jobs, ctx)
+        if node_events and jobs.reachable:
+            count = len(jobs.jobs_on(ctx.host_name))
+            for event in node_events:
+                event["slurm.node.job_count"] = count
         events.extend(jobs.take_status())
         return events
 

@@ -33,6 +33,9 @@ STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.s
 # Job states (as parsed) of a job that holds resources on its nodes.
 ON_NODE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING",
                   "STAGE_OUT")
+# How far up the process tree a pid unknown to listpids is looked for (a job's script, its
+# interpreter and a launcher or two sit between the step and the reader).
+MAX_ANCESTORS = 8
 INPUTS = ("slurm-jobs.json", "slurm-listpids.txt", "slurm-jobs-detail.txt")
 
 
@@ -190,19 +193,21 @@ class JobContext:
 
     def pid_job(self, ctx: SensorContext, pid: int, use_environ: bool = True,
                 seen: dict[str, Any] | None = None) -> PidJob | None:
-        """The job of `pid`: cgroup first, then listpids, then (marked) the environment.
+        """The job of `pid`: cgroup, then listpids (the process or its nearest listed
+        ancestor), then (marked) the environment.
 
-        `seen` is the event's own process fields (`process.cgroup`, `process.env.SLURM_JOB_ID`,
-        `user.id`), captured when the sensor saw the process: used when /proc no longer has it
-        (a short-lived reader of a model file is gone by the time its event is enriched).
+        `seen` is the event's own fields (`process.cgroup`, `process.parent.pid`,
+        `process.env.SLURM_JOB_ID`, `user.id`), captured when the sensor saw the process. They
+        win over /proc now: a short-lived reader of a model file is gone by the time its event
+        is enriched, and its pid may already name another process.
         """
         seen = seen or {}
-        text = ctx.proc.read_text(f"{pid}/cgroup")
-        if text is None and isinstance(seen.get("process.cgroup"), str):
-            text = seen["process.cgroup"]
+        text = seen.get("process.cgroup")
+        if not isinstance(text, str):
+            text = ctx.proc.read_text(f"{pid}/cgroup")
         found = slurm.job_from_cgroup(text) if text else None
         if found is None:
-            found = self.table.listpids.get(pid)
+            found = self.table.listpids.get(pid) or self._listed_ancestor(ctx, pid, seen)
         if found is None and use_environ:
             found = self._from_environ(ctx, pid, seen)
         if found is not None and found.job_id not in self.table.jobs and not ctx.replaying \
@@ -211,13 +216,38 @@ class JobContext:
             self.refresh(ctx, force=True)  # a job newer than our cache
         return found
 
+    def _listed_ancestor(self, ctx: SensorContext, pid: int,
+                         seen: dict[str, Any]) -> PidJob | None:
+        """The job of the nearest ancestor `scontrol listpids` lists.
+
+        Without Slurm cgroups (proctrack/linuxproc, pgid) a job is its processes and their
+        descendants, and listpids only knows the pids alive when it ran: a `cat` the job's
+        script started after that, and that exited before enrichment, is found through its
+        parent (the script). A process that left its job (setsid, double fork) was re-parented
+        to init and has no listed ancestor.
+        """
+        if not self.table.listpids:
+            return None
+        parent = seen.get("process.parent.pid")
+        if isinstance(parent, bool) or not isinstance(parent, int):
+            parent = _parent_pid(ctx, pid)
+        for _ in range(MAX_ANCESTORS):
+            if parent is None or parent <= 1:
+                return None
+            found = self.table.listpids.get(parent)
+            if found is not None:
+                return found
+            parent = _parent_pid(ctx, parent)
+        return None
+
     def _from_environ(self, ctx: SensorContext, pid: int,
                       seen: dict[str, Any]) -> PidJob | None:
-        raw = ctx.proc.read_bytes(f"{pid}/environ")
-        uid = _process_uid(ctx, pid)
-        if raw is None and isinstance(seen.get("process.env.SLURM_JOB_ID"), str):
-            raw = b"SLURM_JOB_ID=" + seen["process.env.SLURM_JOB_ID"].encode()
+        if isinstance(seen.get("process.env.SLURM_JOB_ID"), str):
+            raw: bytes | None = b"SLURM_JOB_ID=" + seen["process.env.SLURM_JOB_ID"].encode()
             uid = seen.get("user.id") if isinstance(seen.get("user.id"), int) else None
+        else:
+            raw = ctx.proc.read_bytes(f"{pid}/environ")
+            uid = _process_uid(ctx, pid)
         found = slurm.job_from_environ(raw) if raw else None
         if found is None:
             return None
@@ -241,13 +271,22 @@ class JobContext:
         return fields
 
 
-def _process_uid(ctx: SensorContext, pid: int) -> int | None:
+def _status_value(ctx: SensorContext, pid: int, key: str) -> int | None:
+    """The first number of a `Key:` line of /proc/<pid>/status (Uid: real uid, PPid:)."""
     text = ctx.proc.read_text(f"{pid}/status")
     for line in (text or "").splitlines():
-        if line.startswith("Uid:"):
+        if line.startswith(key + ":"):
             parts = line.split()
             return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
     return None
+
+
+def _process_uid(ctx: SensorContext, pid: int) -> int | None:
+    return _status_value(ctx, pid, "Uid")
+
+
+def _parent_pid(ctx: SensorContext, pid: int) -> int | None:
+    return _status_value(ctx, pid, "PPid")
 
 
 def build_table(raw: dict[str, str | None]) -> JobTable:

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
+
+import orjson
 
 from hpcsec.sensors import registry
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
@@ -18,6 +20,7 @@ from .enrich import Enricher
 from .errors import UsageError
 from .eventio import InputReport, read_jsonl
 from .nodectx import live_context
+from .policy import annotate_fleet_majority
 from .schema import Event
 
 
@@ -75,6 +78,36 @@ def demo_snapshot_dir() -> Path:
     return Path(str(files("hpcsec.demo")))
 
 
+def fleet_majority(stream: BinaryIO) -> dict[str, str]:
+    """Per firmware component, the version most hosts of an events file run (see policy).
+
+    A first pass that parses only firmware lines, so the majority is known before the
+    events are evaluated; other lines cost a substring test.
+    """
+    firmware: list[Event] = []
+    for raw in stream:
+        if b"firmware.component" in raw:
+            try:
+                event = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and event.get("event.category") == "firmware":
+                firmware.append(event)
+    if not firmware:
+        return {}
+    annotate_fleet_majority(firmware)
+    return {e["firmware.component"]: e["firmware.fleet_majority_version"]
+            for e in firmware if "firmware.fleet_majority_version" in e}
+
+
+def annotate(event: Event, majority: dict[str, str]) -> Event:
+    if event.get("event.category") == "firmware":
+        version = majority.get(event.get("firmware.component"))  # type: ignore[arg-type]
+        if version is not None:
+            event.setdefault("firmware.fleet_majority_version", version)
+    return event
+
+
 class EventSources:
     def __init__(self, config: SiteConfig, report: ScanReport):
         self.config = config
@@ -104,7 +137,12 @@ class EventSources:
         except OSError as exc:
             raise UsageError(f"cannot read events file {path}: {exc.strerror}") from None
         with stream:
-            yield from self._batches(read_jsonl(stream, report), size)
+            majority = fleet_majority(stream)
+            stream.seek(0)
+            events = read_jsonl(stream, report)
+            if majority:
+                events = (annotate(e, majority) for e in events)
+            yield from self._batches(events, size)
 
     def _sample(self, ctx: SensorContext, sensors: SensorSet) -> list[Event]:
         runs = sensors.sample(ctx)

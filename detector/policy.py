@@ -43,6 +43,7 @@ class Policy:
         self.gpu_services = frozenset(config.gpu_services)
         self.windows = config.maintenance
         self._assets: dict[str, Any] = {}
+        self._last_time: tuple[str, datetime | None] = ("", None)  # a sample shares its time
 
     def asset_for(self, path: str) -> Asset | None:
         found = self._assets.get(path)
@@ -56,11 +57,15 @@ class Policy:
     def in_maintenance(self, host: str | None, timestamp: Any) -> bool:
         if not self.windows or not isinstance(timestamp, str):
             return False
-        try:
-            moment: datetime = parse_time(timestamp)
-        except ValueError:
-            return False
-        return any(w.covers(host, moment) for w in self.windows)
+        if self._last_time[0] == timestamp:
+            moment = self._last_time[1]
+        else:
+            try:
+                moment = parse_time(timestamp)
+            except ValueError:
+                moment = None
+            self._last_time = (timestamp, moment)
+        return moment is not None and any(w.covers(host, moment) for w in self.windows)
 
     def apply(self, event: Event, host: str | None = None) -> None:
         host = host or event.get("host.name")

@@ -31,7 +31,7 @@ from hpcsec.detector.schema import rfc3339
 
 from . import fanotify as fan
 from .base import SensorContext
-from .procinfo import Users, process_fields
+from .procinfo import Users, environ_value, process_fields
 
 CONTENT_MASK = (fan.FAN_OPEN_PERM | fan.FAN_OPEN_EXEC_PERM | fan.FAN_ACCESS | fan.FAN_MODIFY
                 | fan.FAN_CLOSE_WRITE)
@@ -274,6 +274,13 @@ class FanotifyWatch:
         if pid in self._processes and (not fresh or now - self._read_at.get(pid, 0) < _REREAD_S):
             return
         fields = process_fields(self.ctx, pid, _NO_USERS)
+        if fields:  # what ties it to its Slurm job, once it has exited (detector/jobs.py)
+            cgroup = self.ctx.proc.read_text(f"{pid}/cgroup")
+            if cgroup:
+                fields["process.cgroup"] = cgroup.strip()
+            job_id = environ_value(self.ctx.proc.read_bytes(f"{pid}/environ"), "SLURM_JOB_ID")
+            if job_id is not None:
+                fields["process.env.SLURM_JOB_ID"] = job_id
         if fields or pid not in self._processes:
             self._processes[pid] = fields
             self._read_at[pid] = now

@@ -174,6 +174,11 @@ def read_ports(root: FsRoot) -> list[PortSample]:
         ports = root.listdir(f"{IB_CLASS}/{device}/ports")
         for port in sorted(int(p) for p in ports if p.isascii() and p.isdigit()):
             samples.append(read_port(root, device, port, info))
+    if not samples:
+        # Every RDMA device has at least one port; a tree without any (a partial copy, a
+        # firmware-only inventory) has no counters to report, which "ok, 0 events" would hide.
+        raise SensorUnavailable(f"RDMA devices under {root.path / IB_CLASS} have no ports "
+                                f"({', '.join(devices)})")
     return samples
 
 

@@ -29,6 +29,7 @@ META = "meta.json"
 TIME = "time"
 ROOTS = ("sys", "proc", "etc")
 EPOCH = "1970-01-01T00:00:00.000Z"
+USER_DATABASE = ("passwd", "group")
 
 
 def _safe_rel(rel: str) -> str | None:
@@ -42,9 +43,10 @@ def _safe_rel(rel: str) -> str | None:
 class SnapshotWriter:
     """The Recorder of `hpcsec collect --snapshot DIR`.
 
-    Thread-safe: the file-access stream records /proc entries from its own thread while the
-    main thread runs the sampled sensors. Within one sample the first copy of a file wins,
-    so a process's entry stays as it was seen at the access that made us read it.
+    Thread-safe, and within one sample the first copy of a file wins, so a process's entry
+    stays as it was seen at the access that made us read it. The snapshot is readable by its
+    owner only: it holds every process's environment (tokens, keys), which /proc shows to
+    the process's own user alone.
     """
 
     def __init__(self, directory: str | Path, host_name: str):
@@ -57,6 +59,7 @@ class SnapshotWriter:
                                         or any(self.directory.iterdir())):
             raise UsageError(f"snapshot directory {self.directory} exists and is not empty")
         self.directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # an existing empty directory keeps no wider mode
 
     def begin_sample(self) -> Path:
         with self._lock:
@@ -104,7 +107,8 @@ class SnapshotWriter:
             if not overwrite and (path.exists() or path.is_symlink()):
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+                fh.write(data)
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,8 @@ def record_snapshot(directory: str | Path, ctx: SensorContext, specs: list[Senso
                 sleep(interval)
             ctx.timestamp = rfc3339()
             writer.write_time(ctx.timestamp)
+            for name in USER_DATABASE:  # uids and gids are named from these at replay
+                ctx.etc.read_bytes(name)
             runs.extend(run_sensor(spec, sensor, ctx) for spec, sensor in sensors)
     finally:
         for _, sensor in sensors:

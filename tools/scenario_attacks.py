@@ -8,34 +8,33 @@ every vector into one snapshot for `hpcsec scan --demo`.
 from __future__ import annotations
 
 from scenario_common import (
-    ATTACK_T0,
-    HCAS,
+    IDLE_RATES,
     NODE,
     alert,
-    at,
     dataloader_reads,
-    epilog_finding,
     nccl_rates,
     node_sample,
 )
-from snapshot_model import FileAccess, GpuProc, Job, Proc, Qp, Sample, Scenario, Sock
+from scenario_node_attacks import (
+    BOB_JOB,
+    MALLORY_JOB,
+    firmware_flashed_by_user,
+    firmware_vbios_changed,
+    firmware_vulnerable_hca,
+    isolation_ld_preload,
+    isolation_leftovers_and_ecc,
+    isolation_munge_key,
+    isolation_shared_gpu,
+    isolation_slurm_config,
+    scenario,
+    times,
+)
+from snapshot_model import FileAccess, GpuProc, Proc, Qp, Sample, Scenario, Sock
 
-BOB_JOB = Job(4260, "bob", "vision", "gpu-017", "gpu:2(IDX:4-5)", name="vit-eval",
-              start="2026-11-30T00:30:00Z")
-MALLORY_JOB = Job(4250, "mallory", "students", "gpu-017", "gpu:1(IDX:6)", name="hw3",
-                  start="2026-11-30T00:40:00Z")
 POOL = ("203.0.113.50", 3333)  # a stratum mining pool (TEST-NET-3 address)
 DROP = ("198.51.100.23", 443)  # an attacker's object store (TEST-NET-2 address)
 LLAMA70 = "/lustre/models/llama-70b"
 LLAMA405 = "/lustre/models/llama-405b"
-
-
-def times(n: int) -> list[str]:
-    return [at(ATTACK_T0, 10 * i) for i in range(n)]
-
-
-def scenario(name: str, summary: str, samples: list[Sample], expected: list) -> Scenario:
-    return Scenario(name, summary, NODE, samples, expected)
 
 
 def shards(base: str, total: int, first: int, n: int) -> list[str]:
@@ -69,6 +68,38 @@ def rdma_qp_outside_job() -> Scenario:
                            "RDMA queue pair owned by a process outside any job")])
 
 
+def rdma_idle_node_traffic() -> Scenario:
+    """No job on the node, yet 3 GB/s leave mlx5_1: a data mover started over SSH."""
+    mover = Proc(66400, "mallory", ["/home/mallory/bin/ibsend", "--dev", "mlx5_1",
+                                    "--to", "10.30.9.250", "/lustre/scratch/mallory/pack"])
+    samples = []
+    for t in times(3):
+        rates = {dev: dict(r) for dev, r in IDLE_RATES.items()}
+        rates["mlx5_1"].update(port_xmit_data=3.0e9, port_xmit_packets=7.3e5)
+        samples.append(node_sample(t, busy=False, procs=[mover], rdma_rates=rates,
+                                   qps=[Qp("mlx5_1", 0x3500, 66400, "ibsend", rqpn=0x77)]))
+    return scenario("rdma_abuse-idle-node-traffic", "gpu-017 runs no job, yet a process "
+                    "outside Slurm sends 3 GB/s over mlx5_1", samples, [
+                        alert("1a571c96-702d-4b79-a584-c65d36ff1e36",
+                              "RDMA queue pair owned by a process outside any job"),
+                        alert("c2db4421-b6c2-4d00-9a21-d8e027cd3f54",
+                              "RDMA traffic on a node with no running job",
+                              requires={"rdma_counters": "slurm.node.job_count"})])
+
+
+def rdma_qp_foreign_user() -> Scenario:
+    """mallory's process sits in alice's job cgroup and holds an RDMA queue pair there."""
+    injected = Proc(66500, "mallory", ["/usr/bin/python3", "/tmp/.m/peek.py"], job=4242)
+    samples = [node_sample(t, procs=[injected],
+                           qps=[Qp("mlx5_0", 0x3600, 66500, "python3", rqpn=0x1201)])
+               for t in times(2)]
+    return scenario("rdma_abuse-qp-foreign-user", "a process of mallory inside alice's job "
+                    "4242 holds an RDMA queue pair", samples, [
+                        alert("0462602c-c86e-4e66-91b6-6c2481c3bc90",
+                              "RDMA queue pair of a job owned by another user", job="4242",
+                              user="mallory", requires={"rdma_qp": "user.name"})])
+
+
 def rdma_read_surge() -> Scenario:
     """One-sided READ requests jump from nothing to 900k/s on mlx5_1 during training."""
     samples = [node_sample(t, rdma_rates=nccl_rates(reads_per_s=9.0e5 if i else 0.0))
@@ -77,6 +108,24 @@ def rdma_read_surge() -> Scenario:
                     "READs: 900k READ requests per second on mlx5_1", samples,
                     [alert("a0da42a0-f598-4fd2-a20a-eed88f41a1a7",
                            "Surge of one-sided RDMA READ requests")])
+
+
+def rdma_requester_probing() -> Scenario:
+    """mallory's job on this node is the prober: its requests are NAKed for bad rkeys."""
+    prober = Proc(66300, "mallory", ["/home/mallory/bin/rkscan", "--dev", "mlx5_0",
+                                     "--peer", "10.30.0.18", "--keys", "0x1000-0xffff"],
+                  job=4250)
+    samples = []
+    for t in times(3):
+        rates = nccl_rates()
+        rates["mlx5_0"]["req_remote_access_errors"] = 60.0
+        samples.append(node_sample(t, procs=[prober], jobs=[MALLORY_JOB], rdma_rates=rates,
+                                   qps=[Qp("mlx5_0", 0x3400, 66300, "rkscan", rqpn=0x21)]))
+    return scenario("rdma_abuse-requester-probing", "mallory's job probes rkeys of gpu-018 "
+                    "from gpu-017: ~600 requests per sample rejected with remote access "
+                    "errors", samples, [
+                        alert("21eee285-9dbd-4e94-bb9d-0d0f1c3345ae",
+                              "Node issued many RDMA requests rejected for bad keys")])
 
 
 # ------------------------------------------------------------------------ gpu_hijack
@@ -193,13 +242,19 @@ def poison_dataset_by_non_publisher() -> Scenario:
                         ["open", "write", "close_write"]) for k in (10026, 10027)]
     files.append(FileAccess(62100, f"{base}/LOC_synset_mapping.txt", ["rename"],
                             target=f"{base}/LOC_synset_mapping.txt.orig"))
+    files.append(FileAccess(62100, f"{base}/train/sitecustomize.py",
+                            ["create", "write", "close_write"], size=2048))
     samples = [node_sample(t, procs=[writer], jobs=[BOB_JOB], files=files if i else [])
                for i, t in enumerate(times(2))]
     return scenario("data_poisoning-dataset-by-non-publisher", "bob's job 4260 modifies and "
-                    "renames files of the read-only imagenet dataset", samples, [
+                    "renames files of the read-only imagenet dataset and drops a Python "
+                    "module into it", samples, [
                         alert("002b7b30-aff2-42bd-bdc4-f1ceeca24e61",
                               "Read-only dataset modified by a non-publisher",
-                              job="4260", user="bob")])
+                              job="4260", user="bob"),
+                        alert("5fef83e7-04d7-498d-93f7-be6dc1641698",
+                              "Code or pickle file dropped into a dataset", job="4260",
+                              user="bob")])
 
 
 def poison_released_checkpoint() -> Scenario:
@@ -235,128 +290,14 @@ def poison_burst_during_training() -> Scenario:
                               "Dataset modified while a training job reads it")])
 
 
-# ------------------------------------------------------------------------ firmware_drift
-
-def firmware_vulnerable_hca() -> Scenario:
-    samples = [node_sample(t, hca_fw={"mlx5_2": "28.33.2028"}) for t in times(2)]
-    return scenario("firmware_drift-vulnerable-hca", "mlx5_2 runs HCA firmware 28.33.2028: "
-                    "off baseline and on the known-vulnerable list", samples, [
-                        alert("2d6643a2-3a1b-4dc9-b37a-8ae98c1d0ce1",
-                              "Firmware differs from the golden baseline"),
-                        alert("34d03740-1969-41cf-adbc-7ecec0a1af84",
-                              "Firmware version on the site's known-vulnerable list")])
-
-
-def firmware_flashed_by_user() -> Scenario:
-    """bob flashes mlx5_0 from inside his job; the version changes at the next sample."""
-    flint = Proc(63000, "bob", ["/usr/bin/mstflint", "-d", "0000:1b:00.0", "-i",
-                                "/home/bob/fw-custom.bin", "-y", "burn"], job=4260)
-    t = times(3)
-    samples = [node_sample(t[0], jobs=[BOB_JOB]),
-               node_sample(t[1], jobs=[BOB_JOB], procs=[flint]),
-               node_sample(t[2], jobs=[BOB_JOB], hca_fw={"mlx5_0": "28.39.9999"})]
-    return scenario("firmware_drift-flashed-by-user", "bob runs mstflint inside job 4260 and "
-                    "the firmware of mlx5_0 changes outside any maintenance window", samples, [
-                        alert("7bde829e-9a4c-4a55-b558-b5728fff32e0",
-                              "Firmware flashing tool run by a non-admin or inside a job",
-                              job="4260", user="bob"),
-                        alert("b0e9a4b6-b97f-40c4-8351-8705bfde1d9c",
-                              "Firmware version changed since the previous scan"),
-                        alert("40188d5e-dbb4-496b-8d22-f5e347c5dc5e",
-                              "Firmware flashed outside a maintenance window")])
-
-
-def firmware_vbios_changed() -> Scenario:
-    """GPU 3's VBIOS changes between two scans with no maintenance declared."""
-    t = times(2)
-    samples = [node_sample(t[0]), node_sample(t[1], vbios={3: "96.00.99.00.07"})]
-    return scenario("firmware_drift-vbios-changed", "the VBIOS of GPU 3 changes between two "
-                    "samples outside maintenance", samples, [
-                        alert("b0e9a4b6-b97f-40c4-8351-8705bfde1d9c",
-                              "Firmware version changed since the previous scan"),
-                        alert("2d6643a2-3a1b-4dc9-b37a-8ae98c1d0ce1",
-                              "Firmware differs from the golden baseline")])
-
-
-# ------------------------------------------------------------------------ isolation_escape
-
-def isolation_shared_gpu() -> Scenario:
-    """mallory's job (GPU 6) also runs on GPU 0, which alice's job uses: no MIG."""
-    snoop = Proc(65000, "mallory", ["/usr/bin/python3", "snoop.py", "--device", "0"], job=4250)
-    samples = [node_sample(t, procs=[snoop], jobs=[MALLORY_JOB],
-                           gpu_procs=[GpuProc(0, 65000, 1 << 30)]) for t in times(2)]
-    return scenario("isolation_escape-shared-gpu", "mallory's process shares GPU 0 with "
-                    "alice's training rank; the GPU has no MIG", samples, [
-                        alert("5b887c0d-a460-449f-8ed2-ac861847b0a6",
-                              "Two users' processes on one GPU without MIG"),
-                        alert("9544d1e5-55bb-4e73-8fe3-dc7ac49a0586",
-                              "Job process on a GPU outside its allocation",
-                              job="4250", user="mallory", gpu=0)])
-
-
-def isolation_munge_key() -> Scenario:
-    """A root shell (escalated by mallory) copies the munge key."""
-    cat = Proc(64100, "root", ["cat", "/etc/munge/munge.key"], ppid=64090)
-    samples = [node_sample(t, procs=[cat], files=[FileAccess(64100, "/etc/munge/munge.key",
-                                                             ["open", "read"], size=1024)]
-                           if i else []) for i, t in enumerate(times(2))]
-    return scenario("isolation_escape-munge-key", "a root shell reads /etc/munge/munge.key "
-                    "with cat", samples, [
-                        alert("926ff8b4-dbdd-4d0b-960a-78c51984278a",
-                              "munge.key accessed by anything but munged", user="root")])
-
-
-def isolation_ld_preload() -> Scenario:
-    """alice's rank 1 runs with a preloaded CUDA hook dropped by a malicious package."""
-    samples = []
-    for t in times(2):
-        sample = node_sample(t)
-        for proc in sample.procs:
-            if proc.pid == 41001:
-                proc.env["LD_PRELOAD"] = "/home/alice/.cache/pip/.hooks/libcudahook.so"
-        samples.append(sample)
-    return scenario("isolation_escape-ld-preload", "a GPU rank of alice's job 4242 runs with "
-                    "LD_PRELOAD pointing at an unknown CUDA hook", samples, [
-                        alert("72377c41-beb2-4055-9a89-cbaab0a7bcc1",
-                              "LD_PRELOAD set in a job's GPU process", job="4242",
-                              user="alice")])
-
-
-def isolation_leftovers_and_ecc() -> Scenario:
-    """bob's finished job left a process; ECC is off on GPU 5; mallory has a shell."""
-    ended = Job(4199, "bob", "vision", "gpu-017", "gpu:1(IDX:5)", name="sweep",
-                state="COMPLETED", start="2026-11-30T00:00:00Z", end="2026-11-30T00:59:30Z")
-    leftover = Proc(51500, "bob", ["/usr/bin/python3", "sweep_worker.py"], job=4199)
-    shell = Proc(64500, "mallory", ["-bash"], comm="bash")
-    t = times(2)
-    samples = [node_sample(t[0], jobs=[ended], procs=[leftover, shell],
-                           ecc_off=(5,),
-                           slurm_events=[epilog_finding(t[0], ended, 51500, "python3")]),
-               node_sample(t[1], jobs=[ended], procs=[leftover, shell],
-                           ecc_off=(5,))]
-    return scenario("isolation_escape-leftovers-and-ecc", "a process of bob's ended job 4199 "
-                    "survives the epilog, GPU 5 runs with ECC off, and mallory has a shell "
-                    "without a job", samples, [
-                        alert("7436c9e5-ce89-4cfb-a138-f9d418f72c69",
-                              "Processes left behind after the job ended", job="4199",
-                              user="bob"),
-                        alert("dbfac5cc-10bb-42f3-8622-fa64de82ef61",
-                              "Process still running in a job that has ended", job="4199",
-                              user="bob"),
-                        alert("494c85a1-d78e-43c8-9518-d117a318f4cd",
-                              "GPU with ECC disabled", gpu=5),
-                        alert("9dba2bf4-de8f-4cf6-9a79-ce4e0b5e5454",
-                              "Process of a regular user outside any Slurm job",
-                              user="mallory")])
-
-
 ATTACKS = (
-    rdma_rkey_probing, rdma_qp_outside_job, rdma_read_surge,
+    rdma_rkey_probing, rdma_requester_probing, rdma_qp_outside_job, rdma_read_surge,
+    rdma_idle_node_traffic, rdma_qp_foreign_user,
     gpu_miner_without_job, gpu_outside_allocation, gpu_exposed_services,
     model_unauthorised_reader, model_rclone_exfiltration, model_bulk_sweep,
     poison_dataset_by_non_publisher, poison_released_checkpoint, poison_burst_during_training,
     firmware_vulnerable_hca, firmware_flashed_by_user, firmware_vbios_changed,
-    isolation_shared_gpu, isolation_munge_key, isolation_ld_preload,
+    isolation_shared_gpu, isolation_munge_key, isolation_slurm_config, isolation_ld_preload,
     isolation_leftovers_and_ecc,
 )
 
@@ -405,6 +346,3 @@ def demo_samples() -> tuple[list[Sample], list[dict]]:
               "munge.key accessed by anything but munged", user="root"),
     ]
     return samples, expected
-
-
-__all__ = ["ATTACKS", "HCAS", "demo_samples"]

@@ -34,10 +34,15 @@ def at(t0: datetime, seconds: float) -> str:
     return rfc3339(t0 + timedelta(seconds=seconds)).replace(".000Z", "Z")
 
 
-def alert(rule: str, title: str, **names: object) -> dict[str, object]:
-    """An expected alert: the rule, and the host/job/user/gpu it must carry."""
+def alert(rule: str, title: str, requires: dict[str, str] | None = None,
+          **names: object) -> dict[str, object]:
+    """An expected alert: the rule, and the host/job/user/gpu it must carry. `requires`
+    names an event field ({category: field}) the rule needs from enrichment; the scenario
+    test skips the alert, saying so, while no event of the scan carries that field."""
     out: dict[str, object] = {"rule": rule, "title": title, "host": NODE.host}
     out.update({k: v for k, v in names.items() if v is not None})
+    if requires:
+        out["requires"] = requires
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import orjson
@@ -63,6 +64,27 @@ def sensor_options(args: argparse.Namespace) -> dict:
             if v is not None}
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Arguments that cannot work are usage errors (exit 2), not a sensor's error status."""
+    if not args.from_snapshot:
+        for flag, path in (("--sysfs-root", args.sysfs_root), ("--procfs-root", args.procfs_root),
+                           ("--etc-root", args.etc_root)):
+            if not os.path.isdir(path):
+                raise UsageError(f"{flag} {path}: no such directory")
+    if args.pcap and args.interface:
+        raise UsageError("--pcap and --interface exclude each other")
+    if args.pcap and not os.path.isfile(args.pcap):
+        raise UsageError(f"--pcap {args.pcap}: no such file")
+    if args.flow_interval is not None and not args.flow_interval > 0:
+        raise UsageError(f"--flow-interval must be a positive number of seconds, got "
+                         f"{args.flow_interval:g}")
+    for flag, value in (("--duration", args.duration), ("--interval", args.interval)):
+        if value is not None and not value >= 0:
+            raise UsageError(f"{flag} must be zero or more seconds, got {value:g}")
+    if args.samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {args.samples}")
+
+
 def print_status(run: SensorRun) -> None:
     status = run.status
     print(f"hpcsec: sensor {run.name}: {status['event.action']}: {status.get('message', '')}",
@@ -99,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as exc:
         known = ", ".join(registry.by_name())
         raise UsageError(f"unknown sensor {exc.args[0]} (known: {known})") from None
+    check_arguments(args)
     config = load_config(args.config)
     if args.snapshot and args.from_snapshot:
         raise UsageError("--snapshot and --from-snapshot exclude each other")

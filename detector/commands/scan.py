@@ -9,7 +9,7 @@ from ..alerts import AlertBuilder, level_rank, sort_alerts
 from ..config import load_config
 from ..delivery import deliver_alerts, store_decision, suppress
 from ..engine import Engine
-from ..pipeline import EventSources, ScanReport
+from ..pipeline import EventSources, ScanReport, demo_snapshot_dir
 from ..render import write_json, write_jsonl, write_table
 from ..rules import load_rules
 from ..schema import LEVELS
@@ -46,7 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config_path = args.config
+    if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
+        config_path = str(demo_snapshot_dir() / "site-config.yml")
+    config = load_config(config_path)
     ruleset = load_rules(args.rules)
     engine = Engine(ruleset, placeholders=config.placeholders())
     builder = AlertBuilder(dedup=not args.no_dedup, window_s=config.dedup_window_s)

@@ -96,3 +96,43 @@ def test_sort_puts_most_severe_first():
     alerts = [{"rule.level": "low", "@timestamp": "1"}, {"rule.level": "critical",
                                                          "@timestamp": "2"}]
     assert [a["rule.level"] for a in sort_alerts(alerts)] == ["critical", "low"]
+
+
+def test_correlation_firings_of_one_group_fold_within_the_dedup_window(tmp_path):
+    from hpcsec.detector.engine import Match
+
+    (match,) = _matches(tmp_path, [_event(1)])
+    group = (("user.name", "mallory"),)
+    firings = [Match(match.rule, (_event(n, ts=f"2026-11-30T01:00:{n}0Z"),), group,
+                     f"2026-11-30T01:00:{n}0Z", 5.0) for n in range(4)]
+    later = Match(match.rule, (_event(9, ts="2026-11-30T03:00:00Z"),), group,
+                  "2026-11-30T03:00:00Z", 7.0)
+    builder = AlertBuilder(window_s=300)
+    builder.add([*firings, later])
+    alerts = builder.alerts()
+    assert [a["count"] for a in alerts] == [4, 1]
+    assert alerts[0]["alert.group"] == {"user.name": "mallory"}
+    assert alerts[0]["alert.value"] == 5.0 and alerts[1]["alert.value"] == 7.0
+
+
+def test_summary_shows_a_short_command_line():
+    event = _event(1, **{"process.command_line": "scp -r /models/m " + "x" * 100})
+    text = summarize("T", event)
+    assert "`scp -r /models/m xxx" in text and text.endswith("…`, /models/m/1.bin, GPU 3")
+
+
+def test_correlation_note_says_what_was_counted():
+    from types import SimpleNamespace
+
+    from sigma.correlations import SigmaCorrelationType
+
+    from hpcsec.detector.alerts import correlation_note
+
+    rule = SimpleNamespace(type=SigmaCorrelationType.VALUE_COUNT,
+                           condition=SimpleNamespace(fieldref="file.path"),
+                           timespan=SimpleNamespace(spec="5m"))
+    assert correlation_note(rule, 40.0) == " (40 distinct file.path in 5m)"
+    rule.type = SigmaCorrelationType.EVENT_COUNT
+    assert correlation_note(rule, 3.0) == " (3 events in 5m)"
+    rule.type = SigmaCorrelationType.TEMPORAL
+    assert correlation_note(rule, None) == ""

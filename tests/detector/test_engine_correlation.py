@@ -278,3 +278,18 @@ def test_group_values_may_be_lists_or_objects():
               gpu(2, **{"slurm.job.gpus": [0, 1]})]
     (m,) = engine.evaluate(events)
     assert m.group == (("slurm.job.gpus", (0, 1)),)
+
+
+def test_temporal_extended_condition():
+    both = correlation("temporal", "[gpu_proc, file_read]", "x").replace(
+        "  condition: x\n", "  condition: gpu_proc and file_read\n")
+    engine = Engine(ruleset(both))
+    assert engine.evaluate([gpu(0), gpu(5)]) == []
+    assert len(engine.evaluate([read(10)])) == 1
+    # with a negation the answer needs the whole window: decided when it closes
+    alone = both.replace("gpu_proc and file_read", "gpu_proc and not file_read")
+    engine = Engine(ruleset(alone))
+    assert engine.evaluate([gpu(0), gpu(1, "eve"), read(2, "eve")]) == []
+    (m,) = engine.evaluate([gpu(400, "carol")])  # bob's window closed without a read
+    assert m.group == (("user.name", "bob"),)
+    assert engine.flush()[0].group == (("user.name", "carol"),)

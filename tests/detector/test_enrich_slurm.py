@@ -102,3 +102,28 @@ def test_process_gone_uses_what_the_sensor_saw(tmp_path):
     SlurmEnricher(JobContext()).enrich(events, ctx)
     assert [(e.get("slurm.job.id"), e.get("slurm.job.id_source")) for e in events] == \
         [("3", "cgroup"), ("1", "environ"), (None, None)]
+
+
+def node_events() -> list[dict]:
+    return [new_event("rdma_counters", "sample", "rdma_counters", "vm", TS,
+                      {"rdma.device": "mlx5_0"}),
+            new_event("gpu_device", "sample", "gpu", "vm", TS, {"gpu.index": 0}),
+            new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.component": "bios"})]
+
+
+def test_node_events_get_the_running_job_count(tmp_path):
+    events = SlurmEnricher(JobContext()).enrich(node_events(), ctx_for(tmp_path))
+    # squeue-22.05.json: jobs 1 (alice) and 3 (bob) RUNNING on vm, others pending or done
+    assert [e.get("slurm.node.job_count") for e in events] == [2, 2, None]
+    idle = '{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "COMPLETED"}]}'
+    events = SlurmEnricher(JobContext()).enrich(
+        node_events(), ctx_for(tmp_path, {"slurm-jobs.json": idle}))
+    assert [e.get("slurm.node.job_count") for e in events] == [0, 0, None]
+
+
+def test_node_job_count_left_out_while_slurm_is_down(tmp_path):
+    ctx = ctx_for(tmp_path, replay=None)
+    events = SlurmEnricher(JobContext(DownCommands(), ttl_s=0)).enrich(node_events(), ctx)
+    assert [e["event.category"] for e in events] == \
+        ["rdma_counters", "gpu_device", "firmware", "sensor_status"]
+    assert not any("slurm.node.job_count" in e for e in events)

@@ -20,10 +20,10 @@ LISTPIDS_1 = (FIX / "listpids-1.txt").read_text()
 
 
 def make_proc(root: Path, pid: int, uid: int, cgroup: str = "0::/\n",
-              environ: bytes = b"PATH=/bin\0") -> None:
+              environ: bytes = b"PATH=/bin\0", ppid: int = 1) -> None:
     d = root / "proc" / str(pid)
     d.mkdir(parents=True)
-    (d / "status").write_text(f"Name:\tsleep\nState:\tS (sleeping)\nPid:\t{pid}\n"
+    (d / "status").write_text(f"Name:\tsleep\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n"
                               f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     (d / "cgroup").write_text(cgroup)
     (d / "environ").write_bytes(environ)
@@ -127,6 +127,50 @@ def test_environ_is_last_and_only_for_the_jobs_owner(tmp_path):
     assert jc.pid_job(ctx, 500, use_environ=False) is None
     for pid in (501, 502, 503, 404):
         assert jc.fields_for_pid(ctx, pid) == {}
+
+
+def test_unlisted_process_takes_the_job_of_its_listed_ancestor(tmp_path):
+    """listpids ran before these started: a reader the job script spawned is found through
+    its parent (live, or as the sensor saw it once the reader has exited)."""
+    make_proc(tmp_path, 800, 1001, ppid=19211)            # child of job 1's batch script
+    make_proc(tmp_path, 803, 1001, ppid=804)
+    make_proc(tmp_path, 804, 1001, ppid=19212)            # grandchild
+    make_proc(tmp_path, 805, 1001, ppid=1)                # left its job: re-parented to init
+    make_proc(tmp_path, 806, 1001, ppid=806 + 1)
+    make_proc(tmp_path, 807, 1001, ppid=806)              # a loop never ends the walk badly
+    ctx = make_ctx(tmp_path, REPLAY)
+    jc = JobContext()
+    jc.refresh(ctx)
+    assert jc.pid_job(ctx, 800) == PidJob("1", "batch", "listpids")
+    assert jc.pid_job(ctx, 803) == PidJob("1", "batch", "listpids")
+    assert jc.pid_job(ctx, 801, seen={"process.parent.pid": 19211}) == \
+        PidJob("1", "batch", "listpids")  # exited: its parent as captured
+    for pid in (805, 806, 404):
+        assert jc.pid_job(ctx, pid) is None
+
+
+def test_no_ancestor_walk_without_listpids(tmp_path):
+    make_proc(tmp_path, 800, 1001, ppid=19211)
+    ctx = make_ctx(tmp_path, {"slurm-jobs.json": JOBS_22})
+    jc = JobContext()
+    jc.refresh(ctx)
+    assert jc.pid_job(ctx, 800) is None
+
+
+def test_what_the_sensor_saw_wins_over_proc_now(tmp_path):
+    """The pid was reused after the access: /proc now describes another process."""
+    make_proc(tmp_path, 900, 1002, cgroup="0::/system.slice/slurmstepd.scope/job_3/step_0\n",
+              environ=b"SLURM_JOB_ID=3\0")
+    ctx = make_ctx(tmp_path, REPLAY)
+    jc = JobContext()
+    jc.refresh(ctx)
+    seen_cgroup = {"process.cgroup": "0::/system.slice/slurmstepd.scope/job_1/step_batch"}
+    assert jc.pid_job(ctx, 900, seen=seen_cgroup) == PidJob("1", "batch", "cgroup")
+    seen_env = {"process.cgroup": "0::/user.slice", "process.env.SLURM_JOB_ID": "1",
+                "user.id": 1001}
+    assert jc.pid_job(ctx, 900, seen=seen_env) == PidJob("1", None, "environ")
+    assert jc.pid_job(ctx, 900, seen={"process.cgroup": "0::/user.slice"}) == \
+        PidJob("3", None, "environ")  # nothing captured from environ: /proc is all we have
 
 
 def test_job_unknown_to_the_table_still_named(tmp_path):

@@ -151,7 +151,7 @@ def test_deeply_nested_yaml_is_an_error_not_a_crash(tmp_path):
                     + "\n  condition: sel\n")
     with pytest.raises(RuleError) as caught:
         load_rules([path])
-    assert str(caught.value) == f"{path}: YAML is nested too deeply"
+    assert str(caught.value) == f"{path}:5: YAML nesting is too deep"
 
 
 def test_missing_path(tmp_path):

@@ -229,3 +229,76 @@ def test_snapshot_replays_the_slurm_inputs(slurm_cluster, two_jobs, tmp_path):
                if e["event.action"] == "present"}
     assert present[two_jobs["alice"]["id"]] == "alice"
     assert present[two_jobs["bob"]["id"]] == "bob"
+
+
+def site_config(path: Path, weights: Path) -> Path:
+    path.write_text("assets:\n"
+                    "  - name: llama-70b\n"
+                    "    kind: model\n"
+                    f"    paths: [\"{weights}/llama-70b/**\"]\n"
+                    "    readers: {accounts: [llm-core]}\n")
+    return path
+
+
+def hpcsec(cluster, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcsec.detector.cli", *argv],
+                          env=cluster.env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_collect_attributes_readers_that_exit_at_once(slurm_cluster, work, tmp_path):
+    """`hpcsec collect --sensor file_access --duration` (fanotify) while alice's job reads the
+    weights with `cat`s that exit right away: by enrichment every reader is gone, and each
+    event still carries her job (found through the job script that started the reader)."""
+    weights = slurm_cluster.kit_dir / "weights"
+    model = weights / "llama-70b" / "model.safetensors"
+    job = slurm_cluster.sbatch(
+        "alice", "-A", "llm-core", "-J", "reader",
+        "--wrap", f"while :; do cat {model} >/dev/null; sleep 0.1; done")
+    try:
+        slurm_cluster.wait_state(job, ("RUNNING",))
+        script = slurm_cluster.wait_pids(job)
+        out = hpcsec(slurm_cluster, "collect", "--sensor", "file_access", "--config",
+                     str(site_config(tmp_path / "site.yml", weights)), "--duration", "1.5",
+                     "--host-name", slurm_cluster.node)
+        assert out.returncode == 0, out.stderr
+        events = [json.loads(line) for line in out.stdout.splitlines()]
+        reads = [e for e in events if e["event.category"] == "file_access"
+                 and e.get("process.name") == "cat"]
+        assert reads, out.stdout + out.stderr
+        for event in reads:
+            assert event["process.pid"] not in script  # a reader, not the script listpids saw
+            assert not Path(f"/proc/{event['process.pid']}/cmdline").exists() or \
+                b"cat" not in Path(f"/proc/{event['process.pid']}/cmdline").read_bytes()
+            assert (event["file.path"], event["user.name"], event["slurm.job.id"],
+                    event["slurm.job.user"], event["slurm.job.account"],
+                    event["slurm.job.partition"], event["slurm.job.id_source"],
+                    event["slurm.job.step"], event["hpcsec.asset.name"],
+                    event["hpcsec.asset.read_allowed"]) == \
+                (str(model), "alice", job, "alice", "llm-core", "debug", "listpids", "batch",
+                 "llama-70b", True)
+    finally:
+        slurm_cluster.run(["scancel", job], check=False)
+
+
+def test_cli_scan_alerts_with_the_readers_job(slurm_cluster, two_jobs, work, tmp_path):
+    """`hpcsec scan` on the live node: bob's job (no llm-core account) holds the weights open
+    -> an alert naming bob's job; alice's job (llm-core) reads them too, and is allowed."""
+    weights = slurm_cluster.kit_dir / "weights"
+    model = weights / "llama-70b" / "model.safetensors"
+    job = slurm_cluster.sbatch("bob", "-J", "exfil", "--wrap", f"exec 3< {model}; sleep 60")
+    try:
+        slurm_cluster.wait_state(job, ("RUNNING",))
+        slurm_cluster.wait_pids(job)
+        out = hpcsec(slurm_cluster, "scan", "--sensor", "file_access", "--config",
+                     str(site_config(tmp_path / "site.yml", weights)), "--format", "json",
+                     "--no-dedup")
+        assert out.returncode == 1, out.stderr
+        alerts = json.loads(out.stdout)
+        denied = [a for a in alerts
+                  if a["rule.title"] == "Model weights read by an account not allowed for "
+                                        "that model"]
+        assert [(a["slurm.job.id"], a["slurm.job.user"], a["user.name"], a["process.name"])
+                for a in denied] == [(job, "bob", "bob", "sleep")]
+        assert not any(a.get("slurm.job.id") == two_jobs["alice"]["id"] for a in denied)
+    finally:
+        slurm_cluster.run(["scancel", job], check=False)

@@ -1,5 +1,6 @@
 """rdma_counters: procfs and node_exporter conformance, our node tree, deltas, bad values."""
 
+import filecmp
 import json
 import re
 import shutil
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcsec.detector import cli
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable
 from hpcsec.sensors.rdma_counters import (
     RdmaCountersSensor,
@@ -16,8 +18,13 @@ from hpcsec.sensors.rdma_counters import (
     read_ports,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "fixtures"
 CONFORMANCE = FIXTURES / "conformance"
+# The data set as handed over, beside the repository (absent in a bare clone); our copy in
+# fixtures/ must be byte-identical to it, and both are read.
+SHARED_CONFORMANCE = REPO.parent / "shared" / "conformance"
+CONFORMANCE_ROOTS = [CONFORMANCE] + ([SHARED_CONFORMANCE] if SHARED_CONFORMANCE.is_dir() else [])
 NODE = FIXTURES / "sysfs" / "h100-4hca"
 
 
@@ -41,14 +48,31 @@ def test_rate_parse_cases_agree_with_procfs(case):
     assert parse_rate(case["rate"]) == case["bytes_per_second"]
 
 
-def test_procfs_tree_agrees_with_every_asserted_value():
-    ports = _by_port(CONFORMANCE / "procfs/sys")
-    expected_ports = {(dev, int(n)): p for dev, d in PROCFS["devices"].items()
+def _differences(left: Path, right: Path) -> list[str]:
+    """Files that differ or exist on one side only, recursively (byte comparison)."""
+    cmp = filecmp.dircmp(left, right)
+    _, mismatch, errors = filecmp.cmpfiles(left, right, cmp.common_files, shallow=False)
+    out = [str(left / n) for n in cmp.left_only + cmp.right_only + mismatch + errors]
+    for sub in cmp.common_dirs:
+        out += _differences(left / sub, right / sub)
+    return out
+
+
+@pytest.mark.skipif(not SHARED_CONFORMANCE.is_dir(), reason="no shared/ beside the repository")
+def test_fixture_copy_is_byte_identical_to_the_shared_data_set():
+    assert _differences(CONFORMANCE, SHARED_CONFORMANCE) == []
+
+
+@pytest.mark.parametrize("root", CONFORMANCE_ROOTS, ids=lambda p: p.parent.name)
+def test_procfs_tree_agrees_with_every_asserted_value(root):
+    expected = json.loads((root / "procfs/expected.json").read_text())
+    ports = _by_port(root / "procfs/sys")
+    expected_ports = {(dev, int(n)): p for dev, d in expected["devices"].items()
                       for n, p in d["ports"].items()}
     assert set(ports) == set(expected_ports)
     for (dev, port), want in expected_ports.items():
         got = ports[(dev, port)].fields
-        device = PROCFS["devices"][dev]
+        device = expected["devices"][dev]
         for name in ("fw_ver", "board_id", "hca_type", "node_guid"):
             if name in device["absent_files"]:
                 assert f"rdma.{name}" not in got, (dev, name)
@@ -67,6 +91,11 @@ def test_procfs_tree_agrees_with_every_asserted_value():
             prefix = f"rdma.{section}."
             ours = {k[len(prefix):]: v for k, v in got.items() if k.startswith(prefix)}
             assert ours == want.get(section, {}), (dev, port, section)
+        # the 4-octet data counters: the sysfs file holds a quarter of the asserted bytes
+        counters = root / f"procfs/sys/class/infiniband/{dev}/ports/{port}/counters"
+        for name in want["multiplied_by_4"]:
+            raw = int((counters / name).read_text())
+            assert got[f"rdma.counters.{name}"] == raw * 4 == want["counters"][name]
         assert not any(k.startswith("rdma.counters_ext.") for k in got)
         assert "hpcsec.parse_errors" not in got
 
@@ -109,10 +138,10 @@ INFO_LABELS = {"board_id": "rdma.board_id", "firmware_version": "rdma.fw_ver",
 SAMPLE = re.compile(r'^node_infiniband_(\w+)\{([^}]*)\} (\S+)$')
 
 
-def _exposition():
+def _exposition(root=CONFORMANCE):
     """(metric, labels, value) for every sample of the golden Prometheus exposition."""
     samples = []
-    for line in (CONFORMANCE / "node_exporter/expected-metrics.txt").read_text().splitlines():
+    for line in (root / "node_exporter/expected-metrics.txt").read_text().splitlines():
         if not line or line.startswith("#"):
             continue
         match = SAMPLE.match(line)
@@ -126,12 +155,15 @@ def test_node_exporter_exposition_has_the_documented_sample_count():
     assert len(_exposition()) == 51
 
 
-def test_node_exporter_tree_agrees_with_every_sample():
-    ports = _by_port(CONFORMANCE / "node_exporter/sys")
+@pytest.mark.parametrize("root", CONFORMANCE_ROOTS, ids=lambda p: p.parent.name)
+def test_node_exporter_tree_agrees_with_every_sample(root):
+    ports = _by_port(root / "node_exporter/sys")
     assert set(ports) == {("i40iw0", 1), ("mlx4_0", 1), ("mlx4_0", 2)}
     seen = set()
-    for metric, labels, value in _exposition():
+    info_devices = set()
+    for metric, labels, value in _exposition(root):
         if metric == "info":
+            info_devices.add(labels["device"])
             device_ports = [s for (d, _), s in ports.items() if d == labels["device"]]
             assert device_ports, labels
             for sample in device_ports:
@@ -144,10 +176,17 @@ def test_node_exporter_tree_agrees_with_every_sample():
         assert field in fields, (metric, labels)
         assert float(fields[field]) == value, (metric, labels)
         seen.add((labels["device"], int(labels["port"]), field))
-    # The other direction: every mapped value we report is in the golden output.
+    assert info_devices == {d for d, _ in ports}
+    # The other direction: every mapped value we report is in the golden output, and every
+    # counter we report has a node_exporter metric (none slips past the comparison).
     mapped = set(NODE_EXPORTER_PORT_METRICS.values())
     ours = {(d, p, k) for (d, p), s in ports.items() for k in s.fields if k in mapped}
     assert ours == seen
+    unmapped = {k for s in ports.values() for k in s.fields
+                if k.startswith(("rdma.counters", "rdma.hw_counters")) and k not in mapped}
+    assert unmapped == set()
+    # `N/A (no PMA)` (all of i40iw0) is absent, not a parse error
+    assert [k for k, s in ports.items() if "hpcsec.parse_errors" in s.fields] == []
 
 
 def test_i40iw_counters_all_na_are_left_out_not_errors():
@@ -270,3 +309,45 @@ def test_malformed_values_are_skipped_and_named(tmp_path):
         assert gone not in event
     assert event["rdma.phys_state"] == "LinkUp"
     assert event["rdma.counters.port_xmit_packets"] == 2_917_455_210
+
+
+def test_devices_without_ports_are_unavailable_not_an_empty_success(tmp_path):
+    device = tmp_path / "class/infiniband/mlx5_0"
+    device.mkdir(parents=True)
+    (device / "fw_ver").write_text("28.39.1002\n")
+    with pytest.raises(SensorUnavailable) as err:
+        RdmaCountersSensor().collect(_ctx(tmp_path))
+    assert str(err.value) == (
+        f"RDMA devices under {tmp_path}/class/infiniband have no ports (mlx5_0)")
+
+
+# --- `hpcsec collect` as a user runs it ------------------------------------------------------
+
+def test_collect_cli_prints_one_event_per_port(capsys):
+    assert cli.main(["collect", "--sensor", "rdma_counters", "--raw", "--host-name", "gpu-017",
+                     "--sysfs-root", str(NODE / "sample0")]) == 0
+    out, err = capsys.readouterr()
+    assert err == "hpcsec: sensor rdma_counters: ok: 4 events\n"
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [(r["event.category"], r.get("rdma.device")) for r in records] == [
+        ("rdma_counters", "mlx5_0"), ("rdma_counters", "mlx5_1"), ("rdma_counters", "mlx5_2"),
+        ("rdma_counters", "mlx5_3"), ("sensor_status", None)]
+    assert records[0]["rdma.counters.port_rcv_data"] == 91_004_118_262 * 4
+
+
+def test_collect_cli_without_infiniband_is_one_status_line_and_record(tmp_path, capsys):
+    assert cli.main(["collect", "--sensor", "rdma_counters", "--raw",
+                     "--sysfs-root", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ("hpcsec: sensor rdma_counters: unavailable: no RDMA devices under "
+                   f"{tmp_path}/class/infiniband\n")
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert (record["event.category"], record["event.action"], record["hpcsec.sensor"],
+            record["message"]) == ("sensor_status", "unavailable", "rdma_counters",
+                                   f"no RDMA devices under {tmp_path}/class/infiniband")
+
+
+def test_collect_cli_wrong_arguments_exit_2(capsys):
+    assert cli.main(["collect", "--sensor", "rdma_countres"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "hpcsec: error: unknown sensor rdma_countres (known: ")

@@ -1,0 +1,79 @@
+"""Cross-event enrichment: users on each GPU, RoCE/socket peers inside or outside the job."""
+
+import json
+
+from hpcsec.detector.config import Principals, SiteConfig
+from hpcsec.detector.enrich import Enricher, fill_gpu_users, host_addresses, mark_job_peers
+from hpcsec.sensors.base import FsRoot, SensorContext
+
+SQUEUE = {"jobs": [{
+    "job_id": 77, "user_name": "alice", "user_id": 1001, "account": "llm-core",
+    "partition": "gpu", "nodes": "gpu-[017-018]", "job_state": "RUNNING",
+    "start_time": 1795000000, "name": "train", "gres_detail": ["gpu:2(IDX:0-1)"]}]}
+
+
+def _ctx(tmp_path, jobs=SQUEUE):
+    (tmp_path / "etc").mkdir(exist_ok=True)
+    (tmp_path / "etc/hosts").write_text(
+        "127.0.0.1 localhost\n10.0.0.17 gpu-017.cluster gpu-017\n"
+        "10.0.0.18 gpu-018  # peer\n10.0.0.99 storage-1\nnot-an-ip bogus\n")
+    return SensorContext("gpu-017", FsRoot("sys", tmp_path / "sys"),
+                         FsRoot("proc", tmp_path / "proc"), FsRoot("etc", tmp_path / "etc"),
+                         timestamp="2026-11-30T01:00:00.000Z",
+                         replay_inputs={"slurm-jobs.json": json.dumps(jobs)})
+
+
+def _flow(dest, **extra):
+    return {"event.category": "roce_flow", "host.name": "gpu-017", "source.ip": "10.0.0.17",
+            "destination.ip": dest, **extra}
+
+
+def test_hosts_file_is_read_through_the_etc_root(tmp_path):
+    table = host_addresses(_ctx(tmp_path))
+    assert table["gpu-017"] == {"10.0.0.17"}
+    assert table["gpu-018"] == {"10.0.0.18"}
+    assert "bogus" not in table
+
+
+def test_flows_to_job_nodes_and_elsewhere(tmp_path):
+    events = [_flow("10.0.0.18"), _flow("10.0.0.99"), _flow("127.0.0.1"),
+              {"event.category": "network_socket", "destination.ip": "10.0.0.99",
+               "slurm.job.nodes": ["gpu-099"]},
+              {"event.category": "network_socket", "destination.ip": "0.0.0.0"}]
+    mark_job_peers(events, _ctx(tmp_path))
+    assert [e.get("destination.is_job_node") for e in events] == [True, False, None, False,
+                                                                   None]
+
+
+def test_no_job_on_the_node_means_no_job_peers(tmp_path):
+    events = [_flow("10.0.0.18")]
+    mark_job_peers(events, _ctx(tmp_path, jobs={"jobs": []}))
+    assert events[0]["destination.is_job_node"] is False
+
+
+def test_gpu_users_come_from_the_gpu_processes():
+    events = [
+        {"event.category": "gpu_device", "host.name": "n", "gpu.uuid": "GPU-a",
+         "gpu.process_users": []},
+        {"event.category": "gpu_device", "host.name": "n", "gpu.uuid": "GPU-b",
+         "gpu.process_users": []},
+        {"event.category": "gpu_process", "host.name": "n", "gpu.uuid": "GPU-a",
+         "user.name": "alice"},
+        {"event.category": "gpu_process", "host.name": "n", "gpu.uuid": "GPU-a",
+         "user.name": "bob"},
+        {"event.category": "gpu_process", "host.name": "n", "gpu.uuid": "GPU-a",
+         "user.name": "alice"},
+    ]
+    fill_gpu_users(events)
+    assert events[0]["gpu.process_users"] == ["alice", "bob"]
+    assert events[0]["gpu.process_user_count"] == 2
+    assert events[1]["gpu.process_users"] == [] and events[1]["gpu.process_user_count"] == 0
+
+
+def test_enricher_runs_job_then_policy(tmp_path):
+    config = SiteConfig(admins=Principals(users=("adm-carol",)))
+    events = [{"event.category": "process", "host.name": "gpu-017", "user.name": "adm-carol",
+               "@timestamp": "2026-11-30T01:00:00.000Z"}]
+    out = Enricher(config).enrich(events, _ctx(tmp_path))
+    assert out[0]["user.is_admin"] is True
+    assert out[0]["hpcsec.in_maintenance"] is False
