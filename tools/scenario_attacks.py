@@ -312,7 +312,9 @@ def demo_samples() -> tuple[list[Sample], list[dict]]:
     flint = Proc(63000, "bob", ["/usr/bin/mstflint", "-d", "0000:1b:00.0", "-y", "burn"],
                  job=4260)
     cat = Proc(64100, "root", ["cat", "/etc/munge/munge.key"], ppid=64090)
-    procs = [miner_proc, rclone, relabel, flint, cat]
+    # mallory's process hides in alice's job cgroup and holds an RDMA queue pair there
+    injected = Proc(66500, "mallory", ["/usr/bin/python3", "/tmp/.m/peek.py"], job=4242)
+    procs = [miner_proc, rclone, relabel, flint, cat, injected]
     samples = []
     for i, when in enumerate(t):
         rates = nccl_rates()
@@ -327,10 +329,13 @@ def demo_samples() -> tuple[list[Sample], list[dict]]:
         samples.append(node_sample(
             when, jobs=[BOB_JOB], procs=list(procs), gpu_procs=[miner_gpu],
             sockets=[miner_sock], files=files, rdma_rates=rates,
+            qps=[Qp("mlx5_0", 0x3600, 66500, "python3", rqpn=0x1201)],
             hca_fw={"mlx5_2": "28.33.2028"}))
     expected = [
         alert("86512c1a-36af-4394-b0b4-c2a3fb74cd6f",
               "RDMA rkey probing (remote access errors per minute)"),
+        alert("0462602c-c86e-4e66-91b6-6c2481c3bc90",
+              "RDMA queue pair of a job owned by another user", job="4242", user="mallory"),
         alert("761aedd6-bf44-46ef-8eb3-9259427d5ab7", "GPU process outside any Slurm job",
               user="mallory", gpu=7),
         alert("2bfe7e5b-9535-4165-b5f8-2deff1e79153",
