@@ -1,4 +1,5 @@
-"""`python -m bench [NAME [ARGS...]]`: run one benchmark by name, or all of them in turn."""
+"""`python -m bench [NAME [ARGS...]]`: run one benchmark by name with its own options, or all of
+them in turn with their defaults."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import sys
 # name -> module under bench/ with a `main(argv) -> int`
 BENCHES = {
     "engine": "bench.engine",
+    "sensors": "bench.sensors",
+    "file_access": "bench.file_access",
+    "agent": "bench.agent",
 }
 
 
@@ -15,7 +19,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\nbenchmarks: " + ", ".join(BENCHES))
         return 0
-    if argv and not argv[0].startswith("-"):
+    if argv:
         name, rest = argv[0], argv[1:]
         if name not in BENCHES:
             print(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}", file=sys.stderr)
@@ -23,8 +27,8 @@ def main(argv: list[str]) -> int:
         return importlib.import_module(BENCHES[name]).main(rest)
     status = 0
     for name, module in BENCHES.items():
-        print(f"== {name}")
-        status |= importlib.import_module(module).main(argv)
+        print(f"== {name}", flush=True)
+        status |= importlib.import_module(module).main([])
     return status
 
 

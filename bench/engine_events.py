@@ -164,7 +164,8 @@ def generate(n: int, attacks: list[dict[str, Any]], seed: int = 1) -> Iterator[d
     for i in range(n):
         if attacks and rng.random() < 0.01:
             event = dict(rng.choice(attacks))
-            event.update(_common(rng, event["event.category"], i, event["host.name"]))
+            event.update(_common(rng, event["event.category"], i,
+                                 event.get("host.name", "gpu001")))
             yield event
         else:
             yield _background(rng, rng.choice(categories), i)

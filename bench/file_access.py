@@ -1,6 +1,6 @@
 """File-access sensor speed: folding throughput and the latency a permission event adds.
 
-    python bench/file_access.py [--events N] [--opens N]
+    python -m bench.file_access [--events N] [--files N] [--opens N] [--repeat N]
 
 1. Folding path, in process: kernel-layout event buffers -> parse -> actions -> Folder.add
    (no syscalls), events/s. Target: at least 50,000/s.
@@ -112,7 +112,7 @@ def open_latency(path: Path, opens: int) -> dict[str, int]:
     return json.loads(out)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=500_000)
     parser.add_argument("--files", type=int, default=12_000,
@@ -121,7 +121,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5,
                         help="runs per throughput figure (best and median are printed; "
                         "a shared machine is noisy)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rate = max(folding_rate(args.events) for _ in range(args.repeat))
     print(f"folding path (best of {args.repeat}): {rate:,.0f} events/s "
           f"({rate / 50_000:.1f}x the 50K/s target)")

@@ -107,9 +107,8 @@ def load_generation(settings: AgentSettings) -> Generation:
 
 
 def open_outputs_for(settings: AgentSettings, gen: Generation) -> Any:
-    urls = gen.outputs_key[0]
-    if not urls:
-        return None
+    # No output configured: stdout, so the alerts are at least in the journal.
+    urls = gen.outputs_key[0] or ("-",)
     from .outputs.base import open_outputs
 
     return open_outputs(list(urls), secret_file=settings.secret_file,
@@ -217,10 +216,11 @@ class Agent:
         address = self.settings.metrics_address or self.gen.config.metrics_address
         _server, self.metrics_address = self.metrics.serve(address)
         self.metrics.rules_loaded.set(len(self.gen.ruleset.rules))
+        self._start_sources()
+        # Logged once the sources run: from this line on, file accesses are being watched.
         log(f"started: {len(self.gen.ruleset.rules)} rules, sensors "
             f"{', '.join(s.name for s in self.specs)}, every {self.gen.interval_s:g} s; "
             f"metrics at http://{self.metrics_address}/metrics")
-        self._start_sources()
         deadline = (time.monotonic() + self.settings.once_for_s
                     if self.settings.once_for_s is not None else None)
         wait = 0.0
@@ -257,12 +257,20 @@ class Agent:
             return
         gen = self.gen
         events: list[Event] = []
+        # Enrich a sample's events together, as scan does: some fields relate events of
+        # different sensors read at the same time (the same context).
+        groups: list[Chunk] = []
         for chunk in chunks:
+            if groups and groups[-1].ctx is chunk.ctx:
+                groups[-1].events.extend(chunk.events)
+            else:
+                groups.append(Chunk(chunk.ctx, list(chunk.events)))
+        for group in groups:
             try:
-                events.extend(gen.enricher.enrich(chunk.events, chunk.ctx))
+                events.extend(gen.enricher.enrich(group.events, group.ctx))
             except Exception as exc:  # an enrichment bug must not cost the events
                 log(f"enrichment failed, evaluating without it: {type(exc).__name__}: {exc}")
-                events.extend(chunk.events)
+                events.extend(group.events)
         started = time.perf_counter()
         matches = gen.engine.evaluate(events)
         self.metrics.eval_seconds.observe(time.perf_counter() - started)

@@ -10,6 +10,7 @@ site policy) must look at the same roots and time the sensor did.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -48,17 +49,25 @@ class EventQueue:
 
     def put(self, chunk: Chunk, sensor: str) -> int:
         """Queue what fits of the chunk; returns how many events were dropped."""
+        return self.put_many([(chunk, sensor)])
+
+    def put_many(self, chunks: list[tuple[Chunk, str]]) -> int:
+        """Queue chunks (with the sensor each came from) at once, so the main loop sees a
+        whole sample together; what does not fit is dropped and counted per sensor."""
+        lost_total = 0
         with self._cond:
-            room = max(self.max_events - self._size, 0)
-            kept = chunk.events if len(chunk.events) <= room else chunk.events[:room]
-            lost = len(chunk.events) - len(kept)
-            if lost:
-                self._dropped[sensor] = self._dropped.get(sensor, 0) + lost
-            if kept:
-                self._chunks.append(Chunk(chunk.ctx, kept))
-                self._size += len(kept)
-                self._cond.notify()
-        return lost
+            for chunk, sensor in chunks:
+                room = max(self.max_events - self._size, 0)
+                kept = chunk.events if len(chunk.events) <= room else chunk.events[:room]
+                lost = len(chunk.events) - len(kept)
+                if lost:
+                    self._dropped[sensor] = self._dropped.get(sensor, 0) + lost
+                    lost_total += lost
+                if kept:
+                    self._chunks.append(Chunk(chunk.ctx, kept))
+                    self._size += len(kept)
+            self._cond.notify()
+        return lost_total
 
     def get(self, max_events: int, timeout: float) -> list[Chunk]:
         """Chunks holding up to about `max_events` events; waits up to `timeout` for the first.
@@ -90,6 +99,25 @@ class EventQueue:
 
 
 SampleHook = Callable[[SensorRun], None]
+
+
+class _Unloadable:
+    """Stands in for a sensor whose module failed to import: every run reports the error
+    (run_sensor turns it into an `error` status) instead of taking the agent down."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name = name
+        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
+
+    def collect(self, ctx: SensorContext) -> list[Event]:
+        raise RuntimeError(self.error)
+
+
+def make_sensor(spec: SensorSpec) -> Any:
+    try:
+        return spec.factory()
+    except Exception as exc:
+        return _Unloadable(spec.name, exc)
 
 
 class _SourceThread:
@@ -129,7 +157,7 @@ class SampledSource(_SourceThread):
                  queue: EventQueue, interval_s: float, on_run: SampleHook,
                  on_sample: Callable[[float], None]):
         super().__init__("hpcsec-sampler")
-        self.sensors = [(spec, spec.factory()) for spec in specs]
+        self.sensors = [(spec, make_sensor(spec)) for spec in specs]
         self.make_context = make_context
         self.queue = queue
         self.interval_s = interval_s
@@ -140,18 +168,30 @@ class SampledSource(_SourceThread):
         next_at = time.monotonic()
         while not self._stop.wait(max(next_at - time.monotonic(), 0.0)):
             started = time.monotonic()
-            ctx = self.make_context()
-            ctx.state = self.state
-            for spec, sensor in self.sensors:
-                if self._stop.is_set():
+            try:
+                if not self._sample():
                     return
-                run = run_sensor(spec, sensor, ctx)
-                self.on_run(run)
-                self.queue.put(Chunk(ctx, [*run.events, run.status]), spec.name)
-            self.on_sample(time.monotonic() - started)
+            except Exception as exc:  # not a sensor's (run_sensor catches those): keep going
+                print(f"hpcsec agent: sample failed: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+            else:
+                self.on_sample(time.monotonic() - started)
             next_at += self.interval_s
             if next_at < time.monotonic():  # a sample took longer than the interval: skip
                 next_at = time.monotonic() + self.interval_s
+
+    def _sample(self) -> bool:
+        ctx = self.make_context()
+        ctx.state = self.state
+        sample: list[tuple[Chunk, str]] = []
+        for spec, sensor in self.sensors:
+            if self._stop.is_set():
+                return False
+            run = run_sensor(spec, sensor, ctx)
+            self.on_run(run)
+            sample.append((Chunk(ctx, [*run.events, run.status]), spec.name))
+        self.queue.put_many(sample)
+        return True
 
     def _close(self) -> None:
         for _spec, sensor in self.sensors:
@@ -168,7 +208,7 @@ class StreamSource(_SourceThread):
                  queue: EventQueue, on_run: SampleHook, poll_s: float = STREAM_POLL_S):
         super().__init__("hpcsec-stream")
         self.spec = spec
-        self.sensor = spec.factory()
+        self.sensor = make_sensor(spec)
         self.make_context = make_context
         self.queue = queue
         self.on_run = on_run

@@ -115,6 +115,9 @@ def scalar_matcher(value: Any) -> Callable[[Any], bool]:
     if isinstance(value, SigmaCIDRExpression):
         return m.cidr(value.network)
     if isinstance(value, SigmaCompareExpression):
+        if isinstance(value.number, SigmaTimestampPart):  # e.g. |hour|gte
+            part = value.number.timestamp_part.name.lower()
+            return m.time_part(part, value.number.number, value.op.name)
         return m.compare(value.op.name, value.number.number)
     raise UnsupportedValue(f"value type {type(value).__name__} is not supported")
 
@@ -268,7 +271,8 @@ class CategoryCompiler:
         if type(value) is SigmaNumber:
             return (f"({raw} == {value.number!r} if {numeric} "
                     f"else {raw} is not None and {slow}({raw}))")
-        if isinstance(value, SigmaCompareExpression):
+        if isinstance(value, SigmaCompareExpression) and \
+                not isinstance(value.number, SigmaTimestampPart):
             op = {"LT": "<", "LTE": "<=", "GT": ">", "GTE": ">=", "NEQ": "!="}[value.op.name]
             return (f"({raw} {op} {value.number.number!r} if {numeric} "
                     f"else {raw} is not None and {slow}({raw}))")

@@ -10,8 +10,9 @@ Windows. Conditions that can only become true as events arrive (`gt`, `gte`) are
 sliding window ending at each event: exact for event_count, value_count, temporal and
 temporal_ordered; value_sum/value_avg slide by buckets of 1/32 of the timespan. The others
 (`lt`, `lte`, `eq`, `neq`) can only be decided once a window is over, so they use a window that
-opens at the group's first event and closes `timespan` later (or at `flush`). A correlation fires
-once per group and window and then starts that group afresh.
+opens at the group's first event and closes `timespan` later (or at `flush`); so do extended
+temporal conditions with a `not`. A correlation fires once per group and window and then starts
+that group afresh. (value_percentile and value_median are not supported.)
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
 
 
 @dataclass
-class CorrelationStats:
-    evicted_groups: int = 0  # groups dropped because max_groups were open
+class EngineStats:
+    rule_hits: int = 0  # detection rule matches, including those that only feed correlations
+    evicted_groups: int = 0  # correlation groups dropped because max_groups were open
     untimed_events: int = 0  # events without a readable @timestamp (correlations skip them)
 
 
@@ -94,7 +96,7 @@ def hashable(value: Any) -> Any:
 class Correlation:
     """The running state of one correlation rule."""
 
-    def __init__(self, rule: LoadedRule, sources: list[LoadedRule], stats: CorrelationStats,
+    def __init__(self, rule: LoadedRule, sources: list[LoadedRule], stats: EngineStats,
                  max_groups: int, sample_size: int):
         sigma: SigmaCorrelationRule = rule.sigma  # type: ignore[assignment]
         self.rule = rule
@@ -197,6 +199,8 @@ class Correlation:
                 value = hashable(value)
             if value is None:
                 return None
+            if not self.sliding and value not in g.values and len(g.values) > self.threshold:
+                return None  # min(count, threshold + 1) decides every condition: saturate
             g.values.pop(value, None)
             g.values[value] = t  # insertion order = last-seen order
             if self.sliding:

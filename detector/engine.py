@@ -9,6 +9,19 @@ Routing: a detection rule only sees events whose `event.category` is its logsour
 category's rules. Sigma filters are AND-ed into the rules they name (their condition is written
 the Sigma way, e.g. `not selection`). Correlations (correlate.py) are fed by the rules they
 reference; a referenced rule alerts on its own only when the correlation says `generate: true`.
+
+Value semantics (tests/detector/test_engine_semantics.py has one test each):
+- strings match case-insensitively unless `|cased`; `*` and `?` are wildcards, `\\` escapes;
+  regexes (`|re`) search unanchored and are case-sensitive unless `|i`;
+- a field absent from the event (or null) matches nothing but `null` and `|exists: false`;
+  `|exists: true` needs a non-null value;
+- numeric rule values match numbers and numeric strings (never booleans); strings match numbers
+  by their JSON spelling; booleans match booleans and the strings `true`/`false`;
+- a list in the event (e.g. `slurm.job.gpus`) matches when one of its elements does;
+- `|cidr` compares addresses (IPv4, IPv6, any prefix; `::ffff:a.b.c.d` counts as IPv4);
+- `|fieldref` compares two fields case-insensitively; time parts read RFC 3339 strings or
+  epoch seconds in UTC, `|week` being the ISO 8601 week;
+- keywords (values without a field) search every string of the event for a substring.
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ from sigma.rule import SigmaDetection, SigmaRule
 from sigma.types import Placeholder, SigmaRegularExpression
 
 from .compile import CategoryCompiler, UnsupportedValue
-from .correlate import Correlation, CorrelationStats, Fired, epoch, timestamp_text
+from .correlate import Correlation, EngineStats, Fired, epoch, timestamp_text
 from .errors import RuleError, location
 from .ruleset import LoadedRule, RuleSet
 from .schema import PRODUCT
@@ -84,9 +97,21 @@ def placeholder_names(rule: SigmaRule) -> set[str]:
     return names
 
 
-def fill_placeholders(rule: LoadedRule, values: dict[str, list]) -> SigmaRule:
+def filter_condition(filter_rule: LoadedRule, values: dict[str, list]) -> Any:
+    """A filter's condition tree, its placeholders filled like a rule's."""
+    sigma_filter: SigmaFilter = filter_rule.sigma  # type: ignore[assignment]
+    # pySigma pipelines transform rules: carry the filter's detections in a stand-in rule
+    stand_in = SigmaRule(title=sigma_filter.title, logsource=sigma_filter.logsource,
+                         detection=copy.deepcopy(sigma_filter.filter))
+    filled = fill_placeholders(filter_rule, values, stand_in)
+    return filled.detection.parsed_condition[0].parse()
+
+
+def fill_placeholders(rule: LoadedRule, values: dict[str, list],
+                      sigma: SigmaRule | None = None) -> SigmaRule:
     """`|expand` placeholders, filled by pySigma's own ValueListPlaceholderTransformation."""
-    sigma: SigmaRule = rule.sigma  # type: ignore[assignment]
+    if sigma is None:
+        sigma = rule.sigma  # type: ignore[assignment]
     names = placeholder_names(sigma)
     if not names:
         return sigma
@@ -118,7 +143,7 @@ class Engine:
     def __init__(self, ruleset: RuleSet, placeholders: dict[str, list] | None = None, *,
                  max_groups: int = 100_000, sample_size: int = 10):
         self.placeholders = dict(placeholders or {})
-        self.stats = CorrelationStats()
+        self.stats = EngineStats()
         self.watermark = float("-inf")  # latest event time seen by a correlation
         detections = [r for r in ruleset.rules if r.kind == "detection"]
         filters = [r for r in ruleset.rules if r.kind == "filter"]
@@ -142,17 +167,24 @@ class Engine:
                 conditions = [c.parse() for c in sigma.detection.parsed_condition]
                 compiler = compilers.setdefault(category, CategoryCompiler())
                 trees = [_any_of(conditions)]
-                trees += [f.sigma.filter.parsed_condition[0].parse()
+                trees += [filter_condition(f, self.placeholders)
                           for f in filters if _filter_applies(f, rule)]
                 compiler.add_rule(trees)
             except (UnsupportedValue, SigmaError) as e:
                 raise rule_error(rule, str(e)) from e
+            except RecursionError as e:
+                raise rule_error(rule, "condition is nested too deeply to evaluate") from e
             slots.setdefault(category, []).append(
                 Slot(rule, rule.id not in silenced, self._ordered(feeds.get(rule.id, []))))
-        self._by_category: dict[str | None, tuple[Any, tuple[Slot, ...]]] = {
-            category: (compiler.build(_function_name(category)), tuple(slots[category]))
-            for category, compiler in compilers.items()
-        }
+        self._by_category: dict[str | None, tuple[Any, tuple[Slot, ...]]] = {}
+        for category, compiler in compilers.items():
+            try:
+                function = compiler.build(_function_name(category))
+            except (SyntaxError, RecursionError, MemoryError) as e:  # pathological rule sizes
+                first = slots[category][0].rule
+                raise RuleError(f"the rules of category {category} are too large to compile: "
+                                f"{e}", location(first.path, first.line)) from e
+            self._by_category[category] = (function, tuple(slots[category]))
         self._any_category = self._by_category.pop(None, None)
 
     @staticmethod
@@ -227,17 +259,21 @@ class Engine:
 
     def _hits(self, slots: tuple[Slot, ...], hits: tuple[int, ...], event: dict[str, Any],
               out: list[Match]) -> None:
+        self.stats.rule_hits += len(hits)
+        t: float | None = None  # event time, read once and only if a correlation needs it
+        timed = True
         for i in hits:
             slot = slots[i]
             if slot.emit:
                 out.append(Match(slot.rule, (event,)))
-            if slot.feeds:
-                t = epoch(event.get("@timestamp"))
+            if slot.feeds and timed:
                 if t is None:
-                    self.stats.untimed_events += 1
-                    continue
-                if t > self.watermark:
-                    self.watermark = t
+                    t = epoch(event.get("@timestamp"))
+                    if t is None:
+                        self.stats.untimed_events += 1
+                        timed = False
+                        continue
+                    self.watermark = max(self.watermark, t)
                 for feed in slot.feeds:
                     self._feed(feed, event, t, (event,), out)
 
@@ -256,13 +292,7 @@ class Engine:
         # chaining: the outer correlation sees the inner one's group values at its fire time
         chained = {**dict(group), "@timestamp": timestamp_text(fired.time)}
         for feed in slot.feeds:
-            self._feed_chained(feed, chained, fired, out)
-
-    def _feed_chained(self, feed: Feed, chained: dict[str, Any], fired: Fired,
-                      out: list[Match]) -> None:
-        outer = feed.correlation.feed(feed.source, chained, fired.time, fired.events)
-        if outer is not None:
-            self._fire(feed.correlation, outer, out)
+            self._feed(feed, chained, fired.time, fired.events, out)
 
     def _expire(self, out: list[Match]) -> None:
         for correlation in self.correlations:

@@ -1,4 +1,10 @@
-"""Reading events from JSONL: malformed lines are skipped, counted and reported, never fatal."""
+"""Reading events from JSONL: malformed lines are skipped, counted and reported, never fatal.
+
+An event is one JSON object with flat dotted field names. A nested object
+(`{"process": {"name": "x"}}`, as some SIEM exports write ECS) is read as those dotted names.
+A schema field that holds one value (`process.name`, `user.id`) must not be a list or an
+object: enrichment and rules read it as one value, so such a line is malformed.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,10 @@ from typing import BinaryIO
 
 import orjson
 
-from .schema import Event
+from .schema import FIELDS, Event
 
 MAX_REPORTED_LINES = 5
+ONE_VALUE_FIELDS = {f.name: f.type for f in FIELDS if f.type not in ("list", "object")}
 
 
 @dataclass
@@ -51,5 +58,45 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
         if not isinstance(value, dict):
             report.reject(line_no, f"not an object but {type(value).__name__}")
             continue
+        event, problem = checked_event(value)
+        if problem is not None:
+            report.reject(line_no, problem)
+            continue
         report.events += 1
-        yield value
+        yield event
+
+
+def flatten(value: dict, prefix: str, out: Event) -> str | None:
+    """Nested objects into `out` as dotted names; the problem if a name comes twice."""
+    for key, item in value.items():
+        name = f"{prefix}{key}"
+        if isinstance(item, dict) and name in ONE_VALUE_FIELDS:
+            return f"field {name} is an object, not one {ONE_VALUE_FIELDS[name]} value"
+        if isinstance(item, dict):
+            problem = flatten(item, f"{name}.", out)
+            if problem is not None:
+                return problem
+        elif name in out:
+            return f"field {name} is given twice"
+        else:
+            out[name] = item
+    return None
+
+
+def checked_event(value: dict) -> tuple[Event, str | None]:
+    """The event (flattened when nested) and what is wrong with its shape, if anything."""
+    containers = [k for k, v in value.items() if isinstance(v, (dict, list))]
+    if not containers:  # the common case, kept cheap: sensors write flat scalar fields
+        return value, None
+    event = value
+    if any(isinstance(value[k], dict) for k in containers):
+        event = {}
+        problem = flatten(value, "", event)
+        if problem is not None:
+            return value, problem
+        containers = [k for k, v in event.items() if isinstance(v, list)]
+    for key in containers:
+        expected = ONE_VALUE_FIELDS.get(key)
+        if expected is not None and isinstance(event[key], list):
+            return event, f"field {key} is a list, not one {expected} value"
+    return event, None

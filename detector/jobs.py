@@ -36,6 +36,8 @@ ON_NODE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING
 # How far up the process tree a pid unknown to listpids is looked for (a job's script, its
 # interpreter and a launcher or two sit between the step and the reader).
 MAX_ANCESTORS = 8
+DEFAULT_HOOK_STATE_DIR = "/var/lib/hpcsec"
+HOOK_EVENTS_FILE = "slurm-events.jsonl"  # appended by the prolog/epilog, tailed by slurm_jobs
 INPUTS = ("slurm-jobs.json", "slurm-listpids.txt", "slurm-jobs-detail.txt")
 
 
@@ -311,17 +313,28 @@ def build_table(raw: dict[str, str | None]) -> JobTable:
     return JobTable(jobs, pids, tuple(errors))
 
 
+def default_hook_state_dir() -> str:
+    """Where `hpcsec slurm prolog|epilog` write when not given --state-dir."""
+    return os.environ.get("HPCSEC_STATE_DIR") or DEFAULT_HOOK_STATE_DIR
+
+
+def hook_state_dir(ctx: SensorContext) -> str:
+    """The hooks' state dir for this node: option `slurm_state_dir`, else the hooks' default,
+    so an agent started without options still sees job starts and ends."""
+    return ctx.options.get("slurm_state_dir") or default_hook_state_dir()
+
+
 def job_context(ctx: SensorContext) -> JobContext:
     """The JobContext shared by the sensors and the enrichment of one node (kept in ctx.state).
 
     `ctx.options` may carry `slurm_ttl_s`, `slurm_timeout_s` and `slurm_state_dir` (where the
-    prolog/epilog write slurm-events.jsonl).
+    prolog/epilog write slurm-events.jsonl; default as the hooks': $HPCSEC_STATE_DIR, else
+    /var/lib/hpcsec).
     """
     existing = ctx.state.get(STATE_KEY)
     if isinstance(existing, JobContext):
         return existing
-    state_dir = ctx.options.get("slurm_state_dir")
-    events_file = os.path.join(state_dir, "slurm-events.jsonl") if state_dir else None
+    events_file = os.path.join(hook_state_dir(ctx), HOOK_EVENTS_FILE)
     jc = JobContext(SlurmCommands(float(ctx.options.get("slurm_timeout_s", 3.0))),
                     ttl_s=float(ctx.options.get("slurm_ttl_s", 30.0)), events_file=events_file)
     ctx.state[STATE_KEY] = jc

@@ -6,16 +6,19 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from sigma.correlations import SigmaCorrelationRule
 from sigma.filters import SigmaFilter
 from sigma.plugins import InstalledSigmaPlugins
+from sigma.rule.detection import SigmaDetectionItem
+from sigma.types import SigmaFieldReference
 from sigma.validation import SigmaValidator
 from sigma.validators.base import SigmaValidationIssue, SigmaValidationIssueSeverity
 
 from . import schema
 from .ruleset import LoadedRule, RuleSet
-from .ruletests import tests_file_for
+from .ruletests import coverage_gaps, tests_file_for
 
 ERROR, WARNING = "error", "warning"
 
@@ -67,18 +70,48 @@ def detection_keys(rule: LoadedRule) -> Iterable[tuple[tuple[str | int, ...], st
             yield key, key[-1].split("|", 1)[0]
 
 
+def detection_items(detection: Any) -> Iterable[SigmaDetectionItem]:
+    for item in getattr(detection, "detection_items", ()):
+        if isinstance(item, SigmaDetectionItem):
+            yield item
+        else:
+            yield from detection_items(item)
+
+
+def fieldref_findings(rule: LoadedRule) -> list[Finding]:
+    """`field|fieldref: other.field`: the value is a field name too."""
+    detections = getattr(getattr(rule.sigma, "detection", None), "detections", None)
+    if detections is None and isinstance(rule.sigma, SigmaFilter):
+        detections = rule.sigma.filter.detections
+    out = []
+    for name, detection in (detections or {}).items():
+        for item in detection_items(detection):
+            for value in item.value:
+                if isinstance(value, SigmaFieldReference) and not schema.is_known_field(
+                        value.field):
+                    key = next((k for k, f in detection_keys(rule)
+                                if k[1] == name and f == item.field), ("detection", name))
+                    out.append(_at(rule, WARNING, f"unknown field {value.field!r} (not in "
+                                   "docs/fields.md)", "unknown-field", *key))
+    return out
+
+
 def field_findings(rule: LoadedRule) -> list[Finding]:
     out = [_at(rule, WARNING, f"unknown field {name!r} (not in docs/fields.md)",
                "unknown-field", *key)
            for key, name in detection_keys(rule) if name and not schema.is_known_field(name)]
+    out += fieldref_findings(rule)
     corr = rule.sigma
     if isinstance(corr, SigmaCorrelationRule):
         aliases = {alias.alias for alias in corr.aliases}
         names = [("group-by", f) for f in corr.group_by or []]
         if getattr(corr.condition, "fieldref", None):
             names.append(("condition", corr.condition.fieldref))
+        # an alias stands for one field of each rule it maps
+        names += [(("aliases", alias.alias, ref.reference), f) for alias in corr.aliases
+                  for ref, f in alias.mapping.items()]
         out += [_at(rule, WARNING, f"unknown field {name!r} (not in docs/fields.md)",
-                    "unknown-field", "correlation", key)
+                    "unknown-field", "correlation", *(key if isinstance(key, tuple) else (key,)))
                 for key, name in names if name not in aliases and not schema.is_known_field(name)]
     return out
 
@@ -130,21 +163,7 @@ def test_findings(ruleset: RuleSet) -> list[Finding]:
         if tests is not None and tests.suffix == ".yml":
             out.append(Finding(ERROR, str(tests), None, "name test events files *.yaml: Sigma "
                                "tools read every *.yml as rules", "tests-file-name"))
-    for rule in ruleset.rules:
-        if rule.kind == "filter":
-            continue
-        tests = [t for t in ruleset.tests if t.rule_id == rule.id]
-        fire = any(t.match or any(s.expect_match for s in t.sequences) for t in tests)
-        quiet = any(t.nomatch or any(not s.expect_match for s in t.sequences) for t in tests)
-        if not tests:
-            out.append(_at(rule, WARNING, f"rule has no test events (tests/{rule.vector}.yaml)",
-                           "no-tests"))
-            continue
-        if not fire:
-            out.append(_at(rule, WARNING, "rule has no test event that must fire it", "no-tests"))
-        if not quiet:
-            out.append(_at(rule, WARNING, "rule has no test event that must not fire it",
-                           "no-tests"))
+    out += [_at(rule, WARNING, f"rule {gap}", "no-tests") for rule, gap in coverage_gaps(ruleset)]
     return out
 
 
@@ -184,15 +203,40 @@ def _issue_details(issue: SigmaValidationIssue) -> str:
     return f" ({', '.join(details)})" if details else ""
 
 
+def _run_validators(ruleset: RuleSet) -> tuple[list[SigmaValidationIssue], list[Finding]]:
+    """Every validator on every rule; a validator that crashes on a rule is that rule's error.
+
+    pySigma accepts shapes its validators do not expect (`references: [{a: b}]` makes one
+    raise TypeError), so each validator runs alone on each rule rather than all in one call.
+    """
+    installed = InstalledSigmaPlugins.autodiscover().validators
+    names = {cls: name for name, cls in installed.items()}
+    validators = SigmaValidator([cls for name, cls in installed.items()
+                                 if name not in SKIPPED_VALIDATORS]).validators
+    issues: list[SigmaValidationIssue] = []
+    crashes: list[Finding] = []
+    for rule in ruleset.rules:
+        if rule.kind == "filter":
+            continue
+        for validator in validators:
+            try:
+                issues += validator.validate(rule.sigma)  # type: ignore[arg-type]
+            except Exception as exc:  # reported as a finding, never a traceback
+                crashes.append(_at(rule, ERROR, f"pySigma validator {names.get(type(validator))} "
+                                   f"cannot check this rule: {type(exc).__name__}: {exc}",
+                                   "sigma:validator-failed"))
+    for validator in validators:
+        try:
+            issues += validator.finalize()
+        except Exception:  # its per-rule failures are reported above
+            continue
+    return issues, crashes
+
+
 def validator_findings(ruleset: RuleSet) -> list[Finding]:
     """pySigma's installed validators, minus SKIPPED_VALIDATORS, over rules and correlations."""
-    installed = InstalledSigmaPlugins.autodiscover().validators
-    validator = SigmaValidator([cls for name, cls in installed.items()
-                                if name not in SKIPPED_VALIDATORS])
+    issues, out = _run_validators(ruleset)
     by_object = {id(r.sigma): r for r in ruleset.rules}
-    issues = validator.validate_rules(iter(
-        [r.sigma for r in ruleset.rules if r.kind != "filter"]))  # type: ignore[arg-type]
-    out = []
     for issue in issues:
         tag = getattr(issue, "tag", None)
         if tag is not None and tag.namespace in EXTRA_TAG_NAMESPACES:

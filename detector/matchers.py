@@ -163,15 +163,17 @@ TIME_PARTS: dict[str, Callable[[datetime], int]] = {
 }
 
 
-def time_part(part: str, number: int | float) -> Test:
-    """`|hour: 3` etc.: the field read as a time (RFC 3339 or epoch seconds, UTC)."""
+def time_part(part: str, number: int | float, op: str = "EQ") -> Test:
+    """`|hour: 3`, `|hour|gte: 20` etc.: the field read as a time (RFC 3339 or epoch seconds,
+    UTC), the part compared with the number."""
     extract = TIME_PARTS[part]
+    relation = COMPARISONS.get(op, operator.eq)
 
-    def equals(value: Any) -> bool:
+    def compares(value: Any) -> bool:
         moment = _moment(value)
-        return moment is not None and extract(moment) == number
+        return moment is not None and relation(extract(moment), number)
 
-    return equals
+    return compares
 
 
 def fieldref(starts_with: bool, ends_with: bool) -> Callable[[Any, Any], bool]:

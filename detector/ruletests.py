@@ -165,6 +165,26 @@ def load_tests_for(rule_file: Path, ruleset: RuleSet) -> None:
         ruleset.errors.append(RuleError("YAML is nested too deeply", location(path)))
 
 
+def coverage_gaps(ruleset: RuleSet) -> list[tuple[LoadedRule, str]]:
+    """Rules without an event that must fire them or one that must not: (rule, what is missing).
+
+    Filters are tested through the rules they apply to, so they need no tests of their own.
+    """
+    gaps = []
+    for rule in ruleset.rules:
+        if rule.kind == "filter":
+            continue
+        tests = [t for t in ruleset.tests if t.rule_id == rule.id]
+        if not tests:
+            gaps.append((rule, f"has no test events (tests/{rule.vector}.yaml)"))
+            continue
+        if not any(t.match or any(s.expect_match for s in t.sequences) for t in tests):
+            gaps.append((rule, "has no test event that must fire it"))
+        if not any(t.nomatch or any(not s.expect_match for s in t.sequences) for t in tests):
+            gaps.append((rule, "has no test event that must not fire it"))
+    return gaps
+
+
 @dataclass(frozen=True)
 class TestFailure:
     rule: LoadedRule

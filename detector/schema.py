@@ -203,6 +203,7 @@ FIELDS: tuple[Field, ...] = (
     _f("slurm.job.name", "keyword", "job name"),
     _f("slurm.node.users", "list", "users with a job on this node", "slurm_job"),
     _f("slurm.node.job_count", "long", "running jobs on this node (node-level events)"),
+    _f("slurm.node.user_has_job", "boolean", "the event's user has a running job on this node"),
     _f("hpcsec.findings", "list", "what the epilog found left behind", "slurm_job"),
 )
 
@@ -222,6 +223,14 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("host.name", "keyword", "node"),
     Field("events", "list", "the matching events, whole"),
     Field("count", "long", "matches folded into this alert by dedup"),
+    Field("rule.kind", "keyword", "`detection` or `correlation`"),
+    Field("alert.summary", "keyword", "one line for people: the rule's `summary` template or "
+          "user, job, process and object of the first event"),
+    Field("alert.first_seen", "date", "time of the first event folded into this alert"),
+    Field("alert.last_seen", "date", "time of the last event folded into this alert"),
+    Field("alert.group", "object", "correlations: the `group-by` values of the group that fired"),
+    Field("alert.value", "double", "correlations: the count, sum or average that fired"),
+    Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
 )
 ALERT_COPIED_PREFIXES = ("slurm.job.", "user.", "gpu.", "process.")
 
@@ -238,6 +247,8 @@ def rfc3339(moment: datetime | None = None) -> str:
 
 def parse_time(value: str) -> datetime:
     """RFC 3339 (with `Z` or an offset) to an aware UTC datetime; ValueError if not one."""
+    if not isinstance(value, str):  # e.g. an events file with "@timestamp": 1733000000
+        raise ValueError(f"not an RFC 3339 time: {value!r}")
     text = value.strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
@@ -278,6 +289,11 @@ def status_event(sensor: str, status: str, message: str, host: str, timestamp: s
                      {"message": message, **extra}, kind="state")
 
 
+def _cell(text: str) -> str:
+    """A Markdown table cell: `a | b` in a description must not start a new column."""
+    return text.replace("|", "\\|")
+
+
 def fields_markdown() -> str:
     """The field table rule authors read (docs/fields.md is this text)."""
     out = ["# Event and alert fields", "",
@@ -289,11 +305,11 @@ def fields_markdown() -> str:
             "| field | type | categories | meaning |", "|---|---|---|---|"]
     for f in FIELDS:
         cats = ", ".join(f.categories) or "any"
-        out.append(f"| `{f.name}` | {f.type} | {cats} | {f.description} |")
+        out.append(f"| `{f.name}` | {f.type} | {cats} | {_cell(f.description)} |")
     out += ["", "An event that could not be tied to a Slurm job has no `slurm.job.id` "
             "(rules test `slurm.job.id: null`).", "", "## Alert fields", "",
             "| field | type | meaning |", "|---|---|---|"]
-    out += [f"| `{f.name}` | {f.type} | {f.description} |" for f in ALERT_FIELDS]
+    out += [f"| `{f.name}` | {f.type} | {_cell(f.description)} |" for f in ALERT_FIELDS]
     out += ["", "Alerts also carry the " + ", ".join(f"`{p}*`" for p in ALERT_COPIED_PREFIXES)
             + " fields of the triggering event when present.", ""]
     return "\n".join(out)

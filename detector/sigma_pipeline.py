@@ -16,6 +16,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
 from sigma.collection import SigmaCollection
 from sigma.exceptions import SigmaError, SigmaPipelineNotFoundError
 from sigma.plugins import InstalledSigmaPlugins
@@ -103,6 +104,26 @@ def require_placeholder_values(ruleset: RuleSet, values: dict[str, list[Any]]) -
                 "--placeholder-expression", location(rule.path, line))
 
 
+def site_pipelines(plugins: InstalledSigmaPlugins, specs: Sequence[str],
+                   target: str) -> ProcessingPipeline:
+    """The -p pipelines (installed names or YAML files), each checked alone to name it."""
+    resolver = plugins.get_pipeline_resolver()
+    for spec in specs:
+        try:
+            resolver.resolve([spec], target)
+        except SigmaPipelineNotFoundError:
+            raise UsageError(f"pipeline {spec!r} is neither an installed pySigma pipeline "
+                             f"({', '.join(sorted(plugins.pipelines)) or 'none installed'}) "
+                             "nor a YAML file") from None
+        except SigmaError as exc:
+            raise UsageError(f"pipeline {spec!r}: {exc.args[0] if exc.args else exc}") from None
+        except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError,
+                ValueError) as exc:  # pySigma reads a file's shape without checking it
+            raise UsageError(f"pipeline {spec!r} is not a pySigma pipeline: "
+                             f"{type(exc).__name__}: {exc}") from None
+    return resolver.resolve(list(specs), target)
+
+
 def convert_rules(ruleset: RuleSet, target: str, *, pipelines: Sequence[str] = (),
                   placeholders: dict[str, list[Any]] | None = None,
                   backend_options: dict[str, Any] | None = None, output_format: str = "default",
@@ -114,15 +135,11 @@ def convert_rules(ruleset: RuleSet, target: str, *, pipelines: Sequence[str] = (
         raise UsageError(f"unknown target {target!r} (installed pySigma backends: "
                          f"{', '.join(sorted(plugins.backends)) or 'none'})")
     pipeline = hpcsec_pipeline(placeholders, placeholder_expression=placeholder_expression)
+    if pipelines:
+        pipeline = pipeline + site_pipelines(plugins, pipelines, target)
     try:
-        if pipelines:
-            pipeline = pipeline + plugins.get_pipeline_resolver().resolve(list(pipelines), target)
         options = {**TARGET_OPTIONS.get(target, {}), **(backend_options or {})}
         backend = backend_class(processing_pipeline=pipeline, collect_errors=True, **options)
-    except SigmaPipelineNotFoundError as exc:
-        raise UsageError(f"pipeline {exc.spec!r} is neither an installed pySigma pipeline "
-                         f"({', '.join(sorted(plugins.pipelines)) or 'none installed'}) nor a "
-                         "YAML file") from None
     except SigmaError as exc:
         raise UsageError(str(exc.args[0]) if exc.args else type(exc).__name__) from None
     except (TypeError, ValueError) as exc:
@@ -136,6 +153,9 @@ def convert_rules(ruleset: RuleSet, target: str, *, pipelines: Sequence[str] = (
         queries = backend.convert(collection, output_format)
     except SigmaError as exc:
         raise UsageError(f"{target}: {exc.args[0] if exc.args else exc}") from None
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # a -p pipeline with a well-formed shape but wrong values (`mapping: 5`) fails only here
+        raise UsageError(f"{target}: cannot apply the processing pipelines: {exc}") from None
     by_id = {str(r.sigma.id or r.sigma.title): r for r in ruleset.rules}
     for rule, exc in backend.errors:
         loaded = by_id.get(str(rule.id or rule.title))

@@ -24,6 +24,7 @@ import duckdb
 import orjson
 
 from .errors import HpcsecError, UsageError
+from .outputs.encode import dumps
 from .schema import parse_time
 
 SCHEMA_VERSION = 1
@@ -171,11 +172,11 @@ class Store:
         """Append events (an event id seen before is kept once). Returns rows offered."""
         rows = {}
         for e in events:
-            eid = _str(e.get("event.id")) or orjson.dumps(e, default=str).hex()[:40]
+            eid = _str(e.get("event.id")) or dumps(e).hex()[:40]
             rows[eid] = (eid, _utc(e.get("@timestamp")), _str(e.get("event.category")),
                          _str(e.get("event.action")), _str(e.get("host.name")),
                          _str(e.get("hpcsec.sensor")), _str(e.get("slurm.job.id")),
-                         _str(e.get("user.name")), orjson.dumps(e, default=str).decode())
+                         _str(e.get("user.name")), dumps(e).decode())
         with self._connect() as con:
             self._insert(con, "INSERT OR IGNORE", "events", list(rows.values()))
         return len(rows)
@@ -195,7 +196,7 @@ class Store:
                          _str(a.get("rule.vector")), _str(a.get("host.name")),
                          _str(a.get("slurm.job.id")), _str(a.get("user.name")),
                          int(a.get("count") or 1), disposition, reason,
-                         _str(a.get("alert.summary")), orjson.dumps(a, default=str).decode(), now)
+                         _str(a.get("alert.summary")), dumps(a).decode(), now)
         with self._connect() as con:
             self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
         return len(rows)

@@ -1,8 +1,8 @@
 """The live fanotify stream behind the file-access sensor.
 
 Marks cover only the protected paths: each directory of a protected tree gets an inode mark
-with FAN_EVENT_ON_CHILD (a tree that is a mount of its own gets one filesystem mark). Never
-a mount mark on `/`: the sensor reads /proc and writes snapshots, and a permission event on
+with FAN_EVENT_ON_CHILD (a tree that is a mount of its own gets one mount mark). Never a
+mark on `/`: the sensor reads /proc and writes snapshots, and a permission event on
 its own reads would wait for an answer only it can give.
 
 The content group asks for FAN_OPEN_PERM: the opener is blocked until we answer, so its
@@ -25,13 +25,15 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hpcsec.detector.schema import rfc3339
 
 from . import fanotify as fan
-from .base import SensorContext
-from .procinfo import Users, environ_value, process_fields
+from .base import FsRoot, SensorContext
+from .file_access import access_process_fields
+from .procinfo import Users
 
 CONTENT_MASK = (fan.FAN_OPEN_PERM | fan.FAN_OPEN_EXEC_PERM | fan.FAN_ACCESS | fan.FAN_MODIFY
                 | fan.FAN_CLOSE_WRITE)
@@ -43,6 +45,40 @@ _NO_USERS = Users({})  # names are filled in at conversion, from the sample's pa
 _READ_SIZE = 4096
 _MAX_PROCESSES = 16_384
 _REREAD_S = 1.0
+_ERROR_PAUSE_S = 0.01
+
+# One raw /proc input as the reader read it: ("file", "<pid>/status", bytes) or
+# ("link", "<pid>/exe", target).
+ProcInput = tuple[str, str, Any]
+
+
+class _ProcCapture:
+    """The reader's Recorder: keeps the /proc files of the pid it is reading, so a snapshot
+    sample gets them when its records are drained (the reader runs ahead of the samples)."""
+
+    def __init__(self) -> None:
+        self.inputs: list[ProcInput] = []
+
+    def record_file(self, root: str, rel: str, data: bytes) -> None:
+        self.inputs.append(("file", rel, data))
+
+    def record_link(self, root: str, rel: str, target: str) -> None:
+        self.inputs.append(("link", rel, target))
+
+    def record_input(self, name: str, data: str) -> None:  # the reader reads only /proc
+        pass
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What the stream gathered since the last drain."""
+
+    records: list  # file_access.AccessRecord
+    dropped: int
+    processes: dict[int, dict[str, Any]]  # pid -> process fields read at its access
+    proc_inputs: dict[int, tuple[ProcInput, ...]]  # pid -> its /proc files (when recording)
+    errors: int
+    last_error: str | None
 
 
 @functools.cache  # a handful of distinct masks occur; this runs once per kernel event
@@ -65,6 +101,13 @@ class FanotifyWatch:
     def __init__(self, ctx: SensorContext, protected: Callable[[str], bool], folder,
                  answer_timeout_s: float = 0.5):
         self.ctx = ctx
+        # The reader reads /proc through its own root: when a snapshot is being recorded,
+        # what it read is kept per pid and written into the sample that gets the records.
+        self._capture = _ProcCapture() if ctx.recorder is not None else None
+        self._proc_ctx = SensorContext(ctx.host_name, ctx.sys,
+                                       FsRoot("proc", ctx.proc.path, self._capture), ctx.etc,
+                                       timestamp=ctx.timestamp)
+        self._proc_inputs: dict[int, tuple[ProcInput, ...]] = {}
         self.protected = protected
         self.folder = folder
         self.answer_timeout_s = answer_timeout_s
@@ -82,6 +125,8 @@ class FanotifyWatch:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self.answered_by_watchdog = 0
+        self._errors = 0  # reads and events the reader could not handle, since the last drain
+        self._last_error: str | None = None
 
     @classmethod
     def start(cls, ctx: SensorContext, roots: list[str], protected: Callable[[str], bool],
@@ -130,7 +175,11 @@ class FanotifyWatch:
             return
         self._add_mount_fd(root)
         if os.path.ismount(root) and root != "/":
-            self._mark(root, CONTENT_MASK, fan.FAN_MARK_FILESYSTEM)
+            # One mark for the whole mount. Permission events on the mount only: a filesystem
+            # mark would also hold every open through other mounts of that filesystem (a
+            # scratch directory of the same Lustre). Mount marks cannot report create/delete/
+            # rename, so the FID group (notifications, nobody waits) marks the filesystem.
+            self._mark(root, CONTENT_MASK, fan.FAN_MARK_MOUNT)
             self._mark_fid(root, fan.FAN_MARK_FILESYSTEM)
             return
         for dirpath, _, _ in os.walk(root):
@@ -179,12 +228,25 @@ class FanotifyWatch:
                     buf = os.read(fd, _READ_SIZE)
                 except BlockingIOError:
                     continue
-                except OSError:
-                    return
+                except OSError as exc:
+                    # Never give up: permission events nobody reads keep their openers
+                    # waiting until the group closes. On EMFILE (no descriptor for an
+                    # event) the kernel denies that one event itself; the next may pass.
+                    self._error(f"read: {exc.strerror}")
+                    time.sleep(_ERROR_PAUSE_S)
+                    continue
                 when = rfc3339()  # one clock read per batch: formatting costs more than a read
                 handle = self._content_event if fd == self.content_fd else self._fid_event
                 for event in fan.parse_events(buf):
-                    handle(event, when)
+                    try:
+                        handle(event, when)
+                    except Exception as exc:  # one bad event must not stop the others' answers
+                        self._error(f"{type(exc).__name__}: {exc}")
+
+    def _error(self, what: str) -> None:
+        with self._answer_lock:
+            self._errors += 1
+            self._last_error = what
 
     def _content_event(self, event: fan.RawEvent, when: str) -> None:
         if event.mask & fan.FAN_Q_OVERFLOW:
@@ -245,15 +307,17 @@ class FanotifyWatch:
                 self._mark_dir(old)  # a new subdirectory of a protected tree
         if is_dir:
             return  # directories are containers; the files in them are the assets
-        self._remember(event.pid, fresh=False)
+        # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
         if event.mask & fan.FAN_RENAME and old and new:
             if self.protected(old) or self.protected(new):
+                self._remember(event.pid, fresh=False)
                 self.folder.add(when, event.pid, old, "rename", target=new)
             return
         action = ("create" if event.mask & fan.FAN_CREATE else
                   "delete" if event.mask & fan.FAN_DELETE else
                   "rename" if event.mask & (fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO) else None)
         if action and (old or new) and self.protected(old or new):
+            self._remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, old or new, action)
 
     def _id_path(self, fid: fan.FileId) -> str | None:
@@ -273,27 +337,29 @@ class FanotifyWatch:
         now = time.monotonic()
         if pid in self._processes and (not fresh or now - self._read_at.get(pid, 0) < _REREAD_S):
             return
-        fields = process_fields(self.ctx, pid, _NO_USERS)
-        if fields:  # what ties it to its Slurm job, once it has exited (detector/jobs.py)
-            cgroup = self.ctx.proc.read_text(f"{pid}/cgroup")
-            if cgroup:
-                fields["process.cgroup"] = cgroup.strip()
-            job_id = environ_value(self.ctx.proc.read_bytes(f"{pid}/environ"), "SLURM_JOB_ID")
-            if job_id is not None:
-                fields["process.env.SLURM_JOB_ID"] = job_id
+        if self._capture is not None:
+            self._capture.inputs = []
+        fields = access_process_fields(self._proc_ctx, pid, _NO_USERS)
         if fields or pid not in self._processes:
             self._processes[pid] = fields
             self._read_at[pid] = now
+            if self._capture is not None:
+                self._proc_inputs[pid] = tuple(self._capture.inputs)
 
     # the sensor side
-    def drain(self) -> tuple[list, int, dict[int, dict[str, Any]]]:
+    def drain(self) -> Drained:
         records, dropped = self.folder.drain()
-        processes = dict(self._processes)
+        with self._answer_lock:
+            errors, last_error, self._errors, self._last_error = (
+                self._errors, self._last_error, 0, None)
+        pids = {r.pid for r in records}
+        processes = {pid: self._processes[pid] for pid in pids if pid in self._processes}
+        proc_inputs = {pid: self._proc_inputs[pid] for pid in pids if pid in self._proc_inputs}
         # Kept across intervals (a dataloader opened its shard long before it reads it);
         # every open refreshes its pid's entry, so only a bound is needed.
         if len(self._processes) > _MAX_PROCESSES:
-            self._processes, self._read_at = {}, {}
-        return records, dropped, processes
+            self._processes, self._read_at, self._proc_inputs = {}, {}, {}
+        return Drained(records, dropped, processes, proc_inputs, errors, last_error)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -23,7 +23,7 @@ from typing import Any
 from hpcsec.detector.schema import FILE_ACTIONS, Event, new_event
 
 from .base import SensorContext, SensorUnavailable
-from .procinfo import Users, process_fields
+from .procinfo import Users, environ_value, process_fields
 
 EVENTS_FILE = "file-events.jsonl"
 DEFAULT_MAX_RECORDS = 100_000
@@ -152,6 +152,20 @@ def file_fields(rec: AccessRecord) -> dict[str, Any]:
             "file.access_count": rec.count if rec.count > 1 else None}
 
 
+def access_process_fields(ctx: SensorContext, pid: int, users: Users) -> dict[str, Any]:
+    """The accessing process: who it is, and what ties it to its Slurm job once it has
+    exited (its cgroup, and SLURM_JOB_ID, forgeable, for detector/jobs.py)."""
+    fields = process_fields(ctx, pid, users)
+    if fields:
+        cgroup = ctx.proc.read_text(f"{pid}/cgroup")
+        if cgroup:
+            fields["process.cgroup"] = cgroup.strip()
+        job_id = environ_value(ctx.proc.read_bytes(f"{pid}/environ"), "SLURM_JOB_ID")
+        if job_id is not None:
+            fields["process.env.SLURM_JOB_ID"] = job_id
+    return fields
+
+
 def record_events(ctx: SensorContext, records: list[AccessRecord], users: Users,
                   known: dict[int, dict[str, Any]] | None = None) -> Iterator[Event]:
     """One event per action of each record, with the process and user of its pid.
@@ -162,7 +176,7 @@ def record_events(ctx: SensorContext, records: list[AccessRecord], users: Users,
     cache: dict[int, dict[str, Any]] = {}
     for rec in records:
         if rec.pid not in cache:
-            proc = dict((known or {}).get(rec.pid) or process_fields(ctx, rec.pid, users))
+            proc = dict((known or {}).get(rec.pid) or access_process_fields(ctx, rec.pid, users))
             if "user.id" in proc:
                 proc["user.name"] = users.name(proc["user.id"])
             cache[rec.pid] = proc or {"process.pid": rec.pid}
@@ -201,10 +215,11 @@ class FileAccessSensor:
         self.max_records = max_records
         self._watch = None  # fanwatch.FanotifyWatch, started by the first streaming sample
         self._dropped = 0
+        self._errors: tuple[int, str | None] = (0, None)
         self._notes: list[str] = []
 
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
-        self._dropped, self._notes = 0, []
+        self._dropped, self._errors, self._notes = 0, (0, None), []
         roots: list[str] = [] if ctx.replaying else protected_roots(ctx)
         if not ctx.replaying and not roots:
             raise SensorUnavailable("no protected paths: give --watch PATH or assets in the "
@@ -219,6 +234,10 @@ class FileAccessSensor:
         if problems:
             yield ctx.status(self.name, "malformed", f"{EVENTS_FILE}: " + "; ".join(problems[:5]),
                              **{"hpcsec.malformed": len(problems)})
+        if self._errors[0]:
+            yield ctx.status(self.name, "error", f"{self._errors[0]} fanotify reads or events "
+                             f"not handled (last: {self._errors[1]})",
+                             **{"hpcsec.errors": self._errors[0]})
         if self._dropped:
             yield ctx.status(self.name, "dropped",
                              f"{self._dropped} accesses dropped: queue full or kernel overflow",
@@ -237,10 +256,18 @@ class FileAccessSensor:
             self._watch = self._start(ctx, roots)
         if duration:
             time.sleep(float(duration))
-        records, dropped, processes = self._watch.drain()
-        self._dropped = dropped
-        known.update(processes)
-        return records_jsonl(records)
+        drained = self._watch.drain()
+        self._dropped = drained.dropped
+        self._errors = (drained.errors, drained.last_error)
+        known.update(drained.processes)
+        if ctx.recorder is not None:  # this sample keeps the /proc entries read at the access
+            for inputs in drained.proc_inputs.values():
+                for kind, rel, data in inputs:
+                    if kind == "file":
+                        ctx.recorder.record_file("proc", rel, data)
+                    else:
+                        ctx.recorder.record_link("proc", rel, data)
+        return records_jsonl(drained.records)
 
     def _start(self, ctx: SensorContext, roots: list[str]):
         from .fanwatch import FanotifyWatch
@@ -250,7 +277,7 @@ class FileAccessSensor:
             where = os.path.abspath(snapshot_dir)
             if any(where == r or where.startswith(r.rstrip("/") + "/") for r in roots):
                 raise SensorUnavailable(f"snapshot directory {where} is inside a watched path "
-                                        "(the sensor would wait on its own writes)")
+                                        "(every file the snapshot writes would wait on the stream)")
         try:
             watch = FanotifyWatch.start(ctx, roots, path_filter(ctx, roots),
                                         Folder(self.max_records))

@@ -18,6 +18,7 @@ With a site config, each event is compared with the golden version of the node c
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -196,41 +197,65 @@ def policy_fields(config: Any, component: str, version: str) -> dict[str, Any]:
     return fields
 
 
-def inventory(ctx: SensorContext, query: Callable[[str], dict[str, str]]
-              ) -> tuple[list[FirmwareItem], list[str]]:
-    """Every firmware item of the node, and a note per source that could not be read."""
+@dataclass(frozen=True)
+class Inventory:
+    items: list[FirmwareItem]
+    notes: list[str]  # a source that could not be read: reported with the items
+    empty: list[str]  # a source that was read and holds no firmware version (no HCA, …)
+
+
+def inventory(ctx: SensorContext, query: Callable[[str], dict[str, str]]) -> Inventory:
+    """Every firmware item of the node, and what each source that gave none said."""
     items: list[FirmwareItem] = []
     notes: list[str] = []
+    empty: list[str] = []
     try:
         report = read_nvml(ctx)
         items += gpu_items(report)
         notes += [f"nvml.json: {p}" for p in report.problems]
+        if not report.gpus:
+            empty.append("NVML lists no GPU")
     except SensorUnavailable as exc:
         notes.append(f"GPU firmware not read: {exc}")
     except NvmlFormatError as exc:
         notes.append(str(exc))
-    items += hca_items(ctx)
+    hcas = hca_items(ctx)
+    if not hcas:
+        empty.append(f"no HCA fw_ver under {ctx.sys.path / 'class/infiniband'}")
     text = ctx.raw_input(DRVINFO_JSON, lambda: drvinfo_json(ctx, query))
+    nics: list[FirmwareItem] = []
     if text is None:
         notes.append(f"NIC firmware not read: no {DRVINFO_JSON} in this sample")
     else:
         nics, problems = nic_items(text)
-        items += nics
         notes += problems
-    items += bios_items(ctx)
-    return items, notes
+        if not nics:
+            empty.append(f"no NIC reports a firmware version ({_interfaces_asked(text)})")
+    bios = bios_items(ctx)
+    if not bios:
+        empty.append(f"no bios_version under {ctx.sys.path / 'class/dmi/id'}")
+    return Inventory(items + hcas + nics + bios, notes, empty)
+
+
+def _interfaces_asked(text: str) -> str:
+    with contextlib.suppress(ValueError, TypeError):
+        names = sorted(json.loads(text))
+        return "asked: " + ", ".join(names) if names else "no interface with a device"
+    return DRVINFO_JSON
 
 
 class FirmwareSensor:
     name = "firmware"
 
-    def __init__(self, query: Callable[[str], dict[str, str]] = ethtool_drvinfo):
-        self.query = query  # the ethtool query; tests and the bench give canned answers
+    def __init__(self, query: Callable[[str], dict[str, str]] | None = None):
+        self.query = query  # the ethtool query (default: the ioctl); tests give canned answers
 
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
-        items, notes = inventory(ctx, self.query)
+        found = inventory(ctx, self.query or ethtool_drvinfo)
+        items, notes = found.items, found.notes
         if not items:
-            raise SensorUnavailable("no firmware source answered: " + "; ".join(notes))
+            raise SensorUnavailable("no firmware source answered: "
+                                    + "; ".join(notes + found.empty))
         previous: dict[str, str] = ctx.state.get(self.name) or {}
         current: dict[str, str] = {}
         for item in items:

@@ -13,6 +13,7 @@ of milliseconds without the persistence daemon, far more than the sample itself.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -87,8 +88,11 @@ def _optional(pynvml: Any, call: Callable[[], Any]) -> Any:
 
 def _first_of(pynvml: Any, names: tuple[str, ...], handle: Any) -> list[Any] | None:
     for name in names:
+        wrapper = getattr(pynvml, name, None)
+        if wrapper is None:  # nvidia-ml-py 12.x has no _v2 wrappers
+            continue
         try:
-            return getattr(pynvml, name)(handle)
+            return wrapper(handle)
         except pynvml.NVMLError_FunctionNotFound:
             continue
         except pynvml.NVMLError:
@@ -116,6 +120,14 @@ def _processes(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
 
 def _first(pair: list[int] | None) -> int | None:
     return None if pair is None else int(pair[0])
+
+
+def _gsp_version(pynvml: Any, handle: Any) -> bytes:
+    """GSP firmware version into a buffer of our own: nvidia-ml-py 12.x requires the buffer
+    argument and returns only the status, 13.x allocates one when none is given."""
+    buffer = ctypes.create_string_buffer(pynvml.NVML_GSP_FIRMWARE_VERSION_BUF_SIZE)
+    pynvml.nvmlDeviceGetGspFirmwareVersion(handle, buffer)
+    return buffer.value
 
 
 def _device(pynvml: Any, index: int) -> dict[str, Any]:
@@ -151,7 +163,7 @@ def _device(pynvml: Any, index: int) -> dict[str, Any]:
             "power": text(lambda h: pynvml.nvmlDeviceGetInforomVersion(
                 h, pynvml.NVML_INFOROM_POWER)),
         },
-        "gsp_firmware_version": text(pynvml.nvmlDeviceGetGspFirmwareVersion),
+        "gsp_firmware_version": text(lambda h: _gsp_version(pynvml, h)),
         "processes": [] if handle is None else _processes(pynvml, handle),
     })
     return device

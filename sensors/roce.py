@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -203,6 +204,10 @@ def sniff_interface(interface: str, duration_s: float, aggregator: FlowAggregato
     libpcap or tcpdump, which compute nodes often lack."""
     from scapy.sendrecv import sniff
 
+    try:
+        socket.if_nametoindex(interface)
+    except OSError:
+        raise CaptureError(f"cannot sniff {interface}: no such network interface") from None
     try:
         sock = _listen(interface)
     except PermissionError:

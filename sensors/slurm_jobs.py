@@ -16,13 +16,13 @@ from typing import Any
 
 import orjson
 
-from hpcsec.detector.jobs import job_context
+from hpcsec.detector.jobs import HOOK_EVENTS_FILE, hook_state_dir, job_context
 from hpcsec.detector.schema import Event, new_event
 
 from .base import SensorContext, SensorUnavailable
 
 NAME = "slurm_jobs"
-EVENTS_INPUT = "slurm-events.jsonl"
+EVENTS_INPUT = HOOK_EVENTS_FILE
 MAX_TAIL_BYTES = 4 << 20
 
 
@@ -70,12 +70,9 @@ class SlurmJobsSensor:
 
     def _hook_records(self, ctx: SensorContext, state: dict[str, Any]) -> Iterable[Event]:
         """New lines of the prolog/epilog events file (tailed by byte offset)."""
-        state_dir = ctx.options.get("slurm_state_dir")
-        path = os.path.join(state_dir, EVENTS_INPUT) if state_dir else None
+        path = os.path.join(hook_state_dir(ctx), EVENTS_INPUT)
 
         def live() -> str | None:
-            if path is None:
-                return None
             try:
                 with open(path, "rb") as fh:
                     size = os.fstat(fh.fileno()).st_size

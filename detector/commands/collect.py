@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
 import orjson
@@ -75,6 +76,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--pcap and --interface exclude each other")
     if args.pcap and not os.path.isfile(args.pcap):
         raise UsageError(f"--pcap {args.pcap}: no such file")
+    if args.interface:
+        try:
+            socket.if_nametoindex(args.interface)
+        except OSError:
+            raise UsageError(f"--interface {args.interface}: no such network interface") from None
     if args.flow_interval is not None and not args.flow_interval > 0:
         raise UsageError(f"--flow-interval must be a positive number of seconds, got "
                          f"{args.flow_interval:g}")
@@ -101,13 +107,17 @@ def write_events(events: list[dict], fmt: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("time", "category", "action", "sensor", "summary")
+    table = Table()
+    for column in ("time", "category", "action", "sensor"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("fields", overflow="fold")
     for e in events:
         keys = [k for k in e if k.split(".")[0] not in ("event", "host", "hpcsec", "@timestamp")]
-        summary = " ".join(f"{k}={e[k]}" for k in keys[:6])
-        table.add_row(e["@timestamp"], e["event.category"], e["event.action"],
+        summary = " ".join(f"{k}={e[k]}" for k in keys[:8])
+        table.add_row(e["@timestamp"][11:19], e["event.category"], e["event.action"],
                       e["hpcsec.sensor"], summary)
-    Console().print(table)
+    # piped output gets a wide table rather than rich's 80 columns
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def run(args: argparse.Namespace) -> int:

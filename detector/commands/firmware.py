@@ -1,11 +1,12 @@
 """`hpcsec firmware baseline`: golden firmware versions of a node class, from a node.
 
-Run on a node that is known good (or on a snapshot of one), it writes
-`{baselines: {<class>: {component: version}}}`, the shape of the site config's `firmware:`
-key, so the output can be pasted there (with `vulnerable:` next to it). One version per
-component, as the config holds: where devices of one component disagree (a GPU with another
-VBIOS), the most common version is kept and the others are named on stderr, since a golden
-node with mixed firmware is itself worth a look.
+Run on a node that is known good (or on a snapshot of one), it writes a site config that holds
+just this baseline, `{node_class: <class>, firmware: {baselines: {<class>: {component:
+version}}}}`: usable as it stands with `--config FILE`, or merged into the site's config by
+copying the class's entry under `firmware.baselines` (with `vulnerable:` next to it). One
+version per component, as the config holds: where devices of one component disagree (a GPU
+with another VBIOS), the most common version is kept and the others are named on stderr,
+since a golden node with mixed firmware is itself worth a look.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def _context(args: argparse.Namespace) -> SensorContext:
         if not snapshot.samples:
             raise UsageError(f"snapshot {args.from_snapshot} has no samples")
         return snapshot.samples[-1].context(None, {})
+    if not Path(args.sysfs_root).is_dir():
+        raise UsageError(f"--sysfs-root {args.sysfs_root}: no such directory")
     return live_context(load_config(None), sysfs_root=args.sysfs_root)
 
 
@@ -92,9 +95,13 @@ def golden_versions(events: list[Event]) -> tuple[dict[str, str], list[str]]:
 
 
 def baseline_yaml(node_class: str, golden: dict[str, str], source: str) -> str:
+    """A site config of its own (usable as --config FILE), holding the one baseline."""
     header = (f"# hpcsec firmware baseline for node class {node_class!r}\n"
-              f"# from {source} at {rfc3339()}; put under the site config's `firmware:` key\n")
-    body: dict[str, Any] = {"baselines": {node_class: golden}}
+              f"# from {source} at {rfc3339()}\n"
+              f"# A site config as it stands (--config FILE); to merge it into another, copy\n"
+              f"# the {node_class} entry under that file's firmware.baselines.\n")
+    body: dict[str, Any] = {"node_class": node_class,
+                            "firmware": {"baselines": {node_class: golden}}}
     return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
 
 

@@ -13,7 +13,7 @@ from ..errors import UsageError
 from ..lint import ERROR, WARNING, check_paths
 from ..rules import load_rules
 from ..ruleset import LoadedRule
-from ..ruletests import run_tests
+from ..ruletests import coverage_gaps, run_tests
 from ..sigma_pipeline import convert_rules
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -105,16 +105,15 @@ def run_test(args: argparse.Namespace) -> int:
     ruleset = load_rules(_paths(args))
     placeholders = load_config(args.config).placeholders()
     passed, failures = run_tests(ruleset, placeholders)
-    tested = {t.rule_id for t in ruleset.tests}
-    untested = [r for r in ruleset.rules if r.kind != "filter" and r.id not in tested]
+    gaps = coverage_gaps(ruleset)
     for failure in failures:
         print(f"FAIL {failure}")
-    for rule in untested:
-        print(f"FAIL {rule.path}:{rule.line}: rule {rule.id} ({rule.sigma.title}) has no test "
-              f"events (tests/{rule.vector}.yaml)")
-    print(f"{passed} passed, {len(failures)} failed, {len(untested)} rule(s) without tests",
+    for rule, gap in gaps:
+        print(f"FAIL {rule.path}:{rule.line}: rule {rule.id} ({rule.sigma.title}) {gap}")
+    untested = len({id(rule) for rule, _ in gaps})
+    print(f"{passed} passed, {len(failures)} failed, {untested} rule(s) missing test events",
           file=sys.stderr)
-    return EXIT_FAILED if failures or untested else EXIT_OK
+    return EXIT_FAILED if failures or gaps else EXIT_OK
 
 
 def _backend_options(pairs: list[str]) -> dict[str, str]:

@@ -25,12 +25,18 @@ import orjson
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.procinfo import Users, process_fields, status_fields
 
-from ..jobs import SlurmCommands, SlurmUnreachable
+from ..jobs import (
+    DEFAULT_HOOK_STATE_DIR,
+    HOOK_EVENTS_FILE,
+    SlurmCommands,
+    SlurmUnreachable,
+    default_hook_state_dir,
+)
 from ..schema import new_event, rfc3339
 from ..slurm import PidJob, job_from_cgroup, job_from_environ, parse_listpids
 
-DEFAULT_STATE_DIR = "/var/lib/hpcsec"
-EVENTS_FILE = "slurm-events.jsonl"
+DEFAULT_STATE_DIR = DEFAULT_HOOK_STATE_DIR
+EVENTS_FILE = HOOK_EVENTS_FILE
 GPU_MEMORY_SLACK = 64 << 20  # bytes above the prolog's reading that still count as released
 
 
@@ -40,8 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, text in (("prolog", "record a job start (run by slurmd as Prolog=)"),
                        ("epilog", "record a job end and what it left behind (Epilog=)")):
         h = hooks.add_parser(name, help=text)
-        h.add_argument("--state-dir", default=os.environ.get("HPCSEC_STATE_DIR",
-                                                             DEFAULT_STATE_DIR),
+        h.add_argument("--state-dir", default=default_hook_state_dir(),
                        metavar="DIR", help=f"job state and {EVENTS_FILE} (default "
                        f"$HPCSEC_STATE_DIR or {DEFAULT_STATE_DIR})")
         h.add_argument("--procfs-root", default="/proc", metavar="DIR")

@@ -10,9 +10,8 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import orjson
-
 from .base import DeliveryFailed, OutputError
+from .encode import dumps
 
 
 class JsonlOutput:
@@ -41,7 +40,7 @@ class JsonlOutput:
         return cls(path)
 
     def send(self, alert: dict[str, Any]) -> None:
-        line = orjson.dumps(alert, default=str) + b"\n"
+        line = dumps(alert) + b"\n"
         try:
             written = os.write(self._fd, line)
             if written != len(line):

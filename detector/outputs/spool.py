@@ -35,12 +35,13 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 import orjson
 
 from ..errors import HpcsecError
 from ..schema import LEVELS, rfc3339
+from .encode import dumps
 
 Alert = dict[str, Any]
 SPOOL_FULL_RULE_ID = "hpcsec-spool-full"
@@ -106,6 +107,8 @@ class Spool:
         self._notice_name: str | None = None
         self._notice: Alert | None = None
         self.corrupt = 0  # unreadable lines moved to failed/
+        self._reader: tuple[str, BinaryIO] | None = None  # segment being delivered, open
+        self._done: tuple[str, TextIO] | None = None  # its .done file, open for appending
 
     @classmethod
     def open(cls, root: Path, destination: str, *, max_bytes: int) -> Spool:
@@ -181,11 +184,13 @@ class Spool:
 
     def _read(self, key: tuple[str, int]) -> bytes:
         meta = self._index[key]
-        with open(self.pending / key[0], "rb") as fh:
-            if meta.notice:
-                return fh.read()
-            fh.seek(meta.offset)
-            return fh.read(meta.size)
+        if meta.notice:
+            return (self.pending / key[0]).read_bytes()
+        # Delivery reads one segment line after line: keep it open rather than reopen it.
+        if self._reader is None or self._reader[0] != key[0]:
+            self._close_files()
+            self._reader = (key[0], open(self.pending / key[0], "rb"))  # noqa: SIM115
+        return os.pread(self._reader[1].fileno(), meta.size, meta.offset)
 
     def next_entry(self) -> SpoolEntry | None:
         """The oldest pending alert (the `spool full` notice first)."""
@@ -222,7 +227,7 @@ class Spool:
             self._quarantine_file(entry.key[0], reason)
             self._forget_notice(entry.key)
             return
-        self._quarantine_line(entry.key[0], entry.key[1], orjson.dumps(entry.alert), reason)
+        self._quarantine_line(entry.key[0], entry.key[1], dumps(entry.alert), reason)
         self._settle(entry.key)
 
     def _forget_notice(self, key: tuple[str, int]) -> None:
@@ -239,10 +244,29 @@ class Spool:
         if self._live[segment] == 0:
             self._drop_segment(segment)
             return
-        with open(self.pending / (segment[:-6] + ".done"), "a") as fh:
-            fh.write(f"{number}\n")
+        try:
+            if self._done is None or self._done[0] != segment:
+                if self._done is not None:
+                    self._done[1].close()
+                done = self.pending / (segment[:-6] + ".done")
+                self._done = (segment, open(done, "a"))  # noqa: SIM115 - kept open on purpose
+            self._done[1].write(f"{number}\n")
+            self._done[1].flush()  # in the kernel: a crash of this process loses none of it
+        except OSError:
+            # Not recorded (disk full): the alert is sent again after a restart, which
+            # at-least-once delivery allows; it is not a reason to stop delivering.
+            self._close_files(segment)
+
+    def _close_files(self, segment: str | None = None) -> None:
+        """Close the cached reader and .done writer (those of `segment` only, if given)."""
+        for attr in ("_reader", "_done"):
+            cached = getattr(self, attr)
+            if cached is not None and segment in (None, cached[0]):
+                cached[1].close()
+                setattr(self, attr, None)
 
     def _drop_segment(self, segment: str) -> None:
+        self._close_files(segment)
         self._live.pop(segment, None)
         (self.pending / segment).unlink(missing_ok=True)
         (self.pending / (segment[:-6] + ".done")).unlink(missing_ok=True)
@@ -306,7 +330,7 @@ class Spool:
         sizes: dict[tuple[str, int], int] = {}
         reserved = 0
         for alert in alerts:
-            line = orjson.dumps(alert, default=str) + b"\n"
+            line = dumps(alert) + b"\n"
             level = level_rank(alert)
             self._used += reserved  # count this batch's lines while choosing victims
             try:
@@ -323,7 +347,7 @@ class Spool:
                 sizes[victim] = self._index[victim].size
                 self._used -= self._index[victim].size
                 self._index[victim].size = 0  # its bytes are free for this batch
-            metas.append(_Meta(level, sum(len(x) for x in lines), len(line)))
+            metas.append(_Meta(level, reserved, len(line)))  # offset: the bytes before it
             lines.append(line)
             reserved += len(line)
         segment = self._new_stem() + ".jsonl"
@@ -385,7 +409,7 @@ class Spool:
                                    f"({self.max_bytes} bytes): {total} alert(s) dropped "
                                    f"({', '.join(f'{k} {v}' for k, v in by_level.items())}); "
                                    "they are in the alert store"}
-        data = orjson.dumps(notice, default=str)
+        data = dumps(notice)
         name = self._notice_name
         assert name is not None
         self._write_tmp(name, data)
@@ -395,6 +419,7 @@ class Spool:
         return notice
 
     def close(self) -> None:
+        self._close_files()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1

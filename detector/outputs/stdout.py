@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-import orjson
-
 from .base import DeliveryFailed
+from .encode import dumps
 
 
 class StdoutOutput:
@@ -20,7 +19,7 @@ class StdoutOutput:
     def send(self, alert: dict[str, Any]) -> None:
         stream = self._stream or sys.stdout  # looked up late: tests and pagers swap it
         try:
-            stream.write(orjson.dumps(alert, default=str).decode() + "\n")
+            stream.write(dumps(alert).decode() + "\n")
             stream.flush()
         except OSError as exc:
             raise DeliveryFailed(f"stdout: {exc.strerror or exc}") from None

@@ -7,7 +7,10 @@ PRI = facility * 8 + severity; the severity comes from rule.level (critical 2 cr
 err, medium 4 warning, low 5 notice, informational 6 info); the facility defaults to authpriv
 (10): alerts name users, jobs and paths, and authpriv is where syslog daemons keep security
 messages with restricted access. MSGID is the rule id (RFC 5424 allows 32 characters: a UUID
-loses its hyphens). The body is the alert as JSON (ASCII, so no BOM question) or CEF.
+loses its hyphens). The body is the alert as JSON in ASCII (`\\uXXXX` escapes), which RFC 5424
+6.4 lets go without a BOM, or CEF, which is UTF-8: a CEF body with non-ASCII characters starts
+with the BOM that 6.4 requires of UTF-8 messages. Strings that are not valid UTF-8 (file names
+are bytes) are sent with `\\xNN` escapes (encode.py).
 Query options: `format=json|cef`, `facility=NAME|NUMBER`, `max_bytes=N` (default 8192, what
 rsyslog accepts by default; larger alerts lose `events` first), for TLS `ca=FILE`,
 `cert=FILE`, `key=FILE`.
@@ -16,6 +19,7 @@ rsyslog accepts by default; larger alerts lose `events` first), for TLS `ca=FILE
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import json
 import os
 import re
@@ -27,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..schema import parse_time, rfc3339
 from .base import DeliveryFailed, OutputError, OutputOptions, redact
+from .encode import cleaned
 
 SD_ID = "hpcsec@32473"  # 32473: the private enterprise number RFC 5612 sets aside for examples
 APP_NAME = "hpcsec"
@@ -38,11 +43,23 @@ DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514}
 QUERY_KEYS = ("format", "facility", "max_bytes", "ca", "cert", "key")
 CEF_SEVERITY = {"informational": 1, "low": 3, "medium": 5, "high": 8, "critical": 10}
 _PRINTUSASCII = re.compile(r"^[\x21-\x7e]+$")
+BOM = "\ufeff".encode()
+_SD_SPECIAL = re.compile(r'["\\\]]')
+
+
+def _product_version() -> str:
+    try:
+        return importlib.metadata.version("hpcsec")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+CEF_PRODUCT_VERSION = _product_version()
 
 
 def sd_escape(value: Any) -> str:
     """PARAM-VALUE escaping of RFC 5424 6.3.3: `"`, `\\` and `]` get a backslash."""
-    return re.sub(r'(["\\\]])', r"\\\1", str(value))
+    return _SD_SPECIAL.sub(r"\\\g<0>", str(value))
 
 
 def header_token(value: Any, limit: int) -> str:
@@ -67,7 +84,9 @@ def structured_data(alert: dict[str, Any]) -> str:
 
 
 def _cef_header(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    # CEF allows line breaks only in extension values: in the header they become spaces.
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
 def _cef_value(value: Any) -> str:
@@ -85,8 +104,8 @@ def _epoch_ms(value: Any) -> int | None:
 def cef_body(alert: dict[str, Any]) -> str:
     level = str(alert.get("rule.level"))
     head = "|".join(_cef_header(v) for v in (
-        "CEF:0", "hpcsec", "hpcsec", "1", alert.get("rule.id", ""), alert.get("rule.title", ""),
-        CEF_SEVERITY.get(level, 5)))
+        "CEF:0", "hpcsec", "hpcsec", CEF_PRODUCT_VERSION, alert.get("rule.id", ""),
+        alert.get("rule.title", ""), CEF_SEVERITY.get(level, 5)))
     ext = {
         "rt": _epoch_ms(alert.get("@timestamp")), "externalId": alert.get("alert.id"),
         "cat": alert.get("rule.vector"), "dvchost": alert.get("host.name"),
@@ -121,6 +140,7 @@ def format_message(alert: dict[str, Any], *, facility: int = DEFAULT_FACILITY,
                    body_format: str = "json", hostname: str | None = None,
                    procid: int | None = None, max_bytes: int = 8192) -> bytes:
     """One RFC 5424 message (without transport framing)."""
+    alert = cleaned(alert)
     severity = SEVERITY.get(str(alert.get("rule.level")), 4)
     try:
         timestamp = rfc3339(parse_time(str(alert.get("@timestamp"))))
@@ -131,14 +151,15 @@ def format_message(alert: dict[str, Any], *, facility: int = DEFAULT_FACILITY,
             f"{procid if procid is not None else os.getpid()} {msgid(alert.get('rule.id'))} "
             f"{structured_data(alert)} ").encode()
     if body_format == "cef":
-        return head + cef_body(alert).encode()
+        body = cef_body(alert)
+        return head + (body.encode() if body.isascii() else BOM + body.encode())
     # Too big for the receiver: drop the evidence events first (they are in the store),
     # then cut long strings; past that the message goes as it is.
-    for candidate in (alert, _shrink(alert), _truncate_strings(_shrink(alert))):
-        body = json.dumps(candidate, ensure_ascii=True, separators=(",", ":"),
+    for shrink in (lambda a: a, _shrink, lambda a: _truncate_strings(_shrink(a))):
+        body = json.dumps(shrink(alert), ensure_ascii=True, separators=(",", ":"),
                           default=str).encode()
         if len(head) + len(body) <= max_bytes:
-            break
+            break  # the smaller forms are only built when needed
     return head + body
 
 

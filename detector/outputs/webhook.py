@@ -21,9 +21,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 
 from .base import DeliveryFailed, OutputError, OutputOptions, redact
+from .encode import dumps
 
 # Refusals that are about this one alert: sending it again cannot help. Every other 4xx
 # (401 wrong secret, 404 wrong path, 403, 405, …) is a receiver or config problem that an
@@ -101,7 +101,7 @@ class WebhookOutput:
         }
 
     def send(self, alert: dict[str, Any]) -> None:
-        body = orjson.dumps(alert, default=str)
+        body = dumps(alert)
         try:
             response = self._client.post(self.url, content=body,
                                          headers=self.request_headers(alert, body))

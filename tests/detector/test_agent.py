@@ -208,6 +208,8 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     node.start_process(4242, "cryptominer", 1)
     store = node.root / "store.duckdb"
+    node.config.write_text("dedup_window_s: 86400\n"
+                           "silences: [{user: u5, comment: benchmark account}]\n")
     agent = AgentProcess(node, "--output", receiver.url, "--store", str(store))
     try:
         first = wait_for(node.file_alerts, "the first alert", check=agent)
@@ -251,9 +253,22 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
         wait_for(lambda: "reloaded: 1 rules" in agent.text(), "the reload", check=agent)
         node.start_process(4244, "otherminer", 3)
         node.start_process(4245, "cryptominer", 4)
+        node.start_process(4246, "otherminer", 5)  # silenced: stored, not sent
         wait_for(lambda: any(a["rule.id"] == RULE_B_ID for a in node.file_alerts()),
                  "an alert of the new rule", check=agent)
         time.sleep(0.7)  # two more samples: the old rule must not fire on u4
+
+        # A broken config is refused the same way.
+        node.config.write_text("dedup_window_s: 86400\n"
+                               "silences: [{user: u5, comment: benchmark account}]\n"
+                               "rate_limit_per_rule: soon\n")
+        agent.signal(signal.SIGHUP)
+        wait_for(lambda: len([a for a in node.file_alerts()
+                              if a["rule.id"] == "hpcsec-reload-failed"]) == 2,
+                 "the second reload-failed alert", check=agent)
+        assert (f"{node.config}:3: rate_limit_per_rule must be a number, not 'soon'"
+                in node.file_alerts()[-1]["alert.summary"])
+        assert agent.metrics()['hpcsec_reloads_total{outcome="failed"}'] == 2
         assert agent.stop() == 0
     finally:
         agent.kill()
@@ -262,13 +277,16 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
     alerts = node.file_alerts()
     by_rule = sorted((a["rule.id"], a.get("user.name")) for a in alerts)
     assert by_rule == [(RULE_A_ID, "u1"), (RULE_A_ID, "u2"), (RULE_B_ID, "u3"),
-                       ("hpcsec-reload-failed", None)]
+                       ("hpcsec-reload-failed", None), ("hpcsec-reload-failed", None)]
     # Every alert went to the webhook too, exactly once, in time for the SIGTERM drain.
     assert sorted(receiver.received) == sorted(a["alert.id"] for a in alerts)
     assert "stopped" in agent.text()
     with Store(store, read_only=True) as db:
         stored = db.query_alerts(AlertQuery())
-        assert sorted(a["alert.id"] for a in stored) == sorted(a["alert.id"] for a in alerts)
+        sent = [a for a in stored if a["hpcsec.disposition"] == "sent"]
+        assert sorted(a["alert.id"] for a in sent) == sorted(a["alert.id"] for a in alerts)
+        (silenced,) = [a for a in stored if a["hpcsec.disposition"] == "silenced"]
+        assert (silenced["rule.id"], silenced["user.name"]) == (RULE_B_ID, "u5")
         assert db.count("events") >= 4
 
 

@@ -93,6 +93,7 @@ def test_event_count_fires_once_per_group_with_evidence():
     events = [gpu(0), gpu(60), gpu(10, "alice"), gpu(120)]
     matches = engine.evaluate(events)
     assert ids(matches) == ["corr"]  # the referenced rule does not alert (generate: false)
+    assert engine.stats.rule_hits == 4  # ... but its hits are counted
     (m,) = matches
     assert m.group == (("user.name", "bob"),)
     assert m.value == 3.0
@@ -247,6 +248,10 @@ def test_events_without_time_are_counted_not_correlated():
     engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 1}")))
     assert engine.evaluate([{**gpu(0), "@timestamp": "yesterday"}]) == []
     assert engine.stats.untimed_events == 1
+    # rules that alert on their own still do
+    generating = correlation("event_count", "[gpu_proc]", "{gte: 1}", extra="  generate: true\n")
+    engine = Engine(ruleset(generating))
+    assert ids(engine.evaluate([{**gpu(0), "@timestamp": None}])) == ["gpu_proc"]
 
 
 def test_unknown_reference_is_a_rule_error():
@@ -293,3 +298,16 @@ def test_temporal_extended_condition():
     (m,) = engine.evaluate([gpu(400, "carol")])  # bob's window closed without a read
     assert m.group == (("user.name", "bob"),)
     assert engine.flush()[0].group == (("user.name", "carol"),)
+
+
+def test_value_count_closing_window_state_is_capped():
+    rule = correlation("value_count", "[file_read]", "{lt: 3, field: file.path}")
+    engine = Engine(ruleset(rule))
+    assert engine.evaluate([read(i, **{"file.path": f"/m/{i}"}) for i in range(50)]) == []
+    (state,) = engine.correlations
+    (group,) = state.groups.values()
+    assert len(group.values) == 4  # enough to know the count is not below 3
+    assert engine.flush() == []
+    assert [m.value for m in Engine(ruleset(rule)).evaluate(
+        [read(0, **{"file.path": "/a"}), read(1, **{"file.path": "/b"}),
+         read(500, "eve", **{"file.path": "/c"})])] == [2.0]

@@ -144,7 +144,9 @@ def random_item(rng: random.Random) -> tuple[str, Any]:
     if family == "time":
         part, top = rng.choice([("minute", 59), ("hour", 23), ("day", 28), ("month", 12),
                                 ("year", 2026)])
-        return f"{TIME}|{part}", rng.randint(max(0, top - 24), top) if part != "year" else 2026
+        compare = rng.choice(["", "", "|gt", "|gte", "|lt", "|lte"])
+        return f"{TIME}|{part}{compare}", \
+            rng.randint(max(0, top - 24), top) if part != "year" else 2026
     return field, [quote(random_text(rng)) for _ in range(3)] + [quote(word)]
 
 

@@ -21,8 +21,10 @@ logsource: {product: hpc, category: process}
 
 
 def ruleset(text: str, path: str = "rules/test.yml") -> RuleSet:
-    return RuleSet([LoadedRule(item, path, 1, "test")
-                    for item in SigmaCollection.from_yaml(text, collect_errors=False)])
+    # filters collected, not applied by pySigma: applying them is the engine's job
+    collection = SigmaCollection.from_yaml(text, collect_filters=True)
+    items = list(collection.rules) + [f for f in collection.filters if f not in collection.rules]
+    return RuleSet([LoadedRule(item, path, 1, "test") for item in items])
 
 
 def engine_for(detection: str, **kwargs) -> Engine:
@@ -352,3 +354,19 @@ def test_malformed_events_do_not_crash():
            {"event.category": "process", "process.name": {"nested": "a"}},
            {"event.category": "process", "process.name": [["a"]]}]
     assert engine.evaluate(odd) == []
+
+
+def test_filter_placeholders_are_filled():
+    text = FILTERED.replace("    user.is_admin: true\n", "    user.name|expand: '%admins%'\n")
+    engine = Engine(ruleset(text), placeholders={"admins": ["adm-carol"]})
+    event = {"event.category": "process", "process.name": "nvidia-smi", "user.name": "adm-carol"}
+    assert [m.rule.id for m in engine.evaluate([event])] == [
+        "6b1c2f6e-0000-4000-8000-000000000002"]
+    with pytest.raises(RuleError, match="placeholder %admins% has no value"):
+        Engine(ruleset(text))
+
+
+def test_time_part_with_comparison():
+    check("sel:\n  process.start|hour|gte: 20\ncondition: sel\n",
+          [{"process.start": "2026-12-01T21:00:00Z"}, {"process.start": "2026-12-01T20:00:00Z"}],
+          [{"process.start": "2026-12-01T03:00:00Z"}, {"process.start": 20}])

@@ -127,3 +127,17 @@ def test_node_job_count_left_out_while_slurm_is_down(tmp_path):
     assert [e["event.category"] for e in events] == \
         ["rdma_counters", "gpu_device", "firmware", "sensor_status"]
     assert not any("slurm.node.job_count" in e for e in events)
+
+
+def test_user_has_job_on_node(tmp_path):
+    """squeue-22.05.json: alice (1001) and bob (1002) have running jobs on vm."""
+    def proc(uid, name):
+        return new_event("process", "present", "process", "vm", TS,
+                         {"process.pid": 4242, "user.id": uid, "user.name": name})
+    events = [proc(1001, "alice"), proc(1003, "carol"), proc(0, "root"),
+              new_event("file_access", "open", "file_access", "vm", TS,
+                        {"user.name": "bob", "file.path": "/x"}),
+              new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.device": "x"})]
+    SlurmEnricher(JobContext()).enrich(events, ctx_for(tmp_path))
+    assert [e.get("slurm.node.user_has_job") for e in events] == [True, False, False, True, None]
+    assert "slurm.job.id" not in events[0]  # alice has a job here, this process is not in it

@@ -19,3 +19,26 @@ def test_clean_input_reports_nothing():
     report = InputReport("x")
     assert list(read_jsonl(io.BytesIO(b'{"a": 1}\n'), report)) == [{"a": 1}]
     assert report.describe() is None
+
+
+def test_nested_objects_are_read_as_dotted_names():
+    data = (b'{"@timestamp": "2026-11-30T01:00:00Z", "process": {"name": "xmrig", '
+            b'"parent": {"pid": 1}}, "process.args": ["xmrig", "-o"]}\n'
+            b'{"process": {"name": "a"}, "process.name": "b"}\n')
+    report = InputReport("nested.jsonl")
+    assert list(read_jsonl(io.BytesIO(data), report)) == [
+        {"@timestamp": "2026-11-30T01:00:00Z", "process.name": "xmrig",
+         "process.parent.pid": 1, "process.args": ["xmrig", "-o"]}]
+    assert report.malformed_lines == [(2, "field process.name is given twice")]
+
+
+def test_one_value_schema_field_holding_a_list_or_object_is_malformed():
+    data = (b'{"process.name": ["xmrig", "bash"]}\n'
+            b'{"user.id": {"value": 1000}}\n'
+            b'{"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}\n')
+    report = InputReport("shapes.jsonl")
+    assert list(read_jsonl(io.BytesIO(data), report)) == [
+        {"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}]  # list fields, unknown fields
+    assert report.malformed_lines == [
+        (1, "field process.name is a list, not one keyword value"),
+        (2, "field user.id is an object, not one long value")]

@@ -102,8 +102,8 @@ def test_warnings_fail_only_with_strict(tmp_path, capsys):
 
 
 def test_rules_test_passes_on_valid_rules(capsys):
-    assert run(capsys, "test", str(VALID)) == (0, "", "9 passed, 0 failed, 0 rule(s) without "
-                                                      "tests\n")
+    assert run(capsys, "test", str(VALID)) == (0, "", "9 passed, 0 failed, 0 rule(s) missing "
+                                                      "test events\n")
 
 
 def test_rules_test_names_rule_file_line_and_event(capsys):
@@ -119,8 +119,10 @@ def test_rules_test_names_rule_file_line_and_event(capsys):
         '"event.category":"file_access"}',
         f"FAIL {FAILING / 'failing.yml'}:20: rule 9b000000-0000-4000-8000-000000000002 (Rule "
         "nobody tested) has no test events (tests/failing.yaml)",
+        f"FAIL {FAILING / 'failing.yml'}:35: rule 9b000000-0000-4000-8000-000000000003 (Rule "
+        "tested only with events that fire it) has no test event that must not fire it",
     ]
-    assert err == "2 passed, 2 failed, 1 rule(s) without tests\n"
+    assert err == "3 passed, 2 failed, 2 rule(s) missing test events\n"
 
 
 def test_correlation_sequences_run_in_one_engine():
@@ -179,3 +181,41 @@ def test_runner_takes_tests_built_in_code():
     assert passed == 0
     assert str(failure).startswith(f"made-in-code:7: rule {miner} (Crypto miner running on a "
                                    'GPU) should fire on event {"event.category":"gpu_process"')
+
+
+def test_check_knows_field_names_in_values_and_aliases(tmp_path, capsys):
+    path = tmp_path / "refs.yml"
+    path.write_text(
+        "title: Reads as someone else\nid: 1f0e0d0c-0000-4000-8000-0000000000e1\n"
+        "name: reads_as_other\nstatus: test\ndescription: d\ntags: [attack.collection]\n"
+        "level: low\nlogsource: {product: hpc, category: file_access}\n"
+        "detection:\n  selection:\n    user.name|fieldref|neq: slurm.job.usr\n"   # 11
+        "  condition: selection\n"
+        "---\n"
+        "title: Many reads\nid: 1f0e0d0c-0000-4000-8000-0000000000e2\nstatus: test\n"
+        "description: d\ntags: [attack.collection]\nlevel: low\n"
+        "correlation:\n  type: event_count\n  rules: [reads_as_other]\n"
+        "  aliases:\n    who:\n      reads_as_other: usr.name\n"                     # 25
+        "  group-by: [who, hst.name]\n  timespan: 1h\n  condition: {gte: 2}\n")        # 26
+    code, out, _ = run(capsys, "check", str(path))
+    assert code == 0
+    assert [line for line in out.splitlines() if "[unknown-field]" in line] == [
+        f"{path}:11: warning: unknown field 'slurm.job.usr' (not in docs/fields.md) "
+        "[unknown-field]",
+        f"{path}:25: warning: unknown field 'usr.name' (not in docs/fields.md) [unknown-field]",
+        f"{path}:26: warning: unknown field 'hst.name' (not in docs/fields.md) [unknown-field]",
+    ]
+
+
+def test_validator_that_cannot_read_a_rule_is_a_finding_not_a_crash(tmp_path, capsys):
+    path = tmp_path / "odd.yml"
+    path.write_text(
+        "title: Odd references\nid: 1f0e0d0c-0000-4000-8000-0000000000f7\nstatus: test\n"
+        "description: d\ntags: [attack.execution]\nlevel: low\n"
+        "references:\n  - {url: https://example.org}\n"
+        "logsource: {product: hpc, category: process}\n"
+        "detection:\n  selection:\n    process.name: x\n  condition: selection\n")
+    code, out, _ = run(capsys, "check", str(path))
+    assert code == 2
+    assert f"{path}:1: error: pySigma validator duplicate_references cannot check this rule: " \
+           "TypeError: unhashable type: 'dict' [sigma:validator-failed]" in out.splitlines()

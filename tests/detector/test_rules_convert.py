@@ -132,3 +132,23 @@ def test_malformed_rule_is_reported_not_converted(tmp_path, capsys):
     assert (code, queries) == (2, [])
     assert err == (f"hpcsec: error: {bad}:5: process.name|re: Regular expression '(' is "
                    "invalid: missing ), unterminated subpattern at position 0\n")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("just text\n", "pipeline '{p}' is not a pySigma pipeline: AttributeError: 'str' object has "
+     "no attribute 'keys'"),
+    ("name: x\ntransformations: [\n", "pipeline '{p}': Error in parsing of a Sigma processing "
+     "pipeline"),
+    ("name: x\ntransformations:\n  - type: nosuch\n",
+     "pipeline '{p}': Error in processing rule 1: Unknown transformation type 'nosuch'"),
+    ("name: x\ntransformations:\n  - type: field_name_mapping\n    mapping: 5\n",
+     "sqlite: cannot apply the processing pipelines: 'int' object has no attribute 'get'"),
+])
+def test_broken_pipeline_file_is_a_usage_error(tmp_path, capsys, text, message):
+    pipeline = tmp_path / "site.yml"
+    pipeline.write_text(text)
+    code, queries, err = convert(capsys, "-p", str(pipeline), "--config", str(SITE),
+                                 str(COPY_TOOLS))
+    assert (code, queries) == (2, [])
+    assert err.startswith("hpcsec: error: " + message.format(p=pipeline))
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -265,10 +265,10 @@ def test_cli_collect_attributes_readers_that_exit_at_once(slurm_cluster, work, t
         reads = [e for e in events if e["event.category"] == "file_access"
                  and e.get("process.name") == "cat"]
         assert reads, out.stdout + out.stderr
+        # the readers had exited when collect enriched their events (a reused pid aside)
+        assert any(not Path(f"/proc/{e['process.pid']}").exists() for e in reads)
         for event in reads:
             assert event["process.pid"] not in script  # a reader, not the script listpids saw
-            assert not Path(f"/proc/{event['process.pid']}/cmdline").exists() or \
-                b"cat" not in Path(f"/proc/{event['process.pid']}/cmdline").read_bytes()
             assert (event["file.path"], event["user.name"], event["slurm.job.id"],
                     event["slurm.job.user"], event["slurm.job.account"],
                     event["slurm.job.partition"], event["slurm.job.id_source"],
@@ -297,8 +297,69 @@ def test_cli_scan_alerts_with_the_readers_job(slurm_cluster, two_jobs, work, tmp
         denied = [a for a in alerts
                   if a["rule.title"] == "Model weights read by an account not allowed for "
                                         "that model"]
-        assert [(a["slurm.job.id"], a["slurm.job.user"], a["user.name"], a["process.name"])
-                for a in denied] == [(job, "bob", "bob", "sleep")]
+        # the job script holds the descriptor and hands it down to sleep
+        assert sorted((a["slurm.job.id"], a["slurm.job.user"], a["user.name"],
+                       a["process.name"]) for a in denied) == \
+            [(job, "bob", "bob", "sleep"), (job, "bob", "bob", "slurm_script")]
         assert not any(a.get("slurm.job.id") == two_jobs["alice"]["id"] for a in denied)
     finally:
         slurm_cluster.run(["scancel", job], check=False)
+
+
+def test_srun_step_gets_its_job_step_and_gpu(slurm_cluster, two_jobs):
+    """An interactive `srun --gres=gpu:1` of bob: its task is step 0 of its own job."""
+    srun = subprocess.Popen(["runuser", "-u", "bob", "--", "srun", "--gres=gpu:1", "-J",
+                             "interactive", "sleep", "37"], env=slurm_cluster.env, cwd="/tmp",
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        job = ""
+        for _ in range(150):
+            job = slurm_cluster.run(["squeue", "-h", "-u", "bob", "-n", "interactive", "-o",
+                                     "%i"]).stdout.strip()
+            if job:
+                break
+            subprocess.run(["sleep", "0.2"])
+        assert job, "srun job never showed in squeue"
+        pids = slurm_cluster.wait_pids(job, step="0")
+        [task] = [p for p, step in pids.items() if step == "0"
+                  and Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+        ctx = context(slurm_cluster)
+        jc = ctx.state[STATE_KEY]
+        jc.refresh(ctx)
+        fields = jc.fields_for_pid(ctx, task)
+        assert (fields["slurm.job.id"], fields["slurm.job.user"], fields["slurm.job.name"],
+                fields["slurm.job.step"], fields["slurm.job.id_source"]) == \
+            (job, "bob", "interactive", "0", "listpids")
+        [gpu] = fields["slurm.job.gpus"]
+        taken = set(two_jobs["alice"]["gpus"]) | set(two_jobs["bob"]["gpus"])
+        assert gpu not in taken and 0 <= gpu < slurm_cluster.fake_gpus
+    finally:
+        srun.kill()
+        srun.wait()
+        if job:
+            slurm_cluster.run(["scancel", job], check=False)
+
+
+def test_cache_refreshed_by_job_start_and_end(slurm_cluster, two_jobs):
+    """A long TTL: the job table is still re-read when the prolog/epilog record a job."""
+    ctx = context(slurm_cluster)
+    jc = JobContext(SlurmCommands(env={"SLURM_CONF": str(slurm_cluster.conf)}), ttl_s=3600,
+                    events_file=str(slurm_cluster.state_dir / "slurm-events.jsonl"))
+    jc.refresh(ctx)
+    before = jc.refreshes
+    job = slurm_cluster.sbatch("alice", "-J", "late", "--wrap", "sleep 45")
+    try:
+        slurm_cluster.wait_state(job, ("RUNNING",))
+        pids = slurm_cluster.wait_pids(job)
+        slurm_cluster.wait_hook_event(job, "prolog")
+        jc.refresh(ctx)
+        assert jc.refreshes == before + 1
+        assert {jc.fields_for_pid(ctx, pid).get("slurm.job.name") for pid in pids} == {"late"}
+        assert job in [j.job_id for j in jc.jobs_on(slurm_cluster.node)]
+    finally:
+        slurm_cluster.run(["scancel", job], check=False)
+    slurm_cluster.wait_hook_event(job, "epilog")
+    jc.refresh(ctx)
+    assert jc.refreshes == before + 2
+    # the epilog runs while the job completes: it may still say so, never RUNNING
+    assert jc.job(job).state in ("COMPLETING", "CANCELLED")

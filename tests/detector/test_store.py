@@ -98,6 +98,15 @@ def test_events_are_pruned_after_retention_and_exported_to_parquet(tmp_path):
     assert store.export_events(recent, since=NOW - timedelta(days=1)) == 1
 
 
+def test_bytes_that_are_not_utf8_are_stored_escaped(tmp_path):
+    store = Store(tmp_path / "s.duckdb")
+    store.insert_events([{**event("e1", 0.1), "file.path": "/models/\udcff.bin"}])
+    store.insert_alerts([alert("a1", 1, **{"file.path": "/models/\udcff.bin"})])
+    (stored,) = store.query_alerts(AlertQuery())
+    assert stored["file.path"] == "/models/\\xff.bin"
+    assert store.count("events") == 1
+
+
 def test_reading_a_missing_store_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match=rf"alert store {tmp_path}/none.duckdb does not exist"):
         Store(tmp_path / "none.duckdb", read_only=True)

@@ -56,3 +56,23 @@ def test_scalars_are_typed_like_safe_load():
 def test_deep_nesting_is_an_error_not_a_crash():
     with pytest.raises(SourceError, match="nesting is too deep"):
         load_text_documents("a: " + "[" * 5000 + "]" * 5000 + "\n", "deep.yml")
+
+
+def test_oversized_file_is_refused_before_parsing(tmp_path):
+    from hpcsec.detector import yamlsrc
+
+    path = tmp_path / "big.yml"
+    path.write_bytes(b"# " + b"x" * yamlsrc.MAX_FILE_BYTES + b"\n")
+    with pytest.raises(SourceError) as exc:
+        load_documents(path)
+    assert str(exc.value) == f"{path}: file is larger than {yamlsrc.MAX_FILE_BYTES} bytes"
+
+
+def test_node_count_is_bounded(monkeypatch):
+    from hpcsec.detector import yamlsrc
+
+    monkeypatch.setattr(yamlsrc, "MAX_NODES", 5)
+    assert load_text_documents("a: [1, 2]\n", "f.yml")[0].data == {"a": [1, 2]}
+    with pytest.raises(SourceError) as exc:
+        load_text_documents("a: [1, 2]\nb:\n  - 3\n  - 4\n", "f.yml")
+    assert str(exc.value) == "f.yml:2: document has more than 5 nodes"  # at key `b`

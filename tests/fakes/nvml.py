@@ -27,6 +27,9 @@ from hpcsec.sensors import nvml_dump
 NOT_AVAILABLE_U64 = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 NOT_AVAILABLE_U32 = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
 HANDLE_BASE = 0x5A000  # device handles are opaque pointers; ours encode the index
+# the process-list entry (pid, usedGpuMemory, gpuInstanceId, computeInstanceId); nvidia-ml-py
+# 12.x names it c_nvmlProcessInfo_v2_t, 13.x adds the _v3_t name for the same layout
+PROCESS_INFO = getattr(pynvml, "c_nvmlProcessInfo_v3_t", pynvml.c_nvmlProcessInfo_v2_t)
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,7 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable]:
                 elif infos is None or asked < len(procs):
                     count[0], rc = len(procs), pynvml.NVML_ERROR_INSUFFICIENT_SIZE
                 else:
-                    array = (pynvml.c_nvmlProcessInfo_v3_t * asked).from_address(infos)
+                    array = (PROCESS_INFO * asked).from_address(infos)
                     for slot, proc in zip(array, procs, strict=False):
                         slot.pid = proc.pid
                         slot.usedGpuMemory = (NOT_AVAILABLE_U64 if proc.used_memory is None

@@ -291,7 +291,7 @@ def test_watchdog_answers_when_the_proc_read_stalls(shared_dir, monkeypatch):
         release.wait(10)
         return {}
 
-    monkeypatch.setattr(fanwatch, "process_fields", stalled_proc_read)
+    monkeypatch.setattr(fanwatch, "access_process_fields", stalled_proc_read)
     ctx = NodeTree(shared_dir / "ctx").context()
     watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder(),
                                          answer_timeout_s=0.2)
@@ -340,3 +340,119 @@ def test_never_marks_proc_or_the_root_directory(tmp_path):
         "protected path /proc/self not watched: it holds /proc",
         f"protected path {tmp_path / 'absent'} does not exist (not watched)",
     ]
+
+
+@root_only
+def test_an_event_the_reader_fails_on_is_answered_counted_and_the_stream_goes_on(
+        shared_dir, monkeypatch):
+    from hpcsec.sensors import fanwatch
+
+    for name in ("a", "b"):
+        (shared_dir / name).write_text(name)
+    real_fd_path = fanwatch.fan.fd_path
+    calls = []
+
+    def fails_once(event_fd):
+        calls.append(event_fd)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return real_fd_path(event_fd)
+
+    monkeypatch.setattr(fanwatch.fan, "fd_path", fails_once)
+    ctx = NodeTree(shared_dir / "ctx").context(watch=[str(shared_dir)], stream=True)
+    ctx.proc.path, ctx.etc.path = Path("/proc"), Path("/etc")
+    sensor = FileAccessSensor()
+    try:
+        list(sensor.collect(ctx))
+        first = subprocess.run(["cat", str(shared_dir / "a")], capture_output=True, timeout=10)
+        second = subprocess.run(["cat", str(shared_dir / "b")], capture_output=True, timeout=10)
+        assert (first.stdout, second.stdout) == (b"a", b"b")  # both answered, none stuck
+        events = collect_until(sensor, ctx, {(None, "error")})
+    finally:
+        sensor.close()
+    errors = [e for e in events if e["event.action"] == "error"]
+    assert [(e["hpcsec.errors"], e["message"]) for e in errors] == [
+        (1, "1 fanotify reads or events not handled (last: RuntimeError: boom)")]
+    assert {e["file.path"] for e in events if e["event.category"] == "file_access"} >= {
+        str(shared_dir / "b")}
+
+
+def fanotify_marks(group_fd: int) -> list[str]:
+    """The kinds of marks a group holds (ino, mnt_id, sdev), as the kernel lists them."""
+    text = Path(f"/proc/self/fdinfo/{group_fd}").read_text()
+    kinds = (line.split()[1].split(":")[0] for line in text.splitlines()
+             if line.startswith("fanotify ") and len(line.split()) > 1)
+    return sorted(k for k in kinds if k in ("ino", "mnt_id", "sdev"))
+
+
+@root_only
+def test_a_protected_mount_holds_only_that_mount_not_its_filesystem(shared_dir):
+    """A tmpfs mounted twice: the protected mount is seen, the other mount of it is not."""
+    from hpcsec.sensors import fanwatch
+
+    mount, other = shared_dir / "models", shared_dir / "elsewhere"
+    mount.mkdir()
+    other.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "hpcsec-test", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount here (no CAP_SYS_ADMIN in this mount namespace)")
+    watch = None
+    try:
+        subprocess.run(["mount", "--bind", str(mount), str(other)], check=True)
+        (mount / "w.bin").write_text("w")
+        ctx = NodeTree(shared_dir / "ctx").context()
+        watch = fanwatch.FanotifyWatch.start(ctx, [str(mount)], lambda p: True, Folder())
+        # content group: one mount mark; FID group: the filesystem (create/delete/rename)
+        assert fanotify_marks(watch.content_fd) == ["mnt_id"]
+        if watch.fid_fd >= 0:
+            assert fanotify_marks(watch.fid_fd) == ["sdev"]
+        cat = subprocess.run(["cat", str(other / "w.bin"), str(mount / "w.bin")],
+                             capture_output=True, timeout=10)
+        assert cat.stdout == b"ww"
+        records = []
+        for _ in range(100):
+            records += watch.drain().records
+            if any("read" in r.actions for r in records):
+                break
+            time.sleep(0.05)
+        assert {(r.path, tuple(r.actions)) for r in records} == {
+            (str(mount / "w.bin"), ("open", "read"))}
+    finally:
+        if watch is not None:
+            watch.stop()
+        for path in (other, mount):
+            subprocess.run(["umount", str(path)], capture_output=True)
+
+
+@root_only
+def test_cli_collect_watch_duration_streams_the_accesses(shared_dir, capsys):
+    from hpcsec.detector.cli import main
+
+    target = shared_dir / "ckpt.pt"
+    target.write_bytes(b"c" * 64)
+    done = threading.Event()
+    readers: list[int] = []
+
+    def read_until_done() -> None:  # the stream starts inside collect: read until it returns
+        while not done.is_set():
+            child = subprocess.Popen(["cat", str(target)], stdout=subprocess.DEVNULL)
+            child.wait()
+            readers.append(child.pid)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=read_until_done)
+    thread.start()
+    try:
+        assert main(["collect", "--sensor", "file_access", "--watch", str(shared_dir),
+                     "--duration", "1", "--raw"]) == 0
+    finally:
+        done.set()
+        thread.join()
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    opens = [e for e in events if e["event.action"] == "open"]
+    assert opens, "no access seen in one second of cat every 50 ms"
+    assert {(e["file.path"], e["process.name"], e["user.id"], e["file.size"]) for e in opens} == {
+        (str(target), "cat", 0, 64)}
+    assert {e["process.pid"] for e in opens} <= set(readers)
+    assert events[-1]["event.category"] == "sensor_status"
+    assert events[-1]["event.action"] == "ok"

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcsec.detector import cli
 from hpcsec.detector.config import load_config
 from hpcsec.detector.schema import FIRMWARE_COMPONENTS
+from hpcsec.sensors import firmware
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, run_sensor
 from hpcsec.sensors.firmware import (
     FirmwareSensor,
@@ -167,7 +169,32 @@ def test_no_source_at_all_is_unavailable(tmp_path):
     assert run.status["event.action"] == "unavailable"
     assert run.status["message"] == (
         "no firmware source answered: GPU firmware not read: NVML library not found "
-        "(libnvidia-ml.so.1): no NVIDIA driver installed on this node")
+        "(libnvidia-ml.so.1): no NVIDIA driver installed on this node; "
+        f"no HCA fw_ver under {tmp_path}/class/infiniband; "
+        "no NIC reports a firmware version (no interface with a device); "
+        f"no bios_version under {tmp_path}/class/dmi/id")
+
+
+def test_collect_cli_on_a_node_without_firmware_sources(tmp_path, capsys):
+    """A VM: no NVML, no HCA, a virtio NIC without firmware, no DMI table."""
+    (tmp_path / "class/net/eth0").mkdir(parents=True)
+    (tmp_path / "class/net/eth0/device").symlink_to("../../../virtio0")
+    virtio = {"eth0": {"driver": "virtio_net", "version": "1.0.0", "fw_version": "",
+                       "bus_info": "0000:00:03.0"}}
+    with installed(FakeNvml([], library_missing=True)), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(firmware, "ethtool_drvinfo", virtio.__getitem__)
+        rc = cli.main(["collect", "--sensor", "firmware", "--raw", "--sysfs-root",
+                       str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    message = ("no firmware source answered: GPU firmware not read: NVML library not found "
+               "(libnvidia-ml.so.1): no NVIDIA driver installed on this node; "
+               f"no HCA fw_ver under {tmp_path}/class/infiniband; "
+               "no NIC reports a firmware version (asked: eth0); "
+               f"no bios_version under {tmp_path}/class/dmi/id")
+    assert err == f"hpcsec: sensor firmware: unavailable: {message}\n"
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert (record["event.action"], record["message"]) == ("unavailable", message)
 
 
 def test_nic_answers_are_parsed_defensively():

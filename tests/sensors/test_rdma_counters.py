@@ -347,7 +347,14 @@ def test_collect_cli_without_infiniband_is_one_status_line_and_record(tmp_path, 
                                    f"no RDMA devices under {tmp_path}/class/infiniband")
 
 
-def test_collect_cli_wrong_arguments_exit_2(capsys):
+def test_collect_cli_wrong_arguments_exit_2(tmp_path, capsys):
     assert cli.main(["collect", "--sensor", "rdma_countres"]) == 2
     assert capsys.readouterr().err.startswith(
         "hpcsec: error: unknown sensor rdma_countres (known: ")
+    assert cli.main(["collect", "--sensor", "rdma_counters", "--sysfs-root",
+                     str(tmp_path / "sys")]) == 2
+    assert capsys.readouterr() == (
+        "", f"hpcsec: error: --sysfs-root {tmp_path / 'sys'}: no such directory\n")
+    with pytest.raises(SystemExit) as exit_:  # argparse's own errors exit 2 as well
+        cli.main(["collect", "--sensor", "rdma_counters", "--format", "csv"])
+    assert exit_.value.code == 2

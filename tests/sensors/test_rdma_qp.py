@@ -1,5 +1,6 @@
 """rdma_qp: iproute2 `rdma res show qp` output (JSON and text), kernel QPs, absent tool."""
 
+import json
 import os
 import shutil
 import stat
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcsec.detector import cli
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable, run_sensor
 from hpcsec.sensors.rdma_qp import (
     INPUT_NAME,
@@ -186,3 +188,26 @@ def test_live_run_goes_through_the_tool_and_is_recorded(tmp_path, monkeypatch):
 def test_real_rdma_tool_without_rdma_netlink(tmp_path):
     with pytest.raises(SensorUnavailable, match=r"^`rdma -j res show qp` failed: "):
         run_rdma_tool()
+
+
+def test_collect_cli_without_rdma_netlink_is_one_status_line_and_record(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", _fake_rdma(
+        tmp_path, 'echo "Failed to open NETLINK_RDMA socket" >&2\nexit 1\n'))
+    assert cli.main(["collect", "--sensor", "rdma_qp", "--raw"]) == 0
+    out, err = capsys.readouterr()
+    message = "`rdma -j res show qp` failed: Failed to open NETLINK_RDMA socket"
+    assert err == f"hpcsec: sensor rdma_qp: unavailable: {message}\n"
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert (record["event.category"], record["event.action"], record["message"]) == (
+        "sensor_status", "unavailable", message)
+
+
+def test_collect_cli_prints_the_qps(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", _fake_rdma(tmp_path, f"cat {FIXTURES}/res-qp.json\n"))
+    assert cli.main(["collect", "--sensor", "rdma_qp", "--raw", "--host-name", "gpu-017"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "hpcsec: sensor rdma_qp: ok: 22 events\n"
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["event.category"] for r in records] == ["rdma_qp"] * 22 + ["sensor_status"]
+    assert sum(1 for r in records[:-1] if r["rdma.qp.kernel"]) == 11

@@ -1,5 +1,6 @@
 """roce: RoCE v2 flows from pcaps built with scapy (known counts), RETH decoding, bad packets."""
 
+import json
 import os
 import socket
 import threading
@@ -13,6 +14,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import wrpcap
 
+from hpcsec.detector import cli
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable, run_sensor
 from hpcsec.sensors.registry import by_name
 from hpcsec.sensors.roce import CaptureError, FlowAggregator, RoceSensor, read_pcap
@@ -198,6 +200,8 @@ def test_missing_options_and_bad_files(tmp_path):
         f"CaptureError: {junk}: not a pcap or pcapng capture")
     with pytest.raises(ValueError, match="flow interval must be positive, got 0"):
         FlowAggregator(0)
+    with pytest.raises(CaptureError, match=r"^cannot sniff hpcsec-none0: no such network "):
+        RoceSensor().collect(_ctx(tmp_path, interface="hpcsec-none0", duration=0.1))
     replaying = _ctx(tmp_path, pcap=str(junk))
     replaying.replay_inputs = {}
     with pytest.raises(SensorUnavailable, match=r"^capture-based: node snapshots hold no packets$"):
@@ -229,3 +233,51 @@ def test_sniffing_loopback_sees_roce_datagrams(tmp_path):
     assert {(e["source.ip"], e["destination.ip"], e["rdma.qp.dqpn"]) for e in flows} == {
         ("127.0.0.1", "127.0.0.1", 0x42)}
     assert sum(e["rdma.flow.write_bytes"] for e in flows) == 3 * 4096
+
+
+def test_reth_and_atomic_eth_are_dissected_from_wire_bytes():
+    wire = bytes(REQUESTS[0])  # WRITE FIRST, as it would come off a capture
+    frame = Ether(wire)
+    assert frame[BTH].opcode == 0x06 and frame[BTH].dqpn == 0x1234
+    reth = frame[RETH]
+    assert (reth.va, reth.rkey, reth.dma_length) == (0x7F0000000000, 0x100, 8192)
+    assert bytes(reth.payload)[:4] == b"wwww"  # payload follows the 16-byte RETH
+    read = Ether(bytes(REQUESTS[6]))[RETH]
+    assert (read.rkey, read.dma_length) == (0x300, 65536)
+    atomic = Ether(bytes(REQUESTS[8]))[AtomicETH]
+    assert (atomic.rkey, atomic.swap_add, atomic.compare) == (0x400, 2, 1)
+    assert RETH not in Ether(bytes(REQUESTS[1]))  # WRITE MIDDLE carries no RETH
+
+
+def test_collect_cli_reads_a_pcap(tmp_path, capsys):
+    path = tmp_path / "mirror.pcap"
+    wrpcap(str(path), REQUESTS + RESPONSES)
+    assert cli.main(["collect", "--sensor", "roce", "--raw", "--pcap", str(path),
+                     "--sysfs-root", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "hpcsec: sensor roce: ok: 2 events\n"
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [(r["event.category"], r.get("rdma.qp.dqpn"), r.get("rdma.flow.read_bytes"))
+            for r in records] == [("roce_flow", 0x1234, 65536), ("roce_flow", 0x5678, 0),
+                                  ("sensor_status", None, None)]
+
+
+def test_collect_cli_without_a_capture_is_a_status_and_bad_arguments_exit_2(tmp_path, capsys):
+    assert cli.main(["collect", "--sensor", "roce", "--raw"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ("hpcsec: sensor roce: unavailable: reads a capture: give --pcap FILE or "
+                   "--interface IFACE (snapshots hold no packets)\n")
+    assert json.loads(out)["event.action"] == "unavailable"
+    for argv, message in (
+            (["--pcap", str(tmp_path / "none.pcap")],
+             f"--pcap {tmp_path}/none.pcap: no such file"),
+            (["--pcap", __file__, "--interface", "lo"],
+             "--pcap and --interface exclude each other"),
+            (["--interface", "lo", "--flow-interval", "0"],
+             "--flow-interval must be a positive number of seconds, got 0"),
+            (["--interface", "lo", "--duration", "-1"],
+             "--duration must be zero or more seconds, got -1"),
+            (["--interface", "hpcsec-none0"],
+             "--interface hpcsec-none0: no such network interface")):
+        assert cli.main(["collect", "--sensor", "roce", *argv]) == 2
+        assert capsys.readouterr() == ("", f"hpcsec: error: {message}\n")

@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from hpcsec.detector.jobs import STATE_KEY, JobContext
+from hpcsec.detector.jobs import STATE_KEY, JobContext, hook_state_dir, job_context
 from hpcsec.sensors import registry
 from hpcsec.sensors.base import FsRoot, SensorContext, run_sensor
 from hpcsec.sensors.slurm_jobs import SlurmJobsSensor
@@ -113,3 +113,18 @@ def test_hook_records_are_tailed(tmp_path):
     with events_file.open("a") as fh:
         fh.write('log"}\n')
     assert [e["event.action"] for e in sample()] == ["epilog"]
+
+
+def test_hook_state_dir_defaults_to_the_hooks_default(tmp_path, monkeypatch):
+    """An agent started without `slurm_state_dir` reads where the hooks write by default."""
+    monkeypatch.setenv("HPCSEC_STATE_DIR", str(tmp_path))
+    (tmp_path / "slurm-events.jsonl").write_text(
+        '{"event.category": "slurm_job", "event.action": "prolog", "slurm.job.id": "7"}\n')
+    ctx = ctx_for(tmp_path, None, {})
+    assert hook_state_dir(ctx) == str(tmp_path)
+    assert job_context(ctx).events_file == str(tmp_path / "slurm-events.jsonl")
+    ctx.state[STATE_KEY] = JobContext(Down(), ttl_s=3600)
+    assert [(e["event.action"], e.get("slurm.job.id")) for e in SlurmJobsSensor().collect(ctx)
+            if e["event.category"] == "slurm_job"] == [("prolog", "7")]
+    monkeypatch.delenv("HPCSEC_STATE_DIR")
+    assert hook_state_dir(ctx_for(tmp_path, None, {})) == "/var/lib/hpcsec"

@@ -6,6 +6,8 @@ import json
 import os
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -159,7 +161,9 @@ def test_cli_collect_snapshot_then_from_snapshot(tmp_path, capsys):
     # --raw: the live run would add a "Slurm unreachable" status that a replay cannot have
     sensors = ["--sensor", "process", "--sensor", "file_access", "--watch", "/lustre/models",
                "--raw"]
-    assert main(["collect", *roots, *sensors, "--snapshot", str(tmp_path / "snap")]) == 0
+    assert main(["collect", *roots, *sensors, "--snapshot", str(tmp_path / "snap"),
+                 "--samples", "2", "--interval", "0"]) == 0
+    assert json.loads((tmp_path / "snap/meta.json").read_text())["samples"] == 2
     capsys.readouterr()
     assert main(["collect", *sensors, "--from-snapshot", str(tmp_path / "snap")]) == 0
     replayed = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -168,9 +172,16 @@ def test_cli_collect_snapshot_then_from_snapshot(tmp_path, capsys):
     strip = [{k: v for k, v in e.items() if k not in ("@timestamp", "event.id")}
              for e in direct]
     assert [{k: v for k, v in e.items() if k not in ("@timestamp", "event.id")}
-            for e in replayed] == strip
+            for e in replayed] == strip * 2  # two samples of an unchanged node
     assert {e["host.name"] for e in replayed} == {"gpu-017"}
-    assert len([e for e in replayed if e["event.category"] == "process"]) == 3
+    assert len([e for e in replayed if e["event.category"] == "process"]) == 6
+
+
+def test_cli_snapshot_needs_a_sample(tmp_path, capsys):
+    assert main(["collect", "--sensor", "process", "--snapshot", str(tmp_path / "s"),
+                 "--samples", "0"]) == 2
+    assert capsys.readouterr().err == "hpcsec: error: --samples must be at least 1, got 0\n"
+    assert not (tmp_path / "s").exists()
 
 
 def test_cli_reports_a_broken_snapshot(tmp_path, capsys):
@@ -224,6 +235,149 @@ def test_stream_snapshot_keeps_the_short_lived_readers_proc_entry(tmp_path):
         ("cat", str(watched / "w.bin"), "root")]
     assert (tmp_path / f"snap/1/proc/{pid}/cmdline").read_bytes() == (
         f"cat\0{watched / 'w.bin'}\0".encode())
+
+
+LOADER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.read(fd, 10)
+print("ready", flush=True)
+for _ in sys.stdin:
+    os.pread(fd, 10, 0)
+    print("read", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fanotify needs root (CAP_SYS_ADMIN)")
+def test_every_stream_sample_holds_the_proc_entries_of_the_pids_it_names(tmp_path):
+    """A loader opens in interval 1 and only reads in interval 2: sample 2 still names it."""
+    watched = tmp_path / "models"
+    watched.mkdir()
+    (watched / "w.bin").write_bytes(b"w" * 100)
+    ctx = NodeTree(tmp_path / "n").context(watch=[str(watched)], stream=True)
+    ctx.proc.path, ctx.etc.path = Path("/proc"), Path("/etc")
+    sensor = registry.by_name()["file_access"].factory()
+    loader: list[subprocess.Popen] = []
+
+    def folded(pid: int, action: str) -> None:
+        for _ in range(200):
+            if any(r.pid == pid and action in r.actions
+                   for r in list(sensor._watch.folder.records.values())):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"no {action} by {pid} folded")
+
+    def interval(_seconds: float) -> None:
+        if not loader:  # interval 1: the loader starts, opens and reads
+            loader.append(subprocess.Popen([sys.executable, "-c", LOADER, str(watched / "w.bin")],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           text=True))
+            assert loader[0].stdout.readline() == "ready\n"
+        else:  # interval 2: it only reads
+            loader[0].stdin.write("go\n")
+            loader[0].stdin.flush()
+            assert loader[0].stdout.readline() == "read\n"
+        folded(loader[0].pid, "read")
+
+    spec = SensorSpec("file_access", lambda: sensor, "")
+    try:
+        recorded = record_snapshot(tmp_path / "snap", ctx, [spec], samples=3, interval=0,
+                                   sleep=interval)
+    finally:
+        for child in loader:
+            child.stdin.close()
+            child.wait()
+    replayed = list(replay_snapshot(tmp_path / "snap", specs("file_access"), None))
+    assert events_of(replayed) == events_of(recorded)
+    pid = loader[0].pid
+    by_sample = [[(e["event.action"], e.get("process.command_line"), e.get("user.name"))
+                  for e in run.events if e.get("process.pid") == pid] for run in replayed]
+    command = f"{sys.executable} -c {LOADER} {watched / 'w.bin'}"
+    assert by_sample == [[], [("open", command, "root"), ("read", command, "root")],
+                         [("read", command, "root")]]
+    assert (tmp_path / f"snap/2/proc/{pid}/cmdline").is_file()
+
+
+def test_snapshot_is_private_to_its_owner_and_keeps_the_user_database(tmp_path):
+    node = build_node(tmp_path / "node")
+    record_snapshot(tmp_path / "snap", node.context(), specs("process"))
+    assert (tmp_path / "snap").stat().st_mode & 0o777 == 0o700
+    environ = tmp_path / "snap/0/proc/4242/environ"
+    assert environ.read_bytes() == b"SLURM_JOB_ID=77\0CUDA_VISIBLE_DEVICES=0,1,2,3\0"
+    assert environ.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "snap/0/etc/group").read_text() == (node.etc / "group").read_text()
+
+
+REPO = Path(__file__).resolve().parents[2]
+# Runs the CLI with an audit hook that lists every touch of the live system: opening or
+# listing /proc, /sys, /etc or /dev, starting a command, loading a C library (NVML), opening
+# a socket (sock_diag, rdma netlink, Slurm).
+ISOLATED = """
+import json, sys
+touched = []
+LIVE = ("/proc", "/sys", "/etc", "/dev")
+
+def hook(event, args):
+    if event in ("open", "os.listdir", "os.scandir"):
+        path = args[0].decode(errors="replace") if isinstance(args[0], bytes) else args[0]
+        if isinstance(path, str) and (path + "/").startswith(tuple(r + "/" for r in LIVE)):
+            touched.append(f"{event} {path}")
+    elif event == "ctypes.dlopen" and args[0] is None:
+        pass  # `import ctypes` opens the running program itself (ctypes.pythonapi)
+    elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.system", "os.fork",
+                   "ctypes.dlopen", "socket.__new__", "socket.gethostname"):
+        touched.append(f"{event} {args[:2]!r}")
+
+sys.addaudithook(hook)
+from hpcsec.detector.cli import main
+codes = [main(argv) for argv in json.loads(sys.argv[2])]
+with open(sys.argv[1], "w") as out:
+    json.dump({"codes": codes, "touched": touched}, out)
+"""
+NOWHERE = ["--sysfs-root", "/nonexistent/sys", "--procfs-root", "/nonexistent/proc",
+           "--etc-root", "/nonexistent/etc"]
+
+
+def replay_touches(tmp_path, commands: list[list[str]]) -> dict:
+    result = tmp_path / "isolation.json"
+    subprocess.run([sys.executable, "-c", ISOLATED, str(result), json.dumps(commands)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    return json.loads(result.read_text())
+
+
+@pytest.mark.parametrize("fixture", ["fixtures/scenarios/benign-training", "fixtures/demo"])
+def test_replay_never_touches_the_live_system(tmp_path, fixture):
+    snap = REPO / fixture
+    if not (snap / "meta.json").is_file():
+        pytest.skip(f"{fixture} is not in this tree")
+    config = ["--config", str(snap / "site-config.yml")] if (
+        snap / "site-config.yml").is_file() else []
+    out = replay_touches(tmp_path, [
+        ["collect", "--from-snapshot", str(snap), *config, *NOWHERE],
+        ["scan", "--snapshot", str(snap), *config, "--format", "jsonl"],
+    ])
+    assert out["touched"] == []
+    assert out["codes"][0] == 0 and out["codes"][1] in (0, 1)
+
+
+def test_replay_of_a_recorded_snapshot_never_touches_the_live_system(tmp_path):
+    node = build_node(tmp_path / "node")
+    roots = ["--procfs-root", str(node.proc), "--sysfs-root", str(node.sys), "--etc-root",
+             str(node.etc), "--host-name", "gpu-017"]
+    assert main(["collect", *roots, "--watch", "/lustre/models", "--raw",
+                 "--snapshot", str(tmp_path / "snap")]) == 0
+    out = replay_touches(tmp_path, [
+        ["collect", "--from-snapshot", str(tmp_path / "snap"), *NOWHERE],
+        ["scan", "--snapshot", str(tmp_path / "snap"), "--format", "jsonl"],
+    ])
+    assert out["touched"] == []
+    assert out["codes"][0] == 0 and out["codes"][1] in (0, 1)
+
+
+def test_the_isolation_check_sees_a_live_read(tmp_path):
+    """The audit hook above is what the replay tests rely on: it does see /proc reads."""
+    out = replay_touches(tmp_path, [["collect", "--sensor", "process", "--raw"]])
+    assert "os.listdir /proc" in out["touched"]
 
 
 def test_cli_snapshot_options_exclude_each_other(tmp_path, capsys):

@@ -46,8 +46,11 @@ install -d -m 0755 "$KIT_DIR" "$RUN" "$CONF_DIR"
 install -d -m 0755 -o $SLURM_USER -g $SLURM_USER "$RUN/log" "$RUN/ctld-state" "$RUN/pid"
 install -d -m 0755 -o root -g root "$RUN/slurmd-spool"
 touch "$RUN/log/slurmctld.log" && chown $SLURM_USER:$SLURM_USER "$RUN/log/slurmctld.log"
-install -d -m 0755 -o munge -g munge /run/munge /var/lib/munge /var/log/munge
-install -d -m 0700 -o munge -g munge /etc/munge
+# munge's own directories: created when missing (a fresh container), never re-owned
+for d in /run/munge /var/lib/munge /var/log/munge; do
+  [ -d $d ] || install -d -m 0755 -o munge -g munge $d
+done
+[ -d /etc/munge ] || install -d -m 0700 -o munge -g munge /etc/munge
 
 # ------------------------------------------------------------------ munge (shared by the host)
 if [ ! -s /etc/munge/munge.key ]; then

@@ -84,3 +84,51 @@ def test_outputs_come_from_the_config_when_none_are_given(tmp_path):
         assert outputs.names == [f"file://{tmp_path}/c.jsonl"]
     with open_outputs(["-"], config=config) as outputs:  # the command line wins
         assert outputs.names == ["-"]
+
+
+def test_bytes_that_are_not_utf8_reach_the_file_escaped(tmp_path):
+    path = tmp_path / "alerts.jsonl"
+    with open_outputs([f"file://{path}"]) as outputs:
+        report = outputs.deliver([{"alert.id": "a1", "file.path": "/x/\udce9t\udcc3.bin"}])
+    assert report.complete
+    assert json.loads(path.read_text(encoding="utf-8")) == {"alert.id": "a1",
+                                                            "file.path": "/x/\\xe9t\\xc3.bin"}
+
+
+RULE = """
+title: Miner process
+id: 6a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d
+status: test
+level: critical
+logsource: {product: hpc, category: process}
+detection:
+  sel:
+    process.name: xmrig
+  condition: sel
+"""
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--output", "kafka://broker:9092"], "unknown output type 'kafka://broker:9092'"),
+    (["--output", "https://siem.example/hook", "--webhook-secret-file", "/nonexistent/secret"],
+     "cannot read webhook secret file /nonexistent/secret: No such file or directory"),
+    (["--output", "syslog+tcp://siem:tcp"], "output 'syslog+tcp://siem:tcp': bad port"),
+    (["--config", "{config}"], "unknown output type 'syslog://siem:514'"),
+])
+def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, args, message):
+    from hpcsec.detector.cli import main
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text(RULE)
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps({"@timestamp": "2026-11-30T01:00:00Z", "host.name": "n1",
+                                  "event.category": "process", "process.name": "xmrig"}) + "\n")
+    config = tmp_path / "site.yml"
+    config.write_text("outputs: ['syslog://siem:514']\n")
+    args = [a.replace("{config}", str(config)) for a in args]
+    rc = main(["scan", "--events", str(events), "--rules", str(rules),
+               "--spool", str(tmp_path / "spool"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"hpcsec: error: {message}" in err
+    assert "Traceback" not in err

@@ -198,3 +198,15 @@ def test_output_set_reports_drops_and_the_notice(tmp_path):
     outputs.flush(timeout_s=5)
     assert down.got == [notice["alert.id"], "a000", "a001"]
     outputs.close()
+
+
+def test_an_alert_with_bytes_that_are_not_utf8_is_spooled_with_escapes(tmp_path):
+    # os.readlink decodes a non-UTF-8 file name with lone surrogates, which JSON cannot hold
+    spool = Spool.open(tmp_path, DEST, max_bytes=1 << 20)
+    odd = {**alert(0), "file.path": "/data/\udcff.bin", "process.pid": 2**70}
+    assert spool.add_many([odd, alert(1)]).dropped_ids == ()
+    entry = spool.next_entry()
+    assert entry.alert["file.path"] == "/data/\\xff.bin"
+    assert entry.alert["process.pid"] == str(2**70)
+    spool.remove(entry)
+    assert drain_ids(spool) == ["a001"]

@@ -19,6 +19,7 @@ import pytest
 
 from hpcsec.detector.outputs.base import DeliveryFailed, OutputOptions, open_outputs
 from hpcsec.detector.outputs.syslog import (
+    CEF_PRODUCT_VERSION,
     SyslogOutput,
     format_message,
     msgid,
@@ -175,10 +176,18 @@ def test_tcp_cef_body(rsyslog, tmp_path):
     with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
         assert outputs.deliver([make_alert(marker, 0, "critical", **{
             "rule.title": "a|b", "alert.summary": f"{marker} x=1\nnext"})]).complete
-    (record,) = rsyslog.records(marker, 1)
+        # UTF-8 CEF: the BOM RFC 5424 6.4 asks for, which rsyslog keeps in the message
+        assert outputs.deliver([make_alert(marker, 1, "low", **{
+            "user.name": "zoë", "alert.summary": f"{marker} ünïcode"})]).complete
+    ascii_record, utf8_record = sorted(rsyslog.records(marker, 2), key=lambda r: r["severity"])
+    assert utf8_record["severity"] == "5"
+    assert utf8_record["msg"].startswith(f"\ufeffCEF:0|hpcsec|hpcsec|{CEF_PRODUCT_VERSION}|")
+    assert " duser=zoë " in utf8_record["msg"]
+    assert utf8_record["msg"].endswith(f" msg={marker} ünïcode")
+    record = ascii_record
     assert record["severity"] == "2"
     assert record["msg"] == (
-        "CEF:0|hpcsec|hpcsec|1|6f1d2c3b-0a9e-4c1d-8e7f-112233445566|a\\|b|10|"
+        f"CEF:0|hpcsec|hpcsec|{CEF_PRODUCT_VERSION}|6f1d2c3b-0a9e-4c1d-8e7f-112233445566|a\\|b|10|"
         f"rt=1796000523456 externalId={marker}-0 cat=model_theft dvchost=gpu-017 "
         'duser=eve "x"]\\\\ dpid=31337 dproc=rclone cnt=3 start=1796000523456 '
         "end=1796000640000 cs1Label=slurmJobId cs1=4242 "
@@ -301,3 +310,61 @@ def test_a_datagram_too_big_for_udp_is_refused_not_retried_forever(tmp_path):
     d = report.destinations[url]
     assert (d.delivered, d.pending, d.failed) == (1, 0, 1)
     assert "Message too long" in d.last_error
+
+
+def test_json_message_byte_for_byte():
+    alert = {"alert.id": "0123abcd", "@timestamp": "2026-11-30T03:04:05.678+02:00",
+             "rule.id": "fw-drift", "rule.level": "medium", "rule.vector": "firmware_drift",
+             "host.name": "gpu-002", "slurm.job.id": 17, "user.name": "zoë",
+             "rule.title": "Fïrmware"}
+    message = format_message(alert, hostname="collector.example", procid=4711)
+    # header: version 1, UTC time with milliseconds, MSGID = the short rule id; SD values are
+    # UTF-8 (allowed), the JSON body is ASCII with \\u escapes, hence no BOM
+    assert message == (
+        '<84>1 2026-11-30T01:04:05.678Z collector.example hpcsec 4711 fw-drift '
+        '[hpcsec@32473 id="0123abcd" rule="fw-drift" level="medium" vector="firmware_drift" '
+        'host="gpu-002" job="17" user="zoë"] '
+        '{"alert.id":"0123abcd","@timestamp":"2026-11-30T03:04:05.678+02:00",'
+        '"rule.id":"fw-drift","rule.level":"medium","rule.vector":"firmware_drift",'
+        '"host.name":"gpu-002","slurm.job.id":17,"user.name":"zo\\u00eb",'
+        '"rule.title":"F\\u00efrmware"}').encode()
+    assert message.split(b"] ", 1)[1].isascii()
+    # NILVALUE for header fields that have no valid value
+    nil = format_message({"rule.id": "", "rule.level": "low"}, hostname="bad host",
+                         procid=1, facility=16)
+    assert nil.startswith(b"<133>1 ")
+    assert nil.split(b" ")[2:6] == [b"-", b"hpcsec", b"1", b"-"]
+
+
+def test_cef_message_byte_for_byte():
+    alert = {"alert.id": "id1", "@timestamp": "2026-11-30T01:00:00Z",
+             "rule.id": "r|1", "rule.title": "line\r\nbreak \\ and = sign",
+             "rule.level": "informational", "host.name": "gpu-003",
+             "process.name": "a=b\\c\rd", "count": 2}
+    message = format_message(alert, body_format="cef", hostname="h", procid=9)
+    assert message == (
+        b'<86>1 2026-11-30T01:00:00.000Z h hpcsec 9 r|1 [hpcsec@32473 id="id1" rule="r|1" '
+        b'level="informational" host="gpu-003" count="2"] '
+        b"CEF:0|hpcsec|hpcsec|" + CEF_PRODUCT_VERSION.encode() +
+        b"|r\\|1|line break \\\\ and = sign|1|"
+        b"rt=1796000400000 externalId=id1 dvchost=gpu-003 dproc=a\\=b\\\\c\\rd cnt=2")
+    utf8 = format_message({**alert, "user.name": "jürgen"}, body_format="cef", hostname="h",
+                          procid=9)
+    body = utf8.split(b"] ", 1)[1]
+    assert body.startswith(b"\xef\xbb\xbfCEF:0|")  # the UTF-8 BOM
+    assert "duser=jürgen".encode() in body
+
+
+def test_bytes_that_are_not_utf8_do_not_make_an_alert_undeliverable():
+    # a file name with a byte that is not UTF-8, as os.readlink hands it to the sensor
+    path = "/lustre/models/\udcff\udcfe.bin"
+    alert = {"alert.id": "s1", "rule.id": "r", "rule.level": "high", "user.name": "\udce9ve",
+             "@timestamp": "2026-11-30T01:00:00Z", "file.path": path,
+             "events": [{"file.path": path}]}
+    message = format_message(alert, hostname="h", procid=1)
+    message.decode("utf-8")  # valid UTF-8 throughout
+    assert b' user="\\\\xe9ve"]' in message  # SD escapes the backslash
+    body = json.loads(message.split(b"] ", 1)[1])
+    assert body["file.path"] == body["events"][0]["file.path"] == "/lustre/models/\\xff\\xfe.bin"
+    cef = format_message(alert, body_format="cef", hostname="h", procid=1)
+    assert b"duser=\\\\xe9ve" in cef  # the escape's backslash, escaped for CEF
