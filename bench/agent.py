@@ -8,8 +8,9 @@
    a JSONL output. CPU share of one core is (utime + stime) / wall from /proc/<pid>/stat over
    `--duration` after start-up (the CPU of commands it ran, such as squeue, is shown apart);
    RSS is VmRSS at the end (VmHWM: the peak). Targets: <= 0.5 % and <= 80 MB. The bundled
-   rules run. (No NVML here, so the GPU sensors report unavailable; bench.sensors measures
-   their parsing cost with the fake NVML.)
+   rules run. A second run adds the DuckDB store (every event, written once a minute; keep
+   `--duration` >= 60 so the window holds a write). No NVML here, so the GPU sensors report
+   unavailable; bench.sensors measures their parsing cost with the fake NVML.
 2. File event -> delivered webhook (root only: fanotify). This process reads a protected
    file; a webhook receiver in this process notes when the alert arrives. p50 and p99 over
    `--latency-samples` reads, 1.1 s apart (a 1 s dedup window, so each read is its own
@@ -126,10 +127,13 @@ def fixture_node(work: Path) -> Path:
     return sysfs
 
 
-def steady_state(work: Path, duration: float, interval: float) -> None:
-    sysfs = fixture_node(work)
+def steady_state(work: Path, duration: float, interval: float, store: bool) -> None:
+    sysfs = work / "sys"
+    if not sysfs.exists():
+        fixture_node(work)
+    extra = ("--store", str(work / "store.duckdb")) if store else ()
     agent = Agent(work, "--sysfs-root", str(sysfs), "--interval", str(interval),
-                  "--output", f"file://{work / 'steady.jsonl'}", bundled_rules=True)
+                  "--output", f"file://{work / 'steady.jsonl'}", *extra, bundled_rules=True)
     try:
         time.sleep(min(interval, 5.0))  # imports and the first sample are start-up
         (own0, kids0), wall0 = agent.cpu_s(), time.monotonic()
@@ -141,8 +145,10 @@ def steady_state(work: Path, duration: float, interval: float) -> None:
     wall = wall1 - wall0
     share = 100 * (own1 - own0) / wall
     kids = 100 * (kids1 - kids0) / wall
+    what = "with every event to the DuckDB store" if store else "no store"
     print(f"steady state, every sensor and the bundled rules every {interval:g} s on the fixture "
-          f"node, {wall:.0f} s: CPU {share:.3f} % of one core (target <= {CPU_TARGET_PCT} %, "
+          f"node, {what}, {wall:.0f} s: CPU {share:.3f} % of one core "
+          f"(target <= {CPU_TARGET_PCT} %, "
           f"{share / CPU_TARGET_PCT:.2f}x of it; {kids:.3f} % more in commands it ran); "
           f"RSS {rss:.1f} MB, peak {hwm:.1f} MB (target <= {RSS_TARGET_MB:.0f} MB)")
     sensors = [line for line in agent.log.read_text().splitlines() if "started:" in line]
@@ -235,6 +241,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--latency-samples", type=int, default=30)
     parser.add_argument("--alerts", type=int, default=2000)
+    parser.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the steady state with the DuckDB store (default)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hpcsec-bench-agent-") as tmp:
         work = Path(tmp)
@@ -242,7 +250,9 @@ def main(argv: list[str]) -> int:
         (work / "rules" / "none.yml").write_text(rule("none", "process", "process.name",
                                                       "no-such-process-name"))
         (work / "secret").write_bytes(SECRET)
-        steady_state(work, args.duration, args.interval)
+        steady_state(work, args.duration, args.interval, store=False)
+        if args.store:
+            steady_state(work, args.duration, args.interval, store=True)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(work / "spool")
         latency(work, args.latency_samples)

@@ -16,22 +16,23 @@ Which path the engine uses, and why. Measured with 1M events, the 40 bundled det
 9 correlations, on a shared 2-core build machine (CPU seconds of one core; other jobs were
 running, so absolute figures are low and noisy, ratios less so):
 
-    engine (JSONL + orjson + rules)        72,700 events/s   rules alone 160,600 events/s
-    sqlite queries only                   186,900 events/s   + 55.2 s to load the table
-    duckdb queries only (1 thread)        568,600 events/s   + 19.5 s to load the table
-    duckdb, batches of 1,000 (load+query)  15,800 events/s
-    all three found the same 210,695 rule hits
+    engine (JSONL + orjson + rules)        80,600 events/s   rules alone 181,500 events/s
+    sqlite queries only                   175,300 events/s   + 72.4 s to load the table
+    duckdb queries only (1 thread)        533,400 events/s   + 17.5 s to load the table
+    duckdb, batches of 1,000 (load+query)   9,700 events/s
+    all three found the same 210,684 rule hits
 
-From a JSONL file to matches, the engine is 4.4x the SQLite path and 1.55x DuckDB, and on the
-agent's shape (small batches as sensors produce them) DuckDB is 4.6x slower than the engine,
-its per-batch load and per-rule query start-up dominating; DuckDB's vectorised queries only win
-once a large table is already loaded, which is not the engine's job (the DuckDB alert store
-serves that). Correlations also need per-event state on event time, and the SQL translation
-changes semantics (two rules rejected by DuckDB; see test_engine_differential.py for where the
-SQLite backend's SQL differs). So the engine evaluates compiled Python (detector/compile.py),
-event by event. Against SQL queries with the load excluded, the engine is slower (0.39x
-SQLite): JSON parsing alone costs more per event than SQLite's indexed scans, so the issue's
-targets (500K events/s on one core, 10x SQLite) are not met on this machine.
+From a JSONL file to matches, the engine is 6.3x the SQLite path and 1.56x DuckDB, and on the
+agent's shape (small batches as sensors produce them) 8.3x DuckDB, whose per-batch load and
+per-rule query start-up dominate; DuckDB's vectorised queries only win once a large table is
+already loaded, which is not the engine's job (the DuckDB alert store serves that).
+Correlations also need per-event state on event time, and the SQL translation changes
+semantics (DuckDB rejects rules naming fields its table lacks, sqlite3 those with `|wide`;
+test_engine_differential.py lists where the SQLite backend's SQL differs). So the engine
+evaluates compiled Python (detector/compile.py), event by event. Against SQL queries with the
+load excluded, the engine is slower (0.46x SQLite): JSON parsing alone costs more per event
+than SQLite's indexed scans, so the issue's targets (500K events/s on one core, 10x SQLite)
+are not met on this machine.
 """
 
 from __future__ import annotations

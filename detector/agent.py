@@ -14,7 +14,6 @@ open windows, and give the spool a bounded time to drain before exiting 0.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import time
@@ -24,7 +23,14 @@ from typing import Any
 from hpcsec.sensors import registry
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
-from .agent_sinks import AlertSink, log, reload_failed_alert
+from .agent_sinks import (
+    AlertSink,
+    file_stamp,
+    log,
+    open_alert_outputs,
+    open_alert_store,
+    reload_failed_alert,
+)
 from .agent_sources import Chunk, EventQueue, SampledSource, StreamSource
 from .alerts import AlertBuilder
 from .config import SiteConfig, load_config
@@ -78,17 +84,6 @@ class Generation:
     interval_s: float
 
 
-def _file_stamp(path: str | None) -> tuple:
-    """Identity of a file's content for "did it change": a rotated secret reopens outputs."""
-    if not path:
-        return (None,)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (path, None)
-    return (path, st.st_ino, st.st_mtime_ns, st.st_size)
-
-
 def load_generation(settings: AgentSettings) -> Generation:
     """Config, rules and engine, fully built; raises HpcsecError (with file:line)."""
     config = load_config(settings.config_path)
@@ -98,7 +93,7 @@ def load_generation(settings: AgentSettings) -> Generation:
     if interval <= 0:
         raise UsageError(f"the sampling interval must be positive, not {interval}")
     secret = settings.secret_file or config.webhook_secret_file
-    outputs_key = (tuple(settings.outputs or config.outputs), _file_stamp(secret),
+    outputs_key = (tuple(settings.outputs or config.outputs), file_stamp(secret),
                    settings.spool_dir or config.spool_dir, config.syslog_format,
                    config.spool_max_bytes)
     store_key = (settings.store_path or config.store_path, config.retention_days)
@@ -107,23 +102,12 @@ def load_generation(settings: AgentSettings) -> Generation:
 
 
 def open_outputs_for(settings: AgentSettings, gen: Generation) -> Any:
-    # No output configured: stdout, so the alerts are at least in the journal.
-    urls = gen.outputs_key[0] or ("-",)
-    from .outputs.base import open_outputs
-
-    return open_outputs(list(urls), secret_file=settings.secret_file,
-                        spool_dir=settings.spool_dir, config=gen.config)
+    return open_alert_outputs(gen.outputs_key[0], settings.secret_file, settings.spool_dir,
+                              gen.config)
 
 
 def open_store(gen: Generation) -> Any:
-    path, retention = gen.store_key
-    if not path:
-        return None
-    from .store import Store
-
-    # A short lock wait: `hpcsec alerts` reading the file must not stall the agent for long
-    # (the write is retried at the next flush).
-    return Store(path, retention_days=retention, lock_wait_s=0.5)
+    return open_alert_store(*gen.store_key)
 
 
 class Agent:
@@ -272,7 +256,11 @@ class Agent:
                 log(f"enrichment failed, evaluating without it: {type(exc).__name__}: {exc}")
                 events.extend(group.events)
         started = time.perf_counter()
-        matches = gen.engine.evaluate(events)
+        try:
+            matches = gen.engine.evaluate(events)
+        except Exception as exc:  # an engine bug: say so loudly, keep the agent running
+            log(f"rule evaluation failed on {len(events)} events: {type(exc).__name__}: {exc}")
+            matches = []
         self.metrics.eval_seconds.observe(time.perf_counter() - started)
         self.metrics.batch_events.observe(len(events))
         self.sink.keep_events(events)
@@ -304,19 +292,23 @@ class Agent:
             return self._reload_failed(str(exc))
         except Exception as exc:  # a loader bug is still a failed reload, not a dead agent
             return self._reload_failed(f"{type(exc).__name__}: {exc}")
+        new_store = self.sink.store
+        if gen.store_key != self.gen.store_key:
+            try:
+                new_store = open_store(gen)
+            except HpcsecError as exc:
+                return self._reload_failed(str(exc))
         if gen.outputs_key != self.gen.outputs_key:
             error = self._swap_outputs(gen)
             if error:
+                if new_store is not self.sink.store and new_store is not None:
+                    new_store.close()
                 return self._reload_failed(error)
-        if gen.store_key != self.gen.store_key:
+        if new_store is not self.sink.store:  # what is buffered belongs to the old store
             self.sink.flush_store()
-            try:
-                store = open_store(gen)
-            except HpcsecError as exc:
-                return self._reload_failed(str(exc))
             if self.sink.store is not None:
                 self.sink.store.close()
-            self.sink.store = store
+            self.sink.store = new_store
         old = self.gen
         self.gen = gen
         self.sink.suppressor.reconfigure(gen.config)

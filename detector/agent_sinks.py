@@ -4,26 +4,29 @@ store; and the agent's own alerts (a failed reload) built to the alert schema.
 The main loop calls `emit` with new alerts and `tick` on every turn. Delivery never blocks the
 loop for long: `emit` puts alerts in the spool (durable before anything is sent) and makes at
 most one attempt per destination; `tick` retries what is left in short slices, so a receiver
-that is down costs a retry now and then, not a stalled agent. Store writes are batched (one
-DuckDB transaction every STORE_FLUSH_S), so the file is free most of the time for
-`hpcsec alerts` to read.
+that is down costs a retry now and then, not a stalled agent. Store writes are batched: each
+opens the DuckDB file (so `hpcsec alerts` can read it in between), which costs tens of
+milliseconds, so events are written every EVENTS_FLUSH_S and alerts within ALERTS_FLUSH_S.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from .config import SiteConfig
 from .metrics import AgentMetrics
 from .schema import Event, rfc3339, status_event
 from .suppression import Suppressor
 
 Alert = dict[str, Any]
 RELOAD_FAILED_RULE_ID = "hpcsec-reload-failed"
-STORE_FLUSH_S = 5.0
+ALERTS_FLUSH_S = 5.0
+EVENTS_FLUSH_S = 60.0
 FLUSH_SLICE_S = 0.5  # longest a spool retry holds the main loop
 RETRY_IDLE_S = 1.0  # pause between retry rounds that delivered nothing
 MAX_BUFFERED_EVENTS = 200_000  # store down: keep at most this many events for it
@@ -53,6 +56,36 @@ def reload_failed_alert(error: str, host: str) -> Alert:
         host, event)
 
 
+def file_stamp(path: str | None) -> tuple:
+    """Identity of a file's content for "did it change": a rotated secret reopens outputs."""
+    if not path:
+        return (None,)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, None)
+    return (path, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def open_alert_outputs(urls: tuple[str, ...], secret_file: str | None, spool_dir: str | None,
+                       config: SiteConfig) -> Any:
+    """The OutputSet; with no output configured, stdout (the journal, under systemd)."""
+    from .outputs.base import open_outputs
+
+    return open_outputs(list(urls or ("-",)), secret_file=secret_file, spool_dir=spool_dir,
+                        config=config)
+
+
+def open_alert_store(path: str | None, retention_days: int) -> Any:
+    if not path:
+        return None
+    from .store import Store
+
+    # A short lock wait: `hpcsec alerts` reading the file must not stall the agent for long
+    # (the write is retried at the next flush).
+    return Store(path, retention_days=retention_days, lock_wait_s=0.5)
+
+
 class AlertSink:
     """Suppression, store and outputs for the alerts of the running agent."""
 
@@ -66,7 +99,7 @@ class AlertSink:
         self._alerts: list[tuple[list[Alert], str, str]] = []
         self._outcomes: list[Any] = []
         self._dispositions: dict[str, tuple[str, str]] = {}  # alert id -> (disposition, why)
-        self._store_due = time.monotonic() + STORE_FLUSH_S
+        self._store_due = time.monotonic() + EVENTS_FLUSH_S
         self._retry_due = 0.0
         self.store_errors = 0
 
@@ -88,6 +121,7 @@ class AlertSink:
         if not alerts:
             return
         self._alerts.append((alerts, disposition, reason))
+        self._store_due = min(self._store_due, time.monotonic() + ALERTS_FLUSH_S)
         for alert in alerts:
             self._dispositions[str(alert.get("alert.id"))] = (disposition, reason)
             self.metrics.alerts.labels(str(alert.get("rule.vector")),
@@ -148,7 +182,7 @@ class AlertSink:
         return sum(depths.values())
 
     def flush_store(self) -> None:
-        self._store_due = time.monotonic() + STORE_FLUSH_S
+        self._store_due = time.monotonic() + EVENTS_FLUSH_S
         if self.store is None:
             self._alerts, self._outcomes = [], []
             return

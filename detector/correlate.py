@@ -167,7 +167,10 @@ class Correlation:
         else:
             self.groups.move_to_end(key)
         group.last = t
-        group.sample.extend((t, ev) for ev in evidence)
+        if len(evidence) == 1:
+            group.sample.append((t, evidence[0]))
+        else:
+            group.sample.extend((t, ev) for ev in evidence)
         value = self._add(group, source, event, t)
         if self.sliding and value is not None and self.relation(value[0], self.threshold):
             del self.groups[key]

@@ -141,7 +141,9 @@ def routed_category(rule: LoadedRule) -> tuple[bool, str | None]:
 
 class Engine:
     def __init__(self, ruleset: RuleSet, placeholders: dict[str, list] | None = None, *,
-                 max_groups: int = 100_000, sample_size: int = 10):
+                 max_groups: int = 20_000, sample_size: int = 10):
+        """`max_groups` open groups per correlation (least recently touched evicted first),
+        each keeping at most `sample_size` events as evidence: that bounds the memory."""
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
         self.watermark = float("-inf")  # latest event time seen by a correlation

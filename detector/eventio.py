@@ -3,7 +3,8 @@
 An event is one JSON object with flat dotted field names. A nested object
 (`{"process": {"name": "x"}}`, as some SIEM exports write ECS) is read as those dotted names.
 A schema field that holds one value (`process.name`, `user.id`) must not be a list or an
-object: enrichment and rules read it as one value, so such a line is malformed.
+object, and `@timestamp` is RFC 3339 text: enrichment, rules and correlation windows read them
+so, and such a line is malformed.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def flatten(value: dict, prefix: str, out: Event) -> str | None:
 
 def checked_event(value: dict) -> tuple[Event, str | None]:
     """The event (flattened when nested) and what is wrong with its shape, if anything."""
+    timestamp = value.get("@timestamp")
+    if timestamp is not None and not isinstance(timestamp, str):
+        return value, f"@timestamp must be RFC 3339 text, not {type(timestamp).__name__}"
     containers = [k for k, v in value.items() if isinstance(v, (dict, list))]
     if not containers:  # the common case, kept cheap: sensors write flat scalar fields
         return value, None

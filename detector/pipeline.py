@@ -18,7 +18,7 @@ from hpcsec.sensors.snapshot import close_sensor
 from .config import SiteConfig
 from .enrich import Enricher
 from .errors import UsageError
-from .eventio import InputReport, read_jsonl
+from .eventio import InputReport, checked_event, read_jsonl
 from .nodectx import live_context
 from .policy import annotate_fleet_majority
 from .schema import Event
@@ -92,7 +92,9 @@ def fleet_majority(stream: BinaryIO) -> dict[str, str]:
             except orjson.JSONDecodeError:
                 continue
             if isinstance(event, dict) and event.get("event.category") == "firmware":
-                firmware.append(event)
+                event, problem = checked_event(event)  # read_jsonl skips and reports the rest
+                if problem is None:
+                    firmware.append(event)
     if not firmware:
         return {}
     annotate_fleet_majority(firmware)

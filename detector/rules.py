@@ -213,6 +213,15 @@ def condition_errors(item: SigmaItem, doc: YamlDocument) -> list[RuleError]:
     return errors
 
 
+def logsource_errors(item: SigmaItem, doc: YamlDocument) -> list[RuleError]:
+    """pySigma takes `category: [a, b]` or `{}`; routing needs one name (or none)."""
+    logsource = getattr(item, "logsource", None)
+    return [RuleError(f"logsource {key} must be one name, not a {type(value).__name__}",
+                      location(doc.path, doc.line_of("logsource", key)))
+            for key in ("product", "category", "service")
+            if (value := getattr(logsource, key, None)) is not None and not isinstance(value, str)]
+
+
 def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]]:
     """One Sigma document -> its pySigma object, or the errors that keep it from being one."""
     data = doc.data
@@ -240,7 +249,7 @@ def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]
     except Exception as exc:  # pySigma handed a shape it does not expect (e.g. `detection: 5`)
         return None, [RuleError(f"not a valid Sigma {section} rule: {exc}", where)]
     if not item.errors:
-        errors = condition_errors(item, doc)
+        errors = logsource_errors(item, doc) + condition_errors(item, doc)
         return (None, errors) if errors else (item, [])
     located = detection_errors(data.get(section), section)
     messages = {error_message(e) for e, _ in located}

@@ -114,7 +114,8 @@ class DeliveryOutcome:
 class DestinationReport:
     delivered: int = 0
     pending: int = 0  # still in the spool, will be retried
-    failed: int = 0  # refused by the receiver for good (kept in the spool's failed/ folder)
+    failed: int = 0  # not retried: refused for good by the receiver (kept in the spool's
+    #                  failed/ folder), or a local output that could not write
     dropped: int = 0  # evicted or refused because the spool was full (see notices)
     last_error: str = ""
 
@@ -142,10 +143,11 @@ class DeliveryReport:
         lines = []
         for name, d in self.destinations.items():
             if d.pending:
+                why = d.last_error or "time ran out before the receiver took them"
                 lines.append(f"{name}: {d.pending} alert(s) not delivered yet, kept in the spool "
-                             f"{self.spool_dir} ({d.last_error or 'receiver unavailable'})")
+                             f"{self.spool_dir} ({why})")
             if d.failed:
-                lines.append(f"{name}: {d.failed} alert(s) refused by the receiver "
+                lines.append(f"{name}: {d.failed} alert(s) failed and will not be retried "
                              f"({d.last_error})")
             if d.dropped:
                 lines.append(f"{name}: {d.dropped} alert(s) dropped because the spool is full")
@@ -154,7 +156,11 @@ class DeliveryReport:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter, per destination; Retry-After wins when given."""
+    """Exponential backoff with jitter, per destination; Retry-After wins when given.
+
+    The n-th failure in a row waits a random time between half and all of
+    min(cap, base * 2**(n-1)): random so that many agents do not retry a receiver that comes
+    back all at once, at least half so that the wait still grows."""
     base_s: float = 0.5
     cap_s: float = 60.0
     max_retry_after_s: float = 3600.0
@@ -231,6 +237,14 @@ class _Lane:
             d.last_error = d.last_error or self.last_error
 
 
+def _try(output: Output, alert: Alert) -> str | None:
+    try:
+        output.send(alert)
+    except DeliveryFailed as exc:
+        return str(exc)
+    return None
+
+
 class OutputSet:
     """Every configured output. `deliver` spools, then sends; `flush` retries what is left."""
 
@@ -266,18 +280,18 @@ class OutputSet:
         report = DeliveryReport(spool_dir=self.spool_dir)
         for out in self._direct:
             d = report.get(out.name)
-            for alert in alerts:
-                try:
-                    out.send(alert)
-                except DeliveryFailed as exc:
+            # A file output writes the whole batch and then fsyncs once.
+            send_many = getattr(out, "send_many", None)
+            errors = send_many(alerts) if send_many else [_try(out, a) for a in alerts]
+            for alert, error in zip(alerts, errors, strict=True):
+                alert_id = str(alert.get("alert.id"))
+                if error is not None:
                     d.failed += 1
-                    d.last_error = str(exc)
-                    report.outcomes.append(DeliveryOutcome(str(alert.get("alert.id")), out.name,
-                                                           "failed", str(exc)))
+                    d.last_error = error
+                    report.outcomes.append(DeliveryOutcome(alert_id, out.name, "failed", error))
                 else:
                     d.delivered += 1
-                    report.outcomes.append(DeliveryOutcome(str(alert.get("alert.id")), out.name,
-                                                           "delivered"))
+                    report.outcomes.append(DeliveryOutcome(alert_id, out.name, "delivered"))
         for lane in self._lanes:
             with lane.lock:
                 admitted = lane.spool.add_many(alerts)

@@ -433,3 +433,30 @@ def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
             for a in alerts] == [(RULE_A_ID, "process", 3)]
     assert alerts[0]["events"][0]["message"] == "3 events dropped: the agent queue was full"
 
+
+
+def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    first, second = node.root / "first.jsonl", node.root / "second.jsonl"
+    node.config.write_text(f"outputs: ['file://{first}']\n")
+    agent = Agent(AgentSettings(config_path=str(node.config), rule_paths=(str(node.rules),),
+                                host_name="n1"))
+    try:
+        missing = node.root / "no-such-secret"
+        node.config.write_text(f"outputs: ['file://{second}', 'http://127.0.0.1:9/hook']\n"
+                               f"webhook_secret_file: {missing}\n"
+                               f"spool: {{dir: {node.spool}}}\n")
+        assert agent.reload() is False
+        node.config.write_text(f"outputs: ['file://{second}']\n")
+        assert agent.reload() is True
+        assert agent.sink.outputs.names == [f"file://{second}"]
+    finally:
+        agent.sink.drain(0)
+        agent._close_outputs()
+    (failed,) = [orjson.loads(line) for line in first.read_bytes().splitlines()]
+    assert failed["rule.id"] == "hpcsec-reload-failed"
+    assert failed["host.name"] == "n1"
+    assert failed["alert.summary"] == (
+        "Reload of rules and config failed, the previous ones keep running: "
+        f"cannot read webhook secret file {missing}: No such file or directory")
+    assert not second.exists()

@@ -35,10 +35,40 @@ def test_nested_objects_are_read_as_dotted_names():
 def test_one_value_schema_field_holding_a_list_or_object_is_malformed():
     data = (b'{"process.name": ["xmrig", "bash"]}\n'
             b'{"user.id": {"value": 1000}}\n'
-            b'{"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}\n')
+            b'{"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}\n'
+            b'{"@timestamp": 1764464523, "process.name": "x"}\n')
     report = InputReport("shapes.jsonl")
     assert list(read_jsonl(io.BytesIO(data), report)) == [
         {"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}]  # list fields, unknown fields
     assert report.malformed_lines == [
         (1, "field process.name is a list, not one keyword value"),
-        (2, "field user.id is an object, not one long value")]
+        (2, "field user.id is an object, not one long value"),
+        (4, "@timestamp must be RFC 3339 text, not int")]
+
+
+def test_scan_skips_badly_shaped_lines_and_alerts_on_the_rest(tmp_path, capsys):
+    """Lines whose fields enrichment cannot read are reported; the good lines still alert."""
+    import json
+
+    from hpcsec.detector.cli import main
+
+    rules = tmp_path / "miners.yml"
+    rules.write_text("title: Miner\nid: 1f0e0d0c-0000-4000-8000-0000000000a9\nlevel: high\n"
+                     "logsource: {product: hpc, category: process}\n"
+                     "detection:\n  sel: {process.name: xmrig}\n  condition: sel\n")
+    good = {"@timestamp": "2026-11-30T01:00:00Z", "event.category": "process",
+            "host.name": "gpu-001", "process.name": "xmrig", "user.name": "mallory"}
+    lines = [{**good, "process.name": ["xmrig"]},
+             {**good, "event.category": "firmware", "firmware.component": "hca",
+              "host.name": ["gpu-001"]},
+             {**good, "@timestamp": 1764464400},
+             good]
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    assert main(["scan", "--events", str(events), "--rules", str(rules), "--format",
+                 "jsonl"]) == 1
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["process.name"] for line in out.splitlines()] == ["xmrig"]
+    assert (f"hpcsec: {events}: skipped 3 malformed line(s) of 4 (line 1: field process.name "
+            "is a list, not one keyword value; line 2: field host.name is a list, not one "
+            "keyword value; line 3: @timestamp must be RFC 3339 text, not int)") in err

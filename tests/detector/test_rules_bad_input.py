@@ -132,6 +132,12 @@ def test_condition_list_error_names_its_item(tmp_path):
     ("title: x\ncorrelation:\n  type: event_cnt\n  rules: [a]\n", 3,
      "unknown correlation type 'event_cnt' (known: event_count, value_count, temporal, "
      "temporal_ordered, value_sum, value_avg, value_percentile, value_median)"),
+    ("title: x\nlogsource:\n  product: hpc\n  category: []\n"
+     "detection: {sel: {a: x}, condition: sel}\n", 4,
+     "logsource category must be one name, not a list"),
+    ("title: x\nlogsource: {product: hpc, category: process, service: {}}\n"
+     "detection: {sel: {a: x}, condition: sel}\n", 2,
+     "logsource service must be one name, not a dict"),
     ("title: x\ncorrelation:\n  type: event_count\n  rules: [a]\n  timespan: 5 minutes\n"
      "  condition: {gte: 2}\n", 5, "Timespan '5 minutes' is invalid."),
 ])

@@ -415,8 +415,9 @@ def test_a_protected_mount_holds_only_that_mount_not_its_filesystem(shared_dir):
             if any("read" in r.actions for r in records):
                 break
             time.sleep(0.05)
-        assert {(r.path, tuple(r.actions)) for r in records} == {
-            (str(mount / "w.bin"), ("open", "read"))}
+        # the same file read through the other mount is not seen
+        assert {r.path for r in records} == {str(mount / "w.bin")}
+        assert {a for r in records for a in r.actions} == {"open", "read"}
     finally:
         if watch is not None:
             watch.stop()

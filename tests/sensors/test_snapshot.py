@@ -72,7 +72,10 @@ def test_sample_layout_is_the_kernel_layout(tmp_path):
     assert os.readlink(sample / "proc/5000/fd/3") == MODEL
     assert (sample / "etc/passwd").read_text().splitlines()[1].startswith("alice:x:1001:")
     lines = (sample / "file-events.jsonl").read_text().splitlines()
-    assert [json.loads(line)["pid"] for line in lines] == [4242, 5000]
+    moment = (sample / "time").read_text().strip()
+    assert [json.loads(line) for line in lines] == [
+        {"time": moment, "pid": pid, "path": MODEL, "actions": ["open"], "count": 1}
+        for pid in (4242, 5000)]
     assert (sample / "time").read_text().endswith("Z\n")
 
 
@@ -204,6 +207,9 @@ def test_live_sockets_replay_through_sockets_json(tmp_path):
     replayed = list(replay_snapshot(tmp_path / "snap", specs("sockets"), None))
     assert events_of(replayed) == events_of(recorded)
     stored = json.loads((tmp_path / "snap/0/sockets.json").read_text())
+    assert {tuple(sorted(r)) for r in stored} == {(
+        "destination.ip", "destination.port", "inode", "pid", "source.ip", "source.port",
+        "state", "transport")}
     assert [(r["transport"], r["pid"]) for r in stored
             if r["state"] == "LISTEN" and r["source.port"] == port] == [("tcp", os.getpid())]
     assert os.readlink(next((tmp_path / "snap/0/proc" / str(os.getpid()) / "fd").iterdir())

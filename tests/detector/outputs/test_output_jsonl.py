@@ -132,3 +132,25 @@ def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, 
     assert rc == 2
     assert f"hpcsec: error: {message}" in err
     assert "Traceback" not in err
+
+
+def test_a_file_output_that_cannot_write_reports_each_alert(tmp_path):
+    full = tmp_path / "full.jsonl"
+    full.symlink_to("/dev/full")  # every write fails with ENOSPC
+    url = f"file://{full}"
+    with open_outputs([url]) as outputs:
+        report = outputs.deliver(ALERTS)
+    d = report.destinations[url]
+    assert (d.delivered, d.failed) == (0, 2)
+    assert [(o.alert_id, o.state) for o in report.outcomes] == [("a1", "failed"), ("a2", "failed")]
+    assert report.problems() == [f"{url}: 2 alert(s) failed and will not be retried "
+                                 f"({url}: No space left on device)"]
+
+
+def test_a_batch_goes_to_the_file_whole(tmp_path):
+    path = tmp_path / "alerts.jsonl"
+    batch = [{"alert.id": f"b{i}", "rule.id": "r"} for i in range(500)]
+    with open_outputs([f"file://{path}"]) as outputs:
+        assert outputs.deliver(batch).destinations[f"file://{path}"].delivered == 500
+    assert [json.loads(line)["alert.id"] for line in path.read_text().splitlines()] == [
+        f"b{i}" for i in range(500)]

@@ -210,3 +210,23 @@ def test_an_alert_with_bytes_that_are_not_utf8_is_spooled_with_escapes(tmp_path)
     assert entry.alert["process.pid"] == str(2**70)
     spool.remove(entry)
     assert drain_ids(spool) == ["a001"]
+
+
+def test_a_slow_receiver_keeps_the_rest_spooled_and_the_report_says_why(tmp_path):
+    import time
+
+    class Slow(Receiver):
+        def send(self, a: dict) -> None:
+            time.sleep(0.2)
+            super().send(a)
+
+    slow = Slow("https://b/hook")
+    with OutputSet([slow], str(tmp_path), 1 << 20) as outputs:
+        report = outputs.deliver([alert(i) for i in range(10)], timeout_s=0.3)
+        d = report.destinations["https://b/hook"]
+        assert 1 <= d.delivered < 10 and d.delivered + d.pending == 10
+        assert report.problems() == [
+            f"https://b/hook: {d.pending} alert(s) not delivered yet, kept in the spool "
+            f"{tmp_path} (time ran out before the receiver took them)"]
+        assert outputs.flush(timeout_s=30).destinations["https://b/hook"].delivered == d.pending
+    assert slow.got == [f"a{i:03d}" for i in range(10)]

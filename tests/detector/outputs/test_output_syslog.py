@@ -1,6 +1,6 @@
-"""Syslog output: RFC 5424 to a real rsyslogd (UDP, TCP with octet counting), and TLS to a
-Python ssl server with a certificate made by the openssl CLI (Debian's rsyslog ships without
-its gtls driver by default, so rsyslog is not the TLS peer here)."""
+"""Syslog output: RFC 5424 to a real rsyslogd (UDP, TCP with octet counting, and TLS when
+Debian's rsyslog-gnutls is installed), and TLS to a Python ssl server with a certificate made
+by the openssl CLI (certificate checks, framing of raw bytes)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ from hpcsec.detector.outputs.syslog import (
 )
 
 RSYSLOGD = shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
+# rsyslog's TLS driver (Debian package rsyslog-gnutls), next to its other modules
+GTLS_DRIVER = any(Path(d).glob("lmnsd_gtls.so") for d in (
+    "/usr/lib/x86_64-linux-gnu/rsyslog", "/usr/lib/aarch64-linux-gnu/rsyslog", "/usr/lib/rsyslog",
+    "/usr/lib64/rsyslog"))
 # Every field rsyslog parsed out of the message, one JSON object per line.
 TEMPLATE = ('{"raw":"%rawmsg:::json%","severity":"%syslogseverity%","facility":'
             '"%syslogfacility%","msgid":"%msgid%","app":"%app-name%","procid":"%procid%",'
@@ -43,18 +47,28 @@ def free_port(kind: int) -> int:
 
 
 class Rsyslog:
-    def __init__(self, workdir: Path):
+    """rsyslogd of the tests: its own config, ports, pid file and output; never the system's.
+    With `tls` (certificate, key) its TCP input speaks RFC 5425 TLS instead of plain TCP."""
+
+    def __init__(self, workdir: Path, tls: tuple[Path, Path] | None = None):
         self.workdir = workdir
         self.udp, self.tcp = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         self.out = workdir / "received.jsonl"
         conf = workdir / "rsyslog.conf"
         template = TEMPLATE.replace('"', '\\"')
+        tls_global = tls_module = ""
+        if tls is not None:
+            tls_global = (f'defaultNetstreamDriverCAFile="{tls[0]}" '
+                          f'defaultNetstreamDriverCertFile="{tls[0]}" '
+                          f'defaultNetstreamDriverKeyFile="{tls[1]}"')
+            tls_module = ' streamDriver.name="gtls" streamDriver.mode="1" ' \
+                         'streamDriver.authMode="anon"'
         # No imuxsock/imklog: only our loopback inputs, nothing from the host's own logging.
         conf.write_text(f"""
 global(workDirectory="{workdir}" parser.escapeControlCharactersOnReceive="off"
-       maxMessageSize="64k" net.enableDNS="off")
+       maxMessageSize="64k" net.enableDNS="off" {tls_global})
 module(load="imudp")
-module(load="imtcp")
+module(load="imtcp"{tls_module})
 input(type="imudp" address="127.0.0.1" port="{self.udp}")
 input(type="imtcp" address="127.0.0.1" port="{self.tcp}")
 template(name="fields" type="string" string="{template}")
@@ -102,6 +116,20 @@ def rsyslog(tmp_path_factory):
     if RSYSLOGD is None:
         pytest.skip("rsyslogd not installed (Debian package rsyslog; `make system-deps`)")
     server = Rsyslog(tmp_path_factory.mktemp("rsyslog"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def rsyslog_tls(tmp_path_factory):
+    if RSYSLOGD is None:
+        pytest.skip("rsyslogd not installed (Debian package rsyslog; `make system-deps`)")
+    if not GTLS_DRIVER:
+        pytest.skip("rsyslog's TLS driver not installed (Debian package rsyslog-gnutls)")
+    workdir = tmp_path_factory.mktemp("rsyslog-tls")
+    cert = make_cert(workdir)
+    server = Rsyslog(workdir, tls=cert)
+    server.cert = cert[0]
     yield server
     server.stop()
 
@@ -368,3 +396,19 @@ def test_bytes_that_are_not_utf8_do_not_make_an_alert_undeliverable():
     assert body["file.path"] == body["events"][0]["file.path"] == "/lustre/models/\\xff\\xfe.bin"
     cef = format_message(alert, body_format="cef", hostname="h", procid=1)
     assert b"duser=\\\\xe9ve" in cef  # the escape's backslash, escaped for CEF
+
+
+@pytest.mark.rsyslog
+def test_tls_to_rsyslog(rsyslog_tls, tmp_path):
+    marker = uuid.uuid4().hex
+    url = f"syslog+tls://127.0.0.1:{rsyslog_tls.tcp}?ca={rsyslog_tls.cert}"
+    alerts = [make_alert(marker, i, level, **{"alert.summary": f"{marker}\nsecond line"})
+              for i, level in enumerate(("critical", "low"))]
+    with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
+        assert outputs.deliver(alerts).complete
+    got = sorted(rsyslog_tls.records(marker, 2), key=lambda r: r["severity"])
+    assert [r["severity"] for r in got] == ["2", "5"]
+    for record, sent in zip(got, alerts, strict=True):
+        assert record["sd"] == SD_EXPECTED.format(id=sent["alert.id"], level=sent["rule.level"])
+        assert json.loads(record["msg"]) == sent
+        assert record["msgid"] == "6f1d2c3b0a9e4c1d8e7f112233445566"

@@ -183,7 +183,7 @@ def test_a_refused_alert_is_moved_aside_and_reported(receiver, secret_file, tmp_
         report = outputs.deliver([alert(1), alert(2)])
     d = report.destinations[url]
     assert (d.delivered, d.pending, d.failed) == (1, 0, 1)
-    assert report.problems() == [f"{url}: 1 alert(s) refused by the receiver "
+    assert report.problems() == [f"{url}: 1 alert(s) failed and will not be retried "
                                  "(HTTP 422 Unprocessable Entity)"]
     (failed_dir,) = [p / "failed" for p in (tmp_path / "spool").iterdir()]
     reasons = [p.read_text() for p in failed_dir.glob("*.reason")]
@@ -253,3 +253,16 @@ def test_parse_retry_after():
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert parse_retry_after("soon") is None
     assert parse_retry_after(None) is None
+
+
+def test_backoff_grows_with_jitter_up_to_the_cap_and_retry_after_wins():
+    from hpcsec.detector.outputs.base import RetryPolicy
+
+    policy = RetryPolicy(base_s=0.5, cap_s=60.0, max_retry_after_s=3600.0)
+    for failures, ceiling in ((1, 0.5), (2, 1.0), (3, 2.0), (8, 60.0), (30, 60.0)):
+        waits = {policy.delay(failures) for _ in range(200)}
+        assert all(ceiling / 2 <= w <= ceiling for w in waits)
+        assert len(waits) > 100  # random, not one fixed step
+    assert policy.delay(5, retry_after=7.0) == 7.0
+    assert policy.delay(1, retry_after=86400.0) == 3600.0
+    assert policy.delay(1, retry_after=-3.0) == 0.0
