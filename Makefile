@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Debian packages the integration tests drive for real (Slurm, munge, rsyslog, iproute2's rdma).
-SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge rsyslog iproute2 procps
+SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge rsyslog rsyslog-gnutls iproute2 procps
 
 .PHONY: demo test lint bench system-deps clean
 

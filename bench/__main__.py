@@ -12,6 +12,7 @@ BENCHES = {
     "sensors": "bench.sensors",
     "file_access": "bench.file_access",
     "agent": "bench.agent",
+    "outputs": "bench.outputs",
 }
 
 

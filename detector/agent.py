@@ -25,6 +25,7 @@ from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
 from .agent_sinks import (
     AlertSink,
+    WindowedDedup,
     file_stamp,
     log,
     open_alert_outputs,
@@ -32,7 +33,6 @@ from .agent_sinks import (
     reload_failed_alert,
 )
 from .agent_sources import Chunk, EventQueue, SampledSource, StreamSource
-from .alerts import AlertBuilder
 from .config import SiteConfig, load_config
 from .engine import Engine
 from .enrich import Enricher
@@ -122,7 +122,7 @@ class Agent:
             raise UsageError(f"unknown sensor {exc.args[0]}") from None
         self.gen = load_generation(settings)
         self.queue = EventQueue(QUEUE_MAX_EVENTS)
-        self.builder = AlertBuilder(dedup=True, window_s=self.gen.config.dedup_window_s)
+        self.dedup = WindowedDedup(self.gen.config.dedup_window_s)
         self.sink = AlertSink(Suppressor.from_config(self.gen.config),
                               open_outputs_for(settings, self.gen), None, self.metrics)
         try:
@@ -135,7 +135,6 @@ class Agent:
         self.metrics_address: str | None = None
         self._stop = False
         self._reload = False
-        self._rotate_at = time.monotonic() + 2 * self.builder.window_s
         self._prune_at = time.monotonic()
         self._summary_at = time.monotonic() + SUMMARY_EVERY_S
 
@@ -217,6 +216,7 @@ class Agent:
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
             chunks = self.queue.get(MAX_BATCH_EVENTS, max(wait, 0.0))
+            self.sink.restore_counts(self.dedup.rotate())  # a window boundary passed
             self._process(chunks)
             wait = self._housekeeping()
         return self.shutdown()
@@ -264,16 +264,10 @@ class Agent:
         self.metrics.eval_seconds.observe(time.perf_counter() - started)
         self.metrics.batch_events.observe(len(events))
         self.sink.keep_events(events)
-        self.sink.emit(self.builder.add(matches))
+        self.sink.emit(self.dedup.add(matches))
 
     def _housekeeping(self) -> float:
         now = time.monotonic()
-        if now >= self._rotate_at:
-            # Dedup remembers each open alert; windows that ended cannot fold anything new
-            # (ids are per window), so a fresh builder every two windows bounds the memory.
-            self.sink.restore_counts(self.builder.alerts())
-            self.builder = AlertBuilder(dedup=True, window_s=self.gen.config.dedup_window_s)
-            self._rotate_at = now + 2 * self.builder.window_s
         if now >= self._summary_at:
             self._summary_at = now + SUMMARY_EVERY_S
             if self.sink.suppressor.rate_limit > 0:
@@ -313,8 +307,8 @@ class Agent:
         self.gen = gen
         self.sink.suppressor.reconfigure(gen.config)
         if gen.config.dedup_window_s != old.config.dedup_window_s:
-            self.sink.restore_counts(self.builder.alerts())
-            self.builder = AlertBuilder(dedup=True, window_s=gen.config.dedup_window_s)
+            self.sink.restore_counts(self.dedup.alerts())
+            self.dedup = WindowedDedup(gen.config.dedup_window_s)
         if gen.config.assets != old.config.assets and self.stream is not None:
             self._start_sources(self._stop_sources())  # new paths to watch
         elif self.sampler is not None:
@@ -357,8 +351,8 @@ class Agent:
                 break
             self._process(chunks)
         self._process([])  # drops counted at the very end
-        self.sink.emit(self.builder.add(self.gen.engine.flush()))
-        self.sink.restore_counts(self.builder.alerts())
+        self.sink.emit(self.dedup.add(self.gen.engine.flush()))
+        self.sink.restore_counts(self.dedup.alerts())
         left = self.sink.drain(self.settings.drain_timeout_s)
         if left:
             log(f"{left} alert(s) not delivered yet, kept in the spool; the next start "
@@ -376,7 +370,14 @@ class Agent:
 
 
 def run_agent(settings: AgentSettings) -> int:
-    agent = Agent(settings)
+    # A reload asked for while starting would kill the process (SIGHUP's default); the start
+    # reads the newest rules and config anyway, so it is ignored until the handlers are in.
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        agent = Agent(settings)
+    except BaseException:
+        signal.signal(signal.SIGHUP, previous)
+        raise
     agent.install_signal_handlers()
     return agent.run()
 

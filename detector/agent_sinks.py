@@ -15,12 +15,15 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from .alerts import AlertBuilder
 from .config import SiteConfig
+from .engine import Match
 from .metrics import AgentMetrics
-from .schema import Event, rfc3339, status_event
+from .schema import Event, parse_time, rfc3339, status_event
 from .suppression import Suppressor
 
 Alert = dict[str, Any]
@@ -84,6 +87,61 @@ def open_alert_store(path: str | None, retention_days: int) -> Any:
     # A short lock wait: `hpcsec alerts` reading the file must not stall the agent for long
     # (the write is retried at the next flush).
     return Store(path, retention_days=retention_days, lock_wait_s=0.5)
+
+
+class WindowedDedup:
+    """The AlertBuilder of a process that never ends: dedup state is dropped window by window.
+
+    Dedup folds matches per window of event time (`dedup_window_s`), and alert ids are per
+    window, so an ended window's open alerts can only grow by late matches. At each window
+    boundary the builder becomes `previous` (which still takes matches whose event time is in
+    an earlier window: a sample that straddled the boundary) and a fresh one takes the rest;
+    the one before is forgotten. Memory: two windows of open alerts.
+    """
+
+    def __init__(self, window_s: int, clock: Callable[[], float] = time.time):
+        self.window_s = max(int(window_s), 1)
+        self._clock = clock
+        self.builder = AlertBuilder(dedup=True, window_s=self.window_s)
+        self.previous: AlertBuilder | None = None
+        self.window = self._window_of(self._clock())
+
+    def _window_of(self, epoch: float) -> int:
+        return int(epoch // self.window_s)
+
+    def rotate(self) -> list[Alert]:
+        """Start a new window when the clock passed a boundary; returns the forgotten
+        builder's alerts (their final counts, for the store)."""
+        window = self._window_of(self._clock())
+        if window <= self.window:
+            return []
+        forgotten = self.previous.alerts() if self.previous is not None else []
+        self.previous = self.builder
+        self.builder = AlertBuilder(dedup=True, window_s=self.window_s)
+        self.window = window
+        return forgotten
+
+    def _late(self, match: Match) -> bool:
+        if match.window_start is not None:  # correlations: ids by their own window
+            return False
+        try:
+            when = parse_time(str(match.events[0].get("@timestamp"))).timestamp()
+        except ValueError:
+            return False
+        return self._window_of(when) < self.window
+
+    def add(self, matches: list[Match]) -> list[Alert]:
+        if self.previous is None:
+            return self.builder.add(matches)
+        late = [m for m in matches if self._late(m)]
+        if not late:
+            return self.builder.add(matches)
+        current = [m for m in matches if not self._late(m)]
+        return self.previous.add(late) + self.builder.add(current)
+
+    def alerts(self) -> list[Alert]:
+        return (self.previous.alerts() if self.previous is not None else []) + \
+            self.builder.alerts()
 
 
 class AlertSink:

@@ -80,6 +80,12 @@ def summarize(title: str, event: Event, template: str | None = None) -> str:
     return f"{title}: " + ", ".join(facts)
 
 
+def _span(match: Match) -> tuple[tuple[float, str | None], tuple[float, str | None]]:
+    """(epoch, text) of the earliest and the latest event of a match (events may be unordered)."""
+    times = [(_epoch(e.get("@timestamp")), e.get("@timestamp")) for e in match.events]
+    return min(times, key=lambda t: t[0]), max(times, key=lambda t: t[0])
+
+
 def correlation_note(sigma: Any, value: float | None) -> str:
     """What a correlation counted, e.g. ` (12 events in 1m)`; empty for detection rules."""
     kind = getattr(getattr(sigma, "type", None), "name", None)
@@ -153,12 +159,15 @@ class AlertBuilder:
                     alert["alert.events_truncated"] = True
                     break
                 evidence.append(event)
-            if when >= existing.last:
-                existing.last = when
-                alert["alert.last_seen"] = ts
+            earliest, latest = _span(match)
+            if earliest[0] < existing.first:
+                existing.first, alert["alert.first_seen"] = earliest
+            if latest[0] > existing.last:
+                existing.last, alert["alert.last_seen"] = latest
             return None
         alert = self._new_alert(ident, match, key)
-        self._open[ident] = _Open(alert, when, when)
+        (first_t, _), (last_t, _) = _span(match)
+        self._open[ident] = _Open(alert, first_t, last_t)
         self._order.append(ident)
         return alert
 
@@ -188,8 +197,7 @@ class AlertBuilder:
         template = (getattr(sigma, "custom_attributes", None) or {}).get("summary")
         alert["alert.summary"] = summarize(sigma.title, {**first, **dict(match.group)},
                                            template) + correlation_note(sigma, match.value)
-        alert["alert.first_seen"] = first.get("@timestamp")
-        alert["alert.last_seen"] = match.events[-1].get("@timestamp")
+        (_, alert["alert.first_seen"]), (_, alert["alert.last_seen"]) = _span(match)
         alert["events"] = list(match.events[:MAX_EVIDENCE_EVENTS])
         alert["count"] = 1
         return alert

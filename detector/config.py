@@ -236,6 +236,23 @@ TOP_LEVEL_KEYS = (
 )
 
 
+OUTPUT_SCHEMES = ("syslog+udp", "syslog+tcp", "syslog+tls", "http", "https", "file")
+
+
+def _output_urls(r: _Reader, value: Any) -> tuple[str, ...]:
+    """The shape of each output URL, checked here so an error names its line; the output
+    itself (secrets, certificates, ports) is checked when it is opened."""
+    urls = r.strings(value, "outputs")
+    for i, url in enumerate(urls):
+        if url == "-":
+            continue
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in OUTPUT_SCHEMES or not rest.strip("/"):
+            raise r.fail(f"output {url!r} is not one of: syslog+udp|tcp|tls://HOST:PORT, "
+                         "http(s)://…, file:///PATH.jsonl, -", "outputs", i)
+    return urls
+
+
 def parse_config(doc: YamlDocument) -> SiteConfig:
     r = _Reader(doc)
     top = r.mapping(doc.data, allowed=TOP_LEVEL_KEYS)
@@ -334,7 +351,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
         firmware=FirmwarePolicy(baselines, vulnerable),
         thresholds=thresholds,
         lists=lists,
-        outputs=r.strings(top.get("outputs"), "outputs"),
+        outputs=_output_urls(r, top.get("outputs")),
         silences=tuple(silences),
         rate_limit_per_rule=int(r.number(top.get("rate_limit_per_rule", 0),
                                          "rate_limit_per_rule")),

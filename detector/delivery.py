@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from .config import SiteConfig
-from .outputs.base import DeliveryReport, open_outputs
+from .outputs.base import DeliveryReport, OutputSet, open_outputs
 from .suppression import Decision, Suppressor
 
 Alert = dict[str, Any]
@@ -29,30 +29,43 @@ def suppress(alerts: list[Alert], config: SiteConfig) -> Decision:
     return decision
 
 
-def store_decision(store_path: str | None, config: SiteConfig, decision: Decision,
-                   report: Any = None) -> None:
+def open_store(store_path: str | None, config: SiteConfig) -> Any:
     if not store_path:
-        return
+        return None
     from .store import Store
 
-    store = Store(store_path, retention_days=config.retention_days)
+    return Store(store_path, retention_days=config.retention_days)
+
+
+def store_decision(store: Any, decision: Decision, report: Any = None) -> None:
+    if store is None:
+        return
     store.insert_decision(decision)
     if report is not None:
         store.insert_alerts(report.notices)
         store.record_deliveries(report.outcomes)
 
 
-def deliver_alerts(alerts: list[Alert], urls: list[str], args: Any,
-                   config: SiteConfig) -> DeliveryReport:
-    """Send through the outputs; problems (spooled, refused, dropped) go to stderr."""
-    with open_outputs(urls, secret_file=args.webhook_secret_file, spool_dir=args.spool,
-                      config=config) as outputs:
-        leftovers = outputs.flush()
-        if leftovers.outcomes:
-            delivered = sum(1 for o in leftovers.outcomes if o.state == "delivered")
-            print(f"hpcsec: delivered {delivered} alert(s) left in the spool by an earlier run",
-                  file=sys.stderr)
-        report = outputs.deliver(alerts)
-        for line in report.problems():
-            print(f"hpcsec: {line}", file=sys.stderr)
-        return report
+def open_scan_outputs(urls: list[str], args: Any, config: SiteConfig) -> OutputSet | None:
+    """The outputs, opened before the scan runs so a bad URL or secret fails at once."""
+    if not urls:
+        return None
+    return open_outputs(urls, secret_file=args.webhook_secret_file, spool_dir=args.spool,
+                        config=config)
+
+
+def deliver_alerts(outputs: OutputSet, alerts: list[Alert]) -> DeliveryReport:
+    """Send leftovers of earlier runs, then `alerts`; what happened goes to stderr."""
+    leftovers = outputs.flush()
+    if leftovers.outcomes:
+        delivered = sum(1 for o in leftovers.outcomes if o.state == "delivered")
+        print(f"hpcsec: delivered {delivered} alert(s) left in the spool by an earlier run",
+              file=sys.stderr)
+    report = outputs.deliver(alerts)
+    report.outcomes[:0] = leftovers.outcomes  # so the store learns they were delivered
+    for name, dest in report.destinations.items():
+        if dest.delivered:
+            print(f"hpcsec: sent {dest.delivered} alert(s) to {name}", file=sys.stderr)
+    for line in report.problems():
+        print(f"hpcsec: {line}", file=sys.stderr)
+    return report

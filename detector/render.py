@@ -7,6 +7,8 @@ from typing import Any, TextIO
 
 import orjson
 
+from .outputs.encode import dumps  # file names from the kernel may not be valid UTF-8
+
 LEVEL_STYLE = {
     "critical": "bold white on red",
     "high": "bold red",
@@ -18,13 +20,13 @@ LEVEL_STYLE = {
 
 def write_json(alerts: list[dict[str, Any]], out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    out.write(orjson.dumps(alerts, option=orjson.OPT_INDENT_2, default=str).decode() + "\n")
+    out.write(dumps(alerts, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def write_jsonl(alerts: list[dict[str, Any]], out: TextIO | None = None) -> None:
     out = out or sys.stdout
     for alert in alerts:
-        out.write(orjson.dumps(alert, default=str).decode() + "\n")
+        out.write(dumps(alert).decode() + "\n")
 
 
 def write_table(alerts: list[dict[str, Any]], out: TextIO | None = None,

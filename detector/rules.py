@@ -384,11 +384,12 @@ def resolve_correlations(ruleset: RuleSet) -> None:
 
 
 def load_rules(paths: Sequence[str | Path] | None = None, *,
-               collect_errors: bool = False) -> RuleSet:
+               collect_errors: bool = False, with_tests: bool = True) -> RuleSet:
     """Rules (and their test events) from files and directories; None = the bundled rules.
 
     Raises the first RuleError, or with `collect_errors` returns every error in `.errors` next
-    to the rules that did load.
+    to the rules that did load. `with_tests=False` skips the test events: what scanning needs,
+    so a slip in a tests file does not stop detection.
     """
     ruleset = RuleSet()
     files = rule_files([bundled_rules_dir()] if paths is None else paths, ruleset.errors)
@@ -398,7 +399,7 @@ def load_rules(paths: Sequence[str | Path] | None = None, *,
         load_file(path, ruleset)
     drop_duplicate_ids(ruleset)
     resolve_correlations(ruleset)
-    for path in files:
+    for path in files if with_tests else ():
         ruletests.load_tests_for(path, ruleset)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]

@@ -14,13 +14,12 @@ plus, optionally, a document `placeholders: {name: [values]}` for the rules' `|e
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from .errors import HpcsecError, RuleError, location
 from .ruleset import EventSequence, LoadedRule, RuleSet, RuleTest
@@ -87,6 +86,9 @@ class _EntryReader:
             category = getattr(getattr(rule.sigma, "logsource", None), "category", None)
             if rule.kind == "detection" and category and "event.category" not in event:
                 event["event.category"] = category  # the rule's own category, to save typing
+            elif "event.category" not in event:  # it could reach no rule: a test that cannot fail
+                raise self.fail(f"{key}[{i}] needs event.category: a correlation's events reach "
+                                "the rules whose logsource category they have", key, i)
             events.append(event)
         return events, lines
 
@@ -198,7 +200,7 @@ class TestFailure:
         shown = self.events[0] if len(self.events) == 1 else list(self.events)
         what = "event" if len(self.events) == 1 else f"sequence of {len(self.events)} events"
         return (f"{self.path}:{self.line}: rule {self.rule.id} ({self.rule.sigma.title}) "
-                f"{want} on {what} {orjson.dumps(shown).decode()}")
+                f"{want} on {what} {json.dumps(shown, separators=(',', ':'), default=str)}")
 
 
 def rules_for(rule: LoadedRule, ruleset: RuleSet) -> RuleSet:

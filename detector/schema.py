@@ -307,7 +307,13 @@ def fields_markdown() -> str:
         cats = ", ".join(f.categories) or "any"
         out.append(f"| `{f.name}` | {f.type} | {cats} | {_cell(f.description)} |")
     out += ["", "An event that could not be tied to a Slurm job has no `slurm.job.id` "
-            "(rules test `slurm.job.id: null`).", "", "## Alert fields", "",
+            "(rules test `slurm.job.id: null`).", "",
+            "`hpcsec scan --events FILE|-` reads one JSON object per line. A nested object "
+            "(`{\"process\": {\"name\": \"x\"}}`) is read as dotted names. A line that is not "
+            "a JSON object, that gives a one-value field (any type but `list`) a list or an "
+            "object, or whose `@timestamp` is not text, is skipped, counted and reported on "
+            "stderr with its line number; the other lines are still evaluated.", "",
+            "## Alert fields", "",
             "| field | type | meaning |", "|---|---|---|"]
     out += [f"| `{f.name}` | {f.type} | {_cell(f.description)} |" for f in ALERT_FIELDS]
     out += ["", "Alerts also carry the " + ", ".join(f"`{p}*`" for p in ALERT_COPIED_PREFIXES)

@@ -1,7 +1,8 @@
 """A real single-host Slurm cluster for the integration tests (tests/slurm/*.sh do the work).
 
-The cluster lives in its own directory under /tmp (config, state, logs, pid files) and uses
-its own ports, so it never touches /etc/slurm or a site cluster. `stop()` stops exactly the
+The cluster lives in its own directory under /tmp (config, state, logs, pid files, its own
+munged and key) and listens on free ports, so it never touches /etc/slurm, /etc/munge, a
+host's munged or a site cluster. `stop()` stops exactly the
 daemons `start()` started, through their pid files.
 """
 
@@ -41,12 +42,27 @@ def ensure_users() -> None:
             subprocess.run(["useradd", "-m", user], check=True, capture_output=True)
 
 
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on now (the kernel's picks), so two clusters never collide."""
+    holders = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("", 0))
+            holders.append(sock)
+        return [sock.getsockname()[1] for sock in holders]
+    finally:
+        for sock in holders:
+            sock.close()
+
+
 @dataclass
 class SlurmCluster:
     kit_dir: Path
     fake_gpus: int = 4
     hooks: bool = True
     node: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    ports: tuple[int, int] = field(default_factory=lambda: tuple(free_ports(2)))
 
     @property
     def conf(self) -> Path:
@@ -78,7 +94,8 @@ class SlurmCluster:
         return path
 
     def start(self) -> None:
-        env = {**self.env, "FAKE_GPUS": str(self.fake_gpus)}
+        env = {**self.env, "FAKE_GPUS": str(self.fake_gpus), "CTLD_PORT": str(self.ports[0]),
+               "SLURMD_PORT": str(self.ports[1])}
         if self.hooks:
             env["PROLOG"] = str(self._hook_script("prolog"))
             env["EPILOG"] = str(self._hook_script("epilog"))

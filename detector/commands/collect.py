@@ -7,8 +7,6 @@ import os
 import socket
 import sys
 
-import orjson
-
 from hpcsec.sensors import registry
 from hpcsec.sensors.base import SensorContext, SensorRun
 from hpcsec.sensors.snapshot import open_snapshot, record_snapshot
@@ -17,6 +15,7 @@ from ..config import load_config
 from ..enrich import Enricher
 from ..errors import UsageError
 from ..nodectx import live_context
+from ..outputs.encode import dumps
 from ..pipeline import SensorSet
 
 
@@ -101,7 +100,7 @@ def write_events(events: list[dict], fmt: str) -> None:
     if fmt == "jsonl":
         out = sys.stdout.buffer
         for event in events:
-            out.write(orjson.dumps(event) + b"\n")
+            out.write(dumps(event) + b"\n")
         out.flush()
         return
     from rich.console import Console

@@ -80,7 +80,7 @@ def rule_row(rule: LoadedRule) -> dict[str, Any]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [rule_row(r) for r in load_rules(_paths(args)).rules]
+    rows = [rule_row(r) for r in load_rules(_paths(args), with_tests=False).rules]
     if args.format == "json":
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
@@ -127,7 +127,7 @@ def _backend_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    ruleset = load_rules(_paths(args))
+    ruleset = load_rules(_paths(args), with_tests=False)
     queries = convert_rules(
         ruleset, args.target, pipelines=args.pipeline,
         placeholders=load_config(args.config).placeholders(),

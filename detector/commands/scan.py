@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from ..alerts import AlertBuilder, level_rank, sort_alerts
-from ..config import load_config
-from ..delivery import deliver_alerts, store_decision, suppress
+from ..config import SiteConfig, load_config
+from ..delivery import deliver_alerts, open_scan_outputs, open_store, store_decision, suppress
 from ..engine import Engine
+from ..outputs.base import OutputSet
 from ..pipeline import EventSources, ScanReport, demo_snapshot_dir
 from ..render import write_json, write_jsonl, write_table
 from ..rules import load_rules
@@ -52,6 +53,16 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path)
     ruleset = load_rules(args.rules)
     engine = Engine(ruleset, placeholders=config.placeholders())
+    outputs = open_scan_outputs(list(args.output or config.outputs), args, config)
+    try:
+        return scan(args, config, engine, outputs)
+    finally:
+        if outputs is not None:
+            outputs.close()
+
+
+def scan(args: argparse.Namespace, config: SiteConfig, engine: Engine,
+         outputs: OutputSet | None) -> int:
     builder = AlertBuilder(dedup=not args.no_dedup, window_s=config.dedup_window_s)
     report = ScanReport()
     sources = EventSources(config, report)
@@ -61,19 +72,21 @@ def run(args: argparse.Namespace) -> int:
         batches = sources.from_snapshot(args.snapshot, demo=args.demo)
     else:
         batches = sources.live(args)
+    store = open_store(args.store or config.store_path, config)
     for batch in batches:
         builder.add(engine.evaluate(batch))
+        if store is not None:
+            store.insert_events(batch)
     builder.add(engine.flush())
     report.print(sys.stderr)
     decision = suppress(sort_alerts(builder.alerts()), config)
     alerts = decision.send
-    outputs = list(args.output or config.outputs)
-    report = None
-    if outputs:
-        report = deliver_alerts(alerts, outputs, args, config)
+    delivery = None
+    if outputs is not None:
+        delivery = deliver_alerts(outputs, alerts)
     else:
         write_alerts(alerts, args.format)
-    store_decision(args.store or config.store_path, config, decision, report)
+    store_decision(store, decision, delivery)
     threshold = level_rank(args.fail_on)
     return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
 

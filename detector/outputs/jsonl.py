@@ -22,11 +22,25 @@ class JsonlOutput:
     def __init__(self, path: str):
         self.path = path
         self.name = f"file://{path}"
+        self._fd = -1
+        # Opening an output has no side effect: a file that does not exist yet is created by
+        # the first alert, so a config that fails later (a reload) leaves no stray file. What
+        # would stop the first write is an error now.
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            if os.path.lexists(path):
+                self._open()
+            else:
+                parent = os.path.dirname(path) or "/"
+                if not os.path.isdir(parent):
+                    raise FileNotFoundError(2, "No such file or directory")
+                if not os.access(parent, os.W_OK | os.X_OK):
+                    raise PermissionError(13, "Permission denied")
         except OSError as exc:
             raise OutputError(f"output {self.name}: cannot open for appending: "
                               f"{exc.strerror}") from None
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
 
     @classmethod
     def from_url(cls, url: str) -> JsonlOutput:
@@ -44,6 +58,8 @@ class JsonlOutput:
     def _write(self, alert: dict[str, Any]) -> None:
         line = dumps(alert) + b"\n"
         try:
+            if self._fd < 0:
+                self._open()
             written = os.write(self._fd, line)
             if written != len(line):
                 raise OSError(0, f"short write ({written} of {len(line)} bytes)")
@@ -51,6 +67,8 @@ class JsonlOutput:
             raise DeliveryFailed(f"{self.name}: {exc.strerror or exc}") from None
 
     def _sync(self) -> None:
+        if self._fd < 0:
+            return
         try:
             os.fsync(self._fd)
         except OSError as exc:

@@ -136,3 +136,21 @@ def test_correlation_note_says_what_was_counted():
     assert correlation_note(rule, 3.0) == " (3 events in 5m)"
     rule.type = SigmaCorrelationType.TEMPORAL
     assert correlation_note(rule, None) == ""
+
+
+def test_first_and_last_seen_follow_event_time_not_arrival_order(tmp_path):
+    from hpcsec.detector.engine import Match
+
+    (match,) = _matches(tmp_path, [_event(1)])
+    group = (("user.name", "mallory"),)
+    late = Match(match.rule, (_event(1, ts="2026-11-30T01:02:00Z"),
+                              _event(2, ts="2026-11-30T01:04:00Z")), group,
+                 "2026-11-30T01:02:00Z", 2.0)
+    early = Match(match.rule, (_event(3, ts="2026-11-30T01:01:00Z"),), group,
+                  "2026-11-30T01:01:00Z", 1.0)
+    builder = AlertBuilder(window_s=300)
+    builder.add([late, early])
+    (alert,) = builder.alerts()
+    assert alert["alert.first_seen"] == "2026-11-30T01:01:00Z"
+    assert alert["alert.last_seen"] == "2026-11-30T01:04:00Z"
+    assert alert["count"] == 2

@@ -16,6 +16,7 @@ from hpcsec.detector.ruletests import run_tests
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rules"
 VALID, LINT, FAILING = FIXTURES / "valid", FIXTURES / "lint", FIXTURES / "failing"
+# sigma-cli is a dependency of hpcsec: its `sigma` script sits beside this Python's.
 SIGMA_CLI = Path(sys.executable).parent / "sigma"
 
 
@@ -147,20 +148,19 @@ def test_filter_is_part_of_each_test(tmp_path):
 
 
 def sigma_check(directory: Path) -> subprocess.CompletedProcess:
+    assert SIGMA_CLI.exists(), f"sigma-cli is not installed ({SIGMA_CLI})"
     # attacktag and d3_fendtag download MITRE data at first use; tests run offline.
     return subprocess.run(
         [str(SIGMA_CLI), "check", "--exclude", "attacktag", "--exclude", "d3_fendtag",
          str(directory)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.skipif(not SIGMA_CLI.exists(), reason="sigma-cli is not installed in this venv")
 def test_sigma_cli_reads_our_files_as_plain_sigma():
     done = sigma_check(VALID)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Found 0 errors, 0 condition errors" in done.stdout
 
 
-@pytest.mark.skipif(not SIGMA_CLI.exists(), reason="sigma-cli is not installed in this venv")
 def test_sigma_check_passes_on_bundled_rules():
     rules = bundled_rules_dir()
     if not list(rules.glob("*.yml")):
@@ -219,3 +219,19 @@ def test_validator_that_cannot_read_a_rule_is_a_finding_not_a_crash(tmp_path, ca
     assert code == 2
     assert f"{path}:1: error: pySigma validator duplicate_references cannot check this rule: " \
            "TypeError: unhashable type: 'dict' [sigma:validator-failed]" in out.splitlines()
+
+
+def test_failure_shows_events_json_cannot_hold_in_64_bits(tmp_path, capsys):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "big.yml").write_text(
+        "title: Big file\nid: 1f0e0d0c-0000-4000-8000-0000000000c9\n"
+        "logsource: {product: hpc, category: file_access}\n"
+        "detection:\n  sel: {file.size|gt: 5}\n  condition: sel\n")
+    (tmp_path / "tests" / "big.yaml").write_text(
+        "- rule: 1f0e0d0c-0000-4000-8000-0000000000c9\n  match: [{file.size: 6}]\n"
+        "  nomatch:\n    - {file.size: 99999999999999999999999999}\n")
+    code, out, err = run(capsys, "test", str(tmp_path))
+    assert (code, err) == (1, "1 passed, 1 failed, 0 rule(s) missing test events\n")
+    assert out == (f"FAIL {tmp_path / 'tests' / 'big.yaml'}:4: rule 1f0e0d0c-0000-4000-8000-"
+                   "0000000000c9 (Big file) should not fire on event "
+                   '{"file.size":99999999999999999999999999,"event.category":"file_access"}\n')

@@ -170,11 +170,18 @@ def test_error_in_global_part_points_at_the_global_document(tmp_path):
      "a test entry needs match and/or nomatch events"),
     ("- rule: first_rule\n  match: [{a: b}]\n- 42\n", 3,
      "a test entry must be a mapping with `rule:` and test events"),
+    ("- rule: first_rule_twice\n  expect: nomatch\n  events:\n"
+     "    - {event.category: process, process.name: x}\n    - {process.name: x}\n", 5,
+     "events[1] needs event.category: a correlation's events reach the rules whose logsource "
+     "category they have"),
 ])
 def test_malformed_tests_file(tmp_path, tests_text, line, message):
     (tmp_path / "tests").mkdir()
     (tmp_path / "v.yml").write_text(
-        rule_text("First", "1f0e0d0c-0000-4000-8000-0000000000b1") + "name: first_rule\n")
+        rule_text("First", "1f0e0d0c-0000-4000-8000-0000000000b1") + "name: first_rule\n---\n"
+        "title: Twice\nname: first_rule_twice\ncorrelation:\n  type: event_count\n"
+        "  rules: [first_rule]\n  group-by: [host.name]\n  timespan: 1m\n"
+        "  condition: {gte: 2}\n")
     (tmp_path / "tests" / "v.yaml").write_text(tests_text)
     with pytest.raises(RuleError) as caught:
         load_rules([tmp_path / "v.yml"])
@@ -206,3 +213,13 @@ def test_a_file_named_twice_loads_once():
     ruleset = load_rules([VALID, VALID / "sample.yml"])
     assert ruleset.files == [str(VALID / "sample.yml")]
     assert len(ruleset.rules) == 4 and len(ruleset.tests) == 4
+
+
+def test_scanning_can_skip_the_test_events(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "v.yml").write_text(rule_text("First", "1f0e0d0c-0000-4000-8000-0000000000b9"))
+    (tmp_path / "tests" / "v.yaml").write_text("- rule: nope\n  match: [{a: b}]\n")
+    with pytest.raises(RuleError, match="test names unknown rule 'nope'"):
+        load_rules([tmp_path])
+    ruleset = load_rules([tmp_path], with_tests=False)
+    assert [r.sigma.title for r in ruleset.rules] == ["First"] and ruleset.tests == []

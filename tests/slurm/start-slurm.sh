@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # start-slurm.sh - a real single-host Slurm cluster (munged + slurmctld + slurmd) on localhost
-# for the integration tests. Everything (config, state, logs, pid files) lives under $KIT_DIR;
-# clients and daemons find the config through SLURM_CONF, so /etc/slurm is never touched.
+# for the integration tests. Everything (config, state, logs, pid files, a private munged and
+# its key) lives under $KIT_DIR; clients and daemons find the config through SLURM_CONF and
+# munged through AuthInfo=socket=, so /etc/slurm, /etc/munge and a host munged are untouched.
 # Idempotent. Must run as root. Prereq (Debian 12 / Slurm 22.05):
 #   apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge
 #
 # Environment:
 #   KIT_DIR (required)        state/log/pid/config directory
 #   FAKE_GPUS=4               fake GPUs (gres.conf File= symlinks to /dev/null)
-#   CTLD_PORT=6917 SLURMD_PORT=6918   ports (not the defaults, to coexist with a site cluster)
+#   CTLD_PORT=6917 SLURMD_PORT=6918   ports (not the defaults, to coexist with a site cluster;
+#                             the pytest harness picks free ones)
 #   FAKE_CPUS=8               CPUs the node claims (SlurmdParameters=config_overrides), so
 #                             short test jobs run side by side on a 2-core CI machine
 #   PROLOG= EPILOG=           programs for Prolog=/Epilog= (none when empty)
@@ -46,26 +48,32 @@ install -d -m 0755 "$KIT_DIR" "$RUN" "$CONF_DIR"
 install -d -m 0755 -o $SLURM_USER -g $SLURM_USER "$RUN/log" "$RUN/ctld-state" "$RUN/pid"
 install -d -m 0755 -o root -g root "$RUN/slurmd-spool"
 touch "$RUN/log/slurmctld.log" && chown $SLURM_USER:$SLURM_USER "$RUN/log/slurmctld.log"
-# munge's own directories: created when missing (a fresh container), never re-owned
-for d in /run/munge /var/lib/munge /var/log/munge; do
-  [ -d $d ] || install -d -m 0755 -o munge -g munge $d
-done
-[ -d /etc/munge ] || install -d -m 0700 -o munge -g munge /etc/munge
-
-# ------------------------------------------------------------------ munge (shared by the host)
-if [ ! -s /etc/munge/munge.key ]; then
-  if command -v mungekey >/dev/null; then mungekey --create --keyfile=/etc/munge/munge.key
-  else dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none; fi
-  chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
+# ------------------------------------------------------------------ munge (our own)
+# A private munged: its own key, socket, pid and log files under $KIT_DIR, reached by Slurm
+# through AuthInfo=socket=. A host's munged, /etc/munge and /run/munge are neither used nor
+# touched, and a fresh machine needs no key. munged wants its key directory private and its
+# socket directory open to all.
+MUNGE_KEY_DIR=$RUN/munge-key
+MUNGE_RUN=$RUN/munge
+MUNGE_SOCKET=$MUNGE_RUN/munge.socket
+install -d -m 0700 -o munge -g munge "$MUNGE_KEY_DIR"
+install -d -m 0755 -o munge -g munge "$MUNGE_RUN"
+if [ ! -s "$MUNGE_KEY_DIR/munge.key" ]; then
+  if command -v mungekey >/dev/null; then mungekey --create --keyfile="$MUNGE_KEY_DIR/munge.key"
+  else dd if=/dev/urandom of="$MUNGE_KEY_DIR/munge.key" bs=1 count=1024 status=none; fi
+  chown munge:munge "$MUNGE_KEY_DIR/munge.key"; chmod 0400 "$MUNGE_KEY_DIR/munge.key"
 fi
-if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  echo "munged: already answering (not ours, left alone)"
+if alive "$RUN/pid/munged.pid" munged; then
+  echo "munged: running, pid $(cat "$RUN/pid/munged.pid")"
 else
-  runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid
-  for i in $(seq 50); do [ -s /run/munge/munged.pid ] && break; sleep 0.1; done
-  cp /run/munge/munged.pid "$RUN/pid/munged.pid"   # ours: stop-slurm.sh stops it
-  munge -n | unmunge >/dev/null
-  echo "munged: started pid $(cat $RUN/pid/munged.pid)"
+  rm -f "$MUNGE_RUN/munged.pid"
+  runuser -u munge -- "$(command -v munged)" --key-file="$MUNGE_KEY_DIR/munge.key" \
+    --socket="$MUNGE_SOCKET" --pid-file="$MUNGE_RUN/munged.pid" \
+    --log-file="$MUNGE_KEY_DIR/munged.log" --seed-file="$MUNGE_KEY_DIR/munged.seed"
+  for i in $(seq 50); do [ -s "$MUNGE_RUN/munged.pid" ] && break; sleep 0.1; done
+  cp "$MUNGE_RUN/munged.pid" "$RUN/pid/munged.pid"   # ours: stop-slurm.sh stops it
+  munge -n --socket="$MUNGE_SOCKET" | unmunge --socket="$MUNGE_SOCKET" >/dev/null
+  echo "munged: started pid $(cat "$RUN/pid/munged.pid")"
 fi
 
 # ------------------------------------------------------------------ configuration
@@ -81,6 +89,7 @@ SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=$SLURM_USER
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
 CredType=cred/munge
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT

@@ -36,6 +36,19 @@ def test_stdout_writes_json_lines(capsys):
 def test_unwritable_jsonl_file_is_a_clear_error(tmp_path):
     with pytest.raises(OutputError, match=r"cannot open for appending: No such file"):
         open_outputs([f"file://{tmp_path}/missing/alerts.jsonl"])
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(OutputError, match=r"cannot open for appending: Is a directory"):
+        open_outputs([f"file://{tmp_path}/dir.jsonl"])
+
+
+def test_opening_a_file_output_creates_nothing_until_the_first_alert(tmp_path):
+    path = tmp_path / "alerts.jsonl"
+    with open_outputs([f"file://{path}"]) as outputs:
+        assert not path.exists()  # a config that fails after this leaves no stray file
+        outputs.deliver([])
+        assert not path.exists()
+        outputs.deliver(ALERTS[:1])
+        assert json.loads(path.read_text()) == ALERTS[0]
 
 
 @pytest.mark.parametrize(("url", "message"), [
@@ -113,7 +126,7 @@ detection:
     (["--output", "https://siem.example/hook", "--webhook-secret-file", "/nonexistent/secret"],
      "cannot read webhook secret file /nonexistent/secret: No such file or directory"),
     (["--output", "syslog+tcp://siem:tcp"], "output 'syslog+tcp://siem:tcp': bad port"),
-    (["--config", "{config}"], "unknown output type 'syslog://siem:514'"),
+    (["--config", "{config}"], "{config}:1: output 'syslog://siem:514' is not one of"),
 ])
 def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, args, message):
     from hpcsec.detector.cli import main
@@ -130,7 +143,7 @@ def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, 
                "--spool", str(tmp_path / "spool"), *args])
     err = capsys.readouterr().err
     assert rc == 2
-    assert f"hpcsec: error: {message}" in err
+    assert f"hpcsec: error: {message.replace('{config}', str(config))}" in err
     assert "Traceback" not in err
 
 
