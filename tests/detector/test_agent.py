@@ -25,7 +25,7 @@ from hpcsec.detector import cli
 from hpcsec.detector.agent import Agent, AgentSettings
 from hpcsec.detector.agent_sources import Chunk, EventQueue
 from hpcsec.detector.nodectx import live_context
-from hpcsec.detector.schema import new_event
+from hpcsec.detector.schema import new_event, parse_time
 from hpcsec.detector.store import AlertQuery, Store
 
 SECRET = b"test-secret-0123456789"
@@ -484,3 +484,32 @@ def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
         "Reload of rules and config failed, the previous ones keep running: "
         f"cannot read webhook secret file {missing}: No such file or directory")
     assert not second.exists()
+
+
+def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
+    from hpcsec.detector.agent_sinks import WindowedDedup
+    from hpcsec.detector.engine import Match
+    from hpcsec.detector.rules import load_rules
+
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    (loaded,) = load_rules([node.rules]).rules
+
+    def match(epoch: int) -> Match:
+        ts = f"2026-11-30T00:00:{epoch:02d}.000Z"
+        return Match(loaded, (new_event("process", "present", "process", "n1", ts,
+                                        {"process.name": "cryptominer", "user.name": "u1"}),))
+
+    now = [5.0]
+    midnight = parse_time("2026-11-30T00:00:00Z").timestamp()
+    dedup = WindowedDedup(10, clock=lambda: midnight + now[0])
+    (first,) = dedup.add([match(4)])
+    assert dedup.add([match(6)]) == []  # same window: folded
+    now[0] = 11.0
+    assert dedup.rotate() == []  # nothing forgotten yet: the ended window may get late matches
+    assert dedup.add([match(9)]) == []  # late: folded into the ended window's alert
+    (second,) = dedup.add([match(11)])
+    assert second["alert.id"] != first["alert.id"]
+    assert first["count"] == 3
+    now[0] = 21.0
+    assert [a["alert.id"] for a in dedup.rotate()] == [first["alert.id"]]
+    assert [a["alert.id"] for a in dedup.alerts()] == [second["alert.id"]]

@@ -71,3 +71,10 @@ def test_undelivered_alerts_wait_in_the_spool_for_the_next_scan(tmp_path, capsys
     assert main(["alerts", "--store", str(tmp_path / "a.duckdb"), "--format", "json"]) == 0
     stored = json.loads(capsys.readouterr().out)
     assert [a["alert.id"] for a in stored] == _Receiver.received
+    parquet = tmp_path / "events.parquet"
+    assert main(["alerts", "--store", str(tmp_path / "a.duckdb"), "--export-events",
+                 str(parquet)]) == 0
+    import duckdb
+
+    ((count,),) = duckdb.sql(f"select count(*) from '{parquet}'").fetchall()
+    assert count == 1  # the first scan kept the event it evaluated
