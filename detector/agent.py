@@ -197,7 +197,11 @@ class Agent:
 
     def run(self) -> int:
         address = self.settings.metrics_address or self.gen.config.metrics_address
-        _server, self.metrics_address = self.metrics.serve(address)
+        try:
+            _server, self.metrics_address = self.metrics.serve(address)
+        except BaseException:  # port taken: release the spool for whoever retries
+            self._close_outputs()
+            raise
         self.metrics.rules_loaded.set(len(self.gen.ruleset.rules))
         self._start_sources()
         # Logged once the sources run: from this line on, file accesses are being watched.
@@ -370,14 +374,15 @@ class Agent:
 
 
 def run_agent(settings: AgentSettings) -> int:
+    signals = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
     # A reload asked for while starting would kill the process (SIGHUP's default); the start
     # reads the newest rules and config anyway, so it is ignored until the handlers are in.
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         agent = Agent(settings)
-    except BaseException:
-        signal.signal(signal.SIGHUP, previous)
-        raise
-    agent.install_signal_handlers()
-    return agent.run()
-
+        agent.install_signal_handlers()
+        return agent.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -14,6 +14,7 @@ parses Sigma.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -122,6 +123,27 @@ def scalar_matcher(value: Any) -> Callable[[Any], bool]:
     raise UnsupportedValue(f"value type {type(value).__name__} is not supported")
 
 
+def _affix_test(method: Callable[[str, tuple[str, ...]], bool], affixes: tuple[str, ...],
+                text: str) -> bool:
+    return method(text, affixes)
+
+
+def _wildcarded(prefix: bool) -> Callable[[str], SigmaString]:
+    def build(text: str) -> SigmaString:
+        value = SigmaString.from_str(text.replace("\\", "\\\\").replace("*", "\\*")
+                                     .replace("?", "\\?"))
+        multi = SpecialChars.WILDCARD_MULTI
+        return value + multi if prefix else multi + value
+
+    return build
+
+
+# value shapes OR-ed per field (see CategoryCompiler.or_terms), and how to rebuild one value
+GROUPED_SHAPES: dict[str, Callable[[str], SigmaString]] = {
+    "eq": SigmaString.from_str, "startswith": _wildcarded(True), "endswith": _wildcarded(False),
+}
+
+
 class CategoryCompiler:
     """Collects the rules of one category and generates their shared match function."""
 
@@ -129,41 +151,57 @@ class CategoryCompiler:
         self.fields: dict[str, int] = {}  # field -> variable number
         self.folded: set[int] = set()  # variables whose lower-case form is needed
         self.namespace: dict[str, Any] = {}
-        self.rules: list[tuple[str, set[str], list[str]]] = []  # code, fields, necessary
+        # per rule: its conjuncts (code, fields read) and the fields it cannot match without
+        self.rules: list[tuple[list[tuple[str, frozenset[str]]], list[str]]] = []
         self._used: set[str] = set()
 
     def add_rule(self, conditions: Sequence[Any]) -> int:
         """Add one rule given as a list of condition trees that must all hold (its own
-        condition OR-ed over its condition list, then each applied filter). Returns its index."""
-        self._used = set()
-        code = " and ".join(f"({self.expr(c)})" for c in conditions) or "False"
+        condition OR-ed over its condition list, then each applied filter). Returns its index.
+        The rule is kept as its conjuncts (code, fields read), in rule order."""
+        parts = []
+        for conjunct in (c for tree in conditions for c in conjuncts(tree)):
+            self._used = set()
+            parts.append((f"({self.expr(conjunct)})", frozenset(self._used)))
         necessary = [f for c in conditions for f in necessary_fields(c)]
-        self.rules.append((code, self._used, necessary))
+        self.rules.append((parts or [("False", frozenset())], necessary))
         return len(self.rules) - 1
 
     def build(self, name: str) -> Predicate:
         """One function for the category. Each rule is grouped under the first field it cannot
         match without (rule authors put the selective test first), so an event fetches and
-        folds only the fields of the groups whose guard field it carries."""
+        folds only the fields of the groups whose guard field it carries. Within a group, a
+        rule runs its first test before fetching the rest of its fields: most events fail it."""
         groups: dict[str | None, list[int]] = {}
-        for i, (_, _, necessary) in enumerate(self.rules):
+        for i, (_, necessary) in enumerate(self.rules):
             groups.setdefault(necessary[0] if necessary else None, []).append(i)
         lines = [f"def {name}(ev):", "    g = ev.get", "    r = ()"]
-        top = set().union(*(self.rules[i][1] for i in groups.get(None, ())))
+        top = set().union(*(self.fields_of(i) for i in groups.get(None, ())))
         self._fetch(lines, "    ", sorted(top))
         for i in groups.pop(None, ()):
-            lines += [f"    if {self.rules[i][0]}:", f"        r += ({i},)"]
+            lines += [f"    if {self.code(i)}:", f"        r += ({i},)"]
         for guard, members in groups.items():
             n = self.fields[guard]
             if guard not in top:
                 lines.append(f"    v{n} = g({guard!r})")
             lines.append(f"    if v{n} is not None:")
-            used = set().union(*(self.rules[i][1] for i in members)) - top - {guard}
             if n in self.folded and guard not in top:
                 lines.append(f"        l{n} = v{n}.lower() if v{n}.__class__ is str else None")
-            self._fetch(lines, "        ", sorted(used))
+            known = top | {guard}
+            checked = {i: self.pre_check(i, known) for i in members}
+            header = set().union(*(self.fields_of(i) if checked[i] is None else
+                                   self.rules[i][0][checked[i]][1] for i in members))
+            self._fetch(lines, "        ", sorted(header - known))
+            known |= header
             for i in members:
-                lines += [f"        if {self.rules[i][0]}:", f"            r += ({i},)"]
+                first = checked[i]
+                if first is None:
+                    lines += [f"        if {self.code(i)}:", f"            r += ({i},)"]
+                    continue
+                lines.append(f"        if {self.rules[i][0][first][0]}:")
+                self._fetch(lines, "            ", sorted(self.fields_of(i) - known))
+                lines += [f"            if {self.code(i, skip=first)}:",
+                          f"                r += ({i},)"]
         lines.append("    return r")
         source = "\n".join(lines)
         code = compile(source, f"<hpcsec rules {name}>", "exec")
@@ -171,6 +209,25 @@ class CategoryCompiler:
         fn = self.namespace[name]
         fn.source = source
         return fn
+
+    def fields_of(self, rule: int) -> set[str]:
+        return set().union(*(fields for _, fields in self.rules[rule][0]))
+
+    def code(self, rule: int, skip: int | None = None) -> str:
+        """The rule's conjuncts AND-ed, but for the one already tested."""
+        parts = [c for k, (c, _) in enumerate(self.rules[rule][0]) if k != skip]
+        return " and ".join(parts) or "True"
+
+    def pre_check(self, rule: int, known: set[str]) -> int | None:
+        """The rule's conjunct to test before fetching the rest of its fields (the first one
+        that reads fields; the group fetches them), when the rule reads unfetched fields."""
+        parts = self.rules[rule][0]
+        if self.fields_of(rule) <= known:
+            return None
+        for k, (_, fields) in enumerate(parts):
+            if fields:  # not a keyword search: those read every field
+                return k
+        return None
 
     def _fetch(self, lines: list[str], indent: str, fields: list[str]) -> None:
         for field in fields:
@@ -209,8 +266,9 @@ class CategoryCompiler:
         raise UnsupportedValue(f"condition element {type(node).__name__} is not supported")
 
     def or_terms(self, args: Sequence[Any]) -> list[str]:
-        """OR-ed plain equalities on one field become one set lookup (value lists)."""
-        by_field: dict[str, list[str]] = {}
+        """OR-ed plain equalities on one field become one set lookup (value lists), OR-ed
+        prefixes or suffixes one `startswith`/`endswith` call with a tuple."""
+        by_field: dict[tuple[str, str], list[str]] = {}
         others = []
         for arg in args:
             value = getattr(arg, "value", None)
@@ -218,20 +276,28 @@ class CategoryCompiler:
                 isinstance(arg, ConditionFieldEqualsValueExpression)
                 and type(value) is SigmaString
                 and not value.contains_placeholder()
-                and string_shape(value, lower=True)[0] == "eq"
+                and string_shape(value, lower=True)[0] in GROUPED_SHAPES
             ):
-                by_field.setdefault(arg.field, []).append(string_shape(value, lower=True)[1])
+                kind, text = string_shape(value, lower=True)
+                by_field.setdefault((arg.field, kind), []).append(text)
             else:
                 others.append(self.expr(arg))
         terms = []
-        for field, texts in by_field.items():
+        for (field, kind), texts in by_field.items():
             if len(texts) == 1:
-                terms.append(self.leaf(field, SigmaString.from_str(texts[0])))
+                terms.append(self.leaf(field, GROUPED_SHAPES[kind](texts[0])))
                 continue
-            members = frozenset(texts)
-            slow = self.const(m.lift(m.on_text(members.__contains__, fold=True)))
             folded, raw = self.var(field, folded=True), self.var(field)
-            terms.append(f"({folded} in {self.const(members)} if {folded} is not None "
+            if kind == "eq":
+                members = frozenset(texts)
+                test, fast = members.__contains__, f"{folded} in {self.const(members)}"
+            else:
+                affixes = tuple(dict.fromkeys(texts))
+                test = getattr(str, kind)  # str.startswith / str.endswith
+                test = functools.partial(_affix_test, test, affixes)
+                fast = f"{folded}.{kind}({self.const(affixes)})"
+            slow = self.const(m.lift(m.on_text(test, fold=True)))
+            terms.append(f"({fast} if {folded} is not None "
                          f"else {raw} is not None and {slow}({raw}))")
         return terms + others
 
@@ -277,6 +343,14 @@ class CategoryCompiler:
             return (f"({raw} {op} {value.number.number!r} if {numeric} "
                     f"else {raw} is not None and {slow}({raw}))")
         return f"({raw} is not None and {slow}({raw}))"
+
+
+def conjuncts(node: Any) -> list[Any]:
+    """The AND-ed parts of a condition (the generated code may test them in any order: they
+    have no side effects)."""
+    if isinstance(node, ConditionAND):
+        return [c for a in node.args for c in conjuncts(a)]
+    return [node]
 
 
 def necessary_fields(node: Any) -> list[str]:

@@ -418,6 +418,17 @@ def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path,
             in capsys.readouterr().err)
     assert cli.main(["agent", "--rules", str(node.rules), "--sensor", "nosuch"]) == 2
     assert capsys.readouterr().err == "hpcsec: error: unknown sensor nosuch\n"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        assert cli.main(["agent", "--rules", str(node.rules), "--metrics-address", address,
+                         "--output", f"file://{tmp_path / 'a.jsonl'}"]) == 2
+    assert capsys.readouterr().err == (f"hpcsec: error: cannot serve metrics on {address}: "
+                                       "Address already in use\n")
+    assert cli.main(["agent", "--rules", str(node.rules), "--metrics-address", "9817"]) == 2
+    assert capsys.readouterr().err == ("hpcsec: error: metrics address '9817': expected "
+                                       "HOST:PORT, e.g. 127.0.0.1:9817\n")
 
 
 def test_queue_is_bounded_in_events_and_counts_drops(node: Node):
