@@ -5,9 +5,10 @@
 1. Steady state. The agent runs every default sensor at `--interval` (10 s) on the fixture
    node: the 4-HCA sysfs tree of fixtures/sysfs joined with the DMI and network trees of
    fixtures/sysfs-node, this machine's /proc and /etc (its real processes and sockets), and
-   a JSONL output. CPU share of one core is (utime + stime) / wall from /proc/<pid>/stat over
-   `--duration` after start-up (the CPU of commands it ran, such as squeue, is shown apart);
-   RSS is VmRSS at the end (VmHWM: the peak). Targets: <= 0.5 % and <= 80 MB. The bundled
+   a JSONL output; the file-access stream watches one (idle) model directory. CPU share of
+   one core is the run time of its threads (schedstat) / wall over `--duration` after
+   start-up (the CPU of commands it ran, such as squeue, is shown apart); RSS is VmRSS at the
+   end (VmHWM: the peak). Targets: <= 0.5 % and <= 80 MB. The bundled
    rules run. A second run adds the DuckDB store (every event, written once a minute; keep
    `--duration` >= 60 so the window holds a write). No NVML here, so the GPU sensors report
    unavailable; bench.sensors measures their parsing cost with the fake NVML.
@@ -100,11 +101,18 @@ class Agent:
             time.sleep(0.02)
 
     def cpu_s(self) -> tuple[float, float]:
-        """CPU seconds of the agent, and of the commands it ran (squeue, rdma) and waited for."""
+        """CPU seconds of the agent, and of the commands it ran (squeue, rdma) and waited for.
+
+        The agent's own time is the sum of its threads' schedstat run times (nanoseconds):
+        utime/stime are sampled at the scheduler tick, too coarse for wakeups that last a
+        fraction of a millisecond. Children are only known from cutime/cstime, in ticks.
+        """
+        own = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that just ended
+                own += int((task / "schedstat").read_text().split()[0])
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # utime, stime; cutime, cstime
-        return ((int(fields[11]) + int(fields[12])) / TICKS,
-                (int(fields[13]) + int(fields[14])) / TICKS)
+        return own / 1e9, (int(fields[13]) + int(fields[14])) / TICKS  # cutime, cstime
 
     def memory_mb(self) -> tuple[float, float]:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -132,7 +140,13 @@ def steady_state(work: Path, duration: float, interval: float, store: bool) -> N
     if not sysfs.exists():
         fixture_node(work)
     extra = ("--store", str(work / "store.duckdb")) if store else ()
-    agent = Agent(work, "--sysfs-root", str(sysfs), "--interval", str(interval),
+    # One protected model directory, so the file-access stream runs as on a real node.
+    models = work / "steady-models"
+    models.mkdir(exist_ok=True)
+    (work / "steady.yml").write_text(f"assets:\n  - name: m\n    kind: model\n"
+                                     f"    paths: ['{models}/**']\n")
+    agent = Agent(work, "--config", str(work / "steady.yml"),
+                  "--sysfs-root", str(sysfs), "--interval", str(interval),
                   "--output", f"file://{work / 'steady.jsonl'}", *extra, bundled_rules=True)
     try:
         time.sleep(min(interval, 5.0))  # imports and the first sample are start-up

@@ -15,12 +15,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
 
-from .schema import Event
+from .schema import Event, rfc3339
 
 # How often the stream thread collects what the fanotify reader folded: the bound on the
 # latency it adds between a file access and its evaluation.
@@ -202,7 +202,12 @@ class SampledSource(_SourceThread):
 
 class StreamSource(_SourceThread):
     """The file-access sensor in streaming mode: its fanotify reader folds accesses as they
-    happen, and this thread hands them to the queue every STREAM_POLL_S."""
+    happen, and this thread hands them to the queue every STREAM_POLL_S.
+
+    A streaming sensor may offer `pending() -> bool` (accesses, drops or errors waiting to be
+    collected; it must be cheap): then an idle poll is that one call instead of a whole
+    collect, which is most of what an idle agent spends.
+    """
 
     def __init__(self, spec: SensorSpec, make_context: Callable[[], SensorContext],
                  queue: EventQueue, on_run: SampleHook, poll_s: float = STREAM_POLL_S):
@@ -213,11 +218,16 @@ class StreamSource(_SourceThread):
         self.queue = queue
         self.on_run = on_run
         self.poll_s = poll_s
+        self._base: SensorContext | None = None
+        self._reported_ok = False
 
     def _context(self) -> SensorContext:
-        ctx = self.make_context()
-        ctx.options["stream"] = True
-        return ctx
+        # The roots and config stay for the stream's life (new assets restart it), so each
+        # poll copies one context with a new time: a fresh one costs more than the poll.
+        if self._base is None:
+            self._base = self.make_context()
+            self._base.options["stream"] = True
+        return replace(self._base, timestamp=rfc3339())
 
     def open(self) -> SensorRun:
         """Start the fanotify stream (its first collect); the caller looks at the status to
@@ -225,17 +235,22 @@ class StreamSource(_SourceThread):
         ctx = self._context()
         run = run_sensor(self.spec, self.sensor, ctx)
         self.queue.put(Chunk(ctx, [*run.events, run.status]), self.spec.name)
+        self._reported_ok = run.ok  # the caller reports this run
         return run
 
     def _run(self) -> None:
+        pending = getattr(self.sensor, "pending", None)
         while not self._stop.wait(self.poll_s):
-            self._collect()
+            if pending is None or pending():
+                self._collect()
         self._collect()  # what the reader folded since the last poll, before stopping
 
     def _collect(self) -> None:
         ctx = self._context()
         run = run_sensor(self.spec, self.sensor, ctx)
-        self.on_run(run)
+        if run.events or not (run.ok and self._reported_ok):  # an idle poll changes no metric
+            self.on_run(run)
+        self._reported_ok = run.ok
         # Idle polls carry no accesses: their `ok` status would only fill the store.
         events = run.events if run.ok else [*run.events, run.status]
         if events:

@@ -44,6 +44,7 @@ from sigma.types import (
 )
 
 from . import matchers as m
+from .condtree import conjuncts, necessary_fields, necessary_test
 
 Predicate = Callable[[dict[str, Any]], tuple[int, ...]]
 
@@ -128,20 +129,13 @@ def _affix_test(method: Callable[[str, tuple[str, ...]], bool], affixes: tuple[s
     return method(text, affixes)
 
 
-def _wildcarded(prefix: bool) -> Callable[[str], SigmaString]:
-    def build(text: str) -> SigmaString:
-        value = SigmaString.from_str(text.replace("\\", "\\\\").replace("*", "\\*")
-                                     .replace("?", "\\?"))
-        multi = SpecialChars.WILDCARD_MULTI
-        return value + multi if prefix else multi + value
-
-    return build
+GROUPED_SHAPES = ("eq", "startswith", "endswith")  # OR-ed per field, see or_terms
 
 
-# value shapes OR-ed per field (see CategoryCompiler.or_terms), and how to rebuild one value
-GROUPED_SHAPES: dict[str, Callable[[str], SigmaString]] = {
-    "eq": SigmaString.from_str, "startswith": _wildcarded(True), "endswith": _wildcarded(False),
-}
+def _number_in(numbers: frozenset[Any], value: Any) -> bool:
+    """Like OR-ed m.number_equals: numbers and numeric strings, never booleans."""
+    found = m.as_number(value)
+    return found is not None and found in numbers
 
 
 class CategoryCompiler:
@@ -151,8 +145,9 @@ class CategoryCompiler:
         self.fields: dict[str, int] = {}  # field -> variable number
         self.folded: set[int] = set()  # variables whose lower-case form is needed
         self.namespace: dict[str, Any] = {}
-        # per rule: its conjuncts (code, fields read) and the fields it cannot match without
-        self.rules: list[tuple[list[tuple[str, frozenset[str]]], list[str]]] = []
+        # per rule: its conjuncts (code, fields read, tree) and the fields it cannot match
+        # without
+        self.rules: list[tuple[list[tuple[str, frozenset[str], Any]], list[str]]] = []
         self._used: set[str] = set()
 
     def add_rule(self, conditions: Sequence[Any]) -> int:
@@ -161,22 +156,32 @@ class CategoryCompiler:
         The rule is kept as its conjuncts (code, fields read), in rule order."""
         parts = []
         for conjunct in (c for tree in conditions for c in conjuncts(tree)):
-            self._used = set()
-            parts.append((f"({self.expr(conjunct)})", frozenset(self._used)))
+            code, fields = self.traced(conjunct)
+            parts.append((code, fields, conjunct))
         necessary = [f for c in conditions for f in necessary_fields(c)]
-        self.rules.append((parts or [("False", frozenset())], necessary))
+        self.rules.append((parts or [("False", frozenset(), None)], necessary))
         return len(self.rules) - 1
+
+    def traced(self, node: Any) -> tuple[str, frozenset[str]]:
+        """The node's code and the fields it reads."""
+        self._used = set()
+        return f"({self.expr(node)})", frozenset(self._used)
 
     def build(self, name: str) -> Predicate:
         """One function for the category. Each rule is grouped under the first field it cannot
         match without (rule authors put the selective test first), so an event fetches and
         folds only the fields of the groups whose guard field it carries. Within a group, a
-        rule runs its first test before fetching the rest of its fields: most events fail it."""
+        rule first runs a test it cannot match without (its first conjunct, or for an OR the
+        OR of each branch's first test) before fetching the rest of its fields: most events
+        fail it."""
         groups: dict[str | None, list[int]] = {}
         for i, (_, necessary) in enumerate(self.rules):
             groups.setdefault(necessary[0] if necessary else None, []).append(i)
-        lines = [f"def {name}(ev):", "    g = ev.get", "    r = ()"]
         top = set().union(*(self.fields_of(i) for i in groups.get(None, ())))
+        # generate every test before emitting fetches: tests may need folded variables
+        checks = {i: self.pre_check(i, top | {guard}) for guard, members in groups.items()
+                  if guard is not None for i in members}
+        lines = [f"def {name}(ev):", "    g = ev.get", "    r = ()"]
         self._fetch(lines, "    ", sorted(top))
         for i in groups.pop(None, ()):
             lines += [f"    if {self.code(i)}:", f"        r += ({i},)"]
@@ -188,20 +193,22 @@ class CategoryCompiler:
             if n in self.folded and guard not in top:
                 lines.append(f"        l{n} = v{n}.lower() if v{n}.__class__ is str else None")
             known = top | {guard}
-            checked = {i: self.pre_check(i, known) for i in members}
-            header = set().union(*(self.fields_of(i) if checked[i] is None else
-                                   self.rules[i][0][checked[i]][1] for i in members))
+            header = set().union(*(self.fields_of(i) if checks[i] is None else checks[i][1]
+                                   for i in members))
             self._fetch(lines, "        ", sorted(header - known))
             known |= header
             for i in members:
-                first = checked[i]
-                if first is None:
+                if checks[i] is None:
                     lines += [f"        if {self.code(i)}:", f"            r += ({i},)"]
                     continue
-                lines.append(f"        if {self.rules[i][0][first][0]}:")
+                test, _, skip = checks[i]
+                lines.append(f"        if {test}:")
                 self._fetch(lines, "            ", sorted(self.fields_of(i) - known))
-                lines += [f"            if {self.code(i, skip=first)}:",
-                          f"                r += ({i},)"]
+                rest = self.code(i, skip)
+                if rest == "True":
+                    lines.append(f"            r += ({i},)")
+                    continue
+                lines += [f"            if {rest}:", f"                r += ({i},)"]
         lines.append("    return r")
         source = "\n".join(lines)
         code = compile(source, f"<hpcsec rules {name}>", "exec")
@@ -211,23 +218,30 @@ class CategoryCompiler:
         return fn
 
     def fields_of(self, rule: int) -> set[str]:
-        return set().union(*(fields for _, fields in self.rules[rule][0]))
+        return set().union(*(part[1] for part in self.rules[rule][0]))
 
     def code(self, rule: int, skip: int | None = None) -> str:
         """The rule's conjuncts AND-ed, but for the one already tested."""
-        parts = [c for k, (c, _) in enumerate(self.rules[rule][0]) if k != skip]
+        parts = [part[0] for k, part in enumerate(self.rules[rule][0]) if k != skip]
         return " and ".join(parts) or "True"
 
-    def pre_check(self, rule: int, known: set[str]) -> int | None:
-        """The rule's conjunct to test before fetching the rest of its fields (the first one
-        that reads fields; the group fetches them), when the rule reads unfetched fields."""
-        parts = self.rules[rule][0]
+    def pre_check(self, rule: int,
+                  known: set[str]) -> tuple[str, frozenset[str], int | None] | None:
+        """(code, fields read, conjunct it replaces) of a test the rule cannot match without,
+        reading `known` fields where the rule has one, when the rule reads other fields."""
         if self.fields_of(rule) <= known:
             return None
-        for k, (_, fields) in enumerate(parts):
-            if fields:  # not a keyword search: those read every field
-                return k
-        return None
+        options = []
+        for k, (code, fields, node) in enumerate(self.rules[rule][0]):
+            needed = necessary_test(node)
+            if needed is node and fields:
+                options.append((code, fields, k))
+            elif needed is not None:
+                options.append((*self.traced(needed), None))
+        for option in options:
+            if option[1] <= known:
+                return option
+        return options[0] if options else None
 
     def _fetch(self, lines: list[str], indent: str, fields: list[str]) -> None:
         for field in fields:
@@ -266,9 +280,10 @@ class CategoryCompiler:
         raise UnsupportedValue(f"condition element {type(node).__name__} is not supported")
 
     def or_terms(self, args: Sequence[Any]) -> list[str]:
-        """OR-ed plain equalities on one field become one set lookup (value lists), OR-ed
-        prefixes or suffixes one `startswith`/`endswith` call with a tuple."""
-        by_field: dict[tuple[str, str], list[str]] = {}
+        """OR-ed plain equalities on one field (strings or numbers) become one set lookup
+        (value lists), OR-ed prefixes or suffixes one `startswith`/`endswith` call with a
+        tuple."""
+        by_field: dict[tuple[str, str], list[tuple[str, Any]]] = {}
         others = []
         for arg in args:
             value = getattr(arg, "value", None)
@@ -279,13 +294,25 @@ class CategoryCompiler:
                 and string_shape(value, lower=True)[0] in GROUPED_SHAPES
             ):
                 kind, text = string_shape(value, lower=True)
-                by_field.setdefault((arg.field, kind), []).append(text)
+                by_field.setdefault((arg.field, kind), []).append((text, arg))
+            elif isinstance(arg, ConditionFieldEqualsValueExpression) and \
+                    type(value) is SigmaNumber:
+                by_field.setdefault((arg.field, "number"), []).append((value.number, arg))
             else:
                 others.append(self.expr(arg))
         terms = []
-        for (field, kind), texts in by_field.items():
-            if len(texts) == 1:
-                terms.append(self.leaf(field, GROUPED_SHAPES[kind](texts[0])))
+        for (field, kind), pairs in by_field.items():
+            if len(pairs) == 1:
+                terms.append(self.expr(pairs[0][1]))
+                continue
+            texts = [text for text, _ in pairs]
+            if kind == "number":  # ints and floats hash alike: 3 == 3.0, as `==` has it
+                members = frozenset(texts)
+                raw = self.var(field)
+                slow = self.const(m.lift(functools.partial(_number_in, members)))
+                terms.append(f"({raw} in {self.const(members)} if ({raw}.__class__ is int or "
+                             f"{raw}.__class__ is float) else {raw} is not None and "
+                             f"{slow}({raw}))")
                 continue
             folded, raw = self.var(field, folded=True), self.var(field)
             if kind == "eq":
@@ -343,31 +370,6 @@ class CategoryCompiler:
             return (f"({raw} {op} {value.number.number!r} if {numeric} "
                     f"else {raw} is not None and {slow}({raw}))")
         return f"({raw} is not None and {slow}({raw}))"
-
-
-def conjuncts(node: Any) -> list[Any]:
-    """The AND-ed parts of a condition (the generated code may test them in any order: they
-    have no side effects)."""
-    if isinstance(node, ConditionAND):
-        return [c for a in node.args for c in conjuncts(a)]
-    return [node]
-
-
-def necessary_fields(node: Any) -> list[str]:
-    """Fields the condition cannot be true without (present and not null), in rule order."""
-    if isinstance(node, ConditionAND):
-        return list(dict.fromkeys(f for a in node.args for f in necessary_fields(a)))
-    if isinstance(node, ConditionOR):
-        lists = [necessary_fields(a) for a in node.args]
-        return [f for f in lists[0] if all(f in other for other in lists[1:])] if lists else []
-    if isinstance(node, ConditionFieldEqualsValueExpression):
-        value = node.value
-        if isinstance(value, SigmaNull) or (isinstance(value, SigmaExists) and not value.exists):
-            return []
-        if isinstance(value, SigmaFieldReference):
-            return [node.field, value.field]
-        return [node.field]
-    return []  # NOT, keywords, empty
 
 
 def scalar_keyword(value: Any) -> Callable[[Any], bool]:

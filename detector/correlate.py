@@ -109,6 +109,7 @@ class Correlation:
         self.groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
         self.sources = sources
         self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
+        self.keys_by_source = [group_key(fields) for fields in self.fields_by_source]
         condition = sigma.condition
         self.extended = None
         if isinstance(condition, SigmaExtendedCorrelationCondition):
@@ -125,6 +126,10 @@ class Correlation:
         self.sliding = self.op in ("GT", "GTE") and not (
             self.extended is not None and has_negation(self.extended[0]))
         self.relation = RELATIONS[self.op]
+        self._add_kind = {
+            "event_count": self._add_events, "value_count": self._add_value,
+            "temporal": self._add_seen, "temporal_ordered": self._add_ordered,
+        }.get(self.kind, self._add_sum)
 
     def _ref_index(self, sigma: SigmaCorrelationRule, ref: str) -> int:
         for i, src in enumerate(self.sources):
@@ -148,7 +153,7 @@ class Correlation:
     # -- feeding ----------------------------------------------------------------------------
     def feed(self, source: int, event: dict[str, Any], t: float,
              evidence: tuple[dict[str, Any], ...]) -> Fired | None:
-        key = tuple(map(event.get, self.fields_by_source[source]))
+        key = self.keys_by_source[source](event)
         groups = self.groups
         try:
             group = groups.get(key)
@@ -156,71 +161,105 @@ class Correlation:
             key = tuple(hashable(v) for v in key)
             group = groups.get(key)
         fired = None
-        if group is not None and not self.sliding and t > group.start + self.span:
-            fired = self._close(key, group)
-            group = None
+        if group is not None:
+            if not self.sliding and t > group.start + self.span:
+                fired = self._close(key, group)
+                group = None
+            else:
+                groups.move_to_end(key)
         if group is None:
-            group = self.groups[key] = self._new_group(t)
-            if len(self.groups) > self.max_groups:
-                self.groups.popitem(last=False)
+            group = groups[key] = self._new_group(t)
+            if len(groups) > self.max_groups:
+                groups.popitem(last=False)
                 self.stats.evicted_groups += 1
-        else:
-            self.groups.move_to_end(key)
         group.last = t
         if len(evidence) == 1:
             group.sample.append((t, evidence[0]))
         else:
             group.sample.extend((t, ev) for ev in evidence)
-        value = self._add(group, source, event, t)
-        if self.sliding and value is not None and self.relation(value[0], self.threshold):
-            del self.groups[key]
+        value = self._add_kind(group, source, event, t)
+        if value is not None and self.sliding and self.relation(value[0], self.threshold):
+            del groups[key]
             return self._fired(key, group, value[1], t, value[0])
         return fired
 
     def _new_group(self, t: float) -> Group:
         return Group(t, self.kind, len(self.sources), self.sample_size)
 
-    def _add(self, g: Group, source: int, event: dict[str, Any],
-             t: float) -> tuple[float, float] | None:
-        """Account for one event; for sliding windows, return (aggregate, window start)."""
-        low = t - self.span
-        kind = self.kind
+    # -- accounting one event per kind (chosen once, as _add_kind): each returns, for sliding
+    # windows, (aggregate, window start) --------------------------------------------------
+    def _add_events(self, g: Group, source: int, event: dict[str, Any],
+                    t: float) -> tuple[float, float] | None:
         g.count += 1
-        if kind == "event_count":
-            if not self.sliding:
-                return None
-            g.times.append(t)
-            while g.times and g.times[0] < low:
-                g.times.popleft()
-            while len(g.times) > self.threshold + 1:
-                g.times.popleft()
-            return len(g.times), g.times[0]
-        if kind == "value_count":
-            value = (tuple(map(event.get, self.field)) if isinstance(self.field, tuple)
-                     else event.get(self.field))
-            if value.__class__ is not str:
-                value = hashable(value)
-            if value is None:
-                return None
-            if not self.sliding and value not in g.values and len(g.values) > self.threshold:
-                return None  # min(count, threshold + 1) decides every condition: saturate
-            g.values.pop(value, None)
-            g.values[value] = t  # insertion order = last-seen order
-            if self.sliding:
-                values = g.values
-                while True:  # oldest first; at most threshold+1 are needed to decide
-                    old = next(iter(values))
-                    if values[old] >= low and len(values) <= self.threshold + 1:
-                        break
-                    del values[old]
-                return len(values), values[old]
+        if not self.sliding:
             return None
-        if kind in ("temporal", "temporal_ordered"):
-            return self._add_temporal(g, source, t, low)
+        times = g.times
+        times.append(t)
+        low = t - self.span
+        while times and times[0] < low:
+            times.popleft()
+        while len(times) > self.threshold + 1:
+            times.popleft()
+        return len(times), times[0]
+
+    def _add_value(self, g: Group, source: int, event: dict[str, Any],
+                   t: float) -> tuple[float, float] | None:
+        g.count += 1
+        value = (tuple(map(event.get, self.field)) if isinstance(self.field, tuple)
+                 else event.get(self.field))
+        if value.__class__ is not str:
+            value = hashable(value)
+        if value is None:
+            return None
+        values = g.values
+        if not self.sliding and value not in values and len(values) > self.threshold:
+            return None  # min(count, threshold + 1) decides every condition: saturate
+        values.pop(value, None)
+        values[value] = t  # insertion order = last-seen order
+        if self.sliding:
+            low = t - self.span
+            while True:  # oldest first; at most threshold+1 are needed to decide
+                old = next(iter(values))
+                if values[old] >= low and len(values) <= self.threshold + 1:
+                    break
+                del values[old]
+            return len(values), values[old]
+        return None
+
+    def _add_ordered(self, g: Group, source: int, event: dict[str, Any],
+                     t: float) -> tuple[float, float] | None:
+        g.count += 1
+        low = t - self.span
+        chain = g.chain  # chain[i]: latest start of an in-order chain that reached rule i
+        if source == 0:
+            chain[0] = t
+        elif chain[source - 1] is not None and chain[source - 1] >= low:
+            chain[source] = chain[source - 1]
+        reached = max((i + 1 for i, s in enumerate(chain) if s is not None and s >= low),
+                      default=0)
+        start = chain[reached - 1] if reached else t
+        return reached, start
+
+    def _add_seen(self, g: Group, source: int, event: dict[str, Any],
+                  t: float) -> tuple[float, float] | None:
+        g.count += 1
+        seen = g.seen
+        seen[source] = t
+        if self.sliding:
+            low = t - self.span
+            if len(seen) > 1:
+                for i in [i for i, last in seen.items() if last < low]:
+                    del seen[i]
+            if self.extended is None:
+                return len(seen), min(seen.values())
+        return self._temporal_value(g), min(seen.values())
+
+    def _add_sum(self, g: Group, source: int, event: dict[str, Any],
+                 t: float) -> tuple[float, float] | None:
         number = as_number(event.get(self.field))  # value_sum / value_avg
         if number is None:
-            g.count -= 1
             return None
+        g.count += 1
         width = self.span / BUCKETS if self.sliding else float("inf")
         if g.buckets and t < g.buckets[-1][0] + width:
             g.buckets[-1][1] += number
@@ -229,6 +268,7 @@ class Correlation:
             g.buckets.append([t, number, 1])
         if not self.sliding:
             return None
+        low = t - self.span
         while g.buckets and g.buckets[0][0] + width <= low:
             g.buckets.popleft()
         return self._sum_value(g), g.buckets[0][0]
@@ -239,24 +279,6 @@ class Correlation:
             n = sum(b[2] for b in g.buckets)
             return total / n if n else 0.0
         return total
-
-    def _add_temporal(self, g: Group, source: int, t: float,
-                      low: float) -> tuple[float, float] | None:
-        if self.kind == "temporal":
-            g.seen[source] = t
-            if self.sliding:
-                for i in [i for i, seen in g.seen.items() if seen < low]:
-                    del g.seen[i]
-            return self._temporal_value(g), min(g.seen.values())
-        chain = g.chain  # chain[i]: latest start of an in-order chain that reached rule i
-        if source == 0:
-            chain[0] = t
-        elif chain[source - 1] is not None and chain[source - 1] >= low:
-            chain[source] = chain[source - 1]
-        reached = max((i + 1 for i, s in enumerate(chain) if s is not None and s >= low),
-                      default=0)
-        start = chain[reached - 1] if reached else t
-        return reached, start
 
     def _temporal_value(self, g: Group) -> float:
         if self.extended is None:
@@ -311,6 +333,18 @@ class Correlation:
 
     def group_pairs(self, key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
         return tuple(zip(self.group_by, key, strict=True))
+
+
+def group_key(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """The event's group-by values (None where absent); one or two fields (the usual) without
+    building a map object per event."""
+    if len(fields) == 1:
+        (first,) = fields
+        return lambda event: (event.get(first),)
+    if len(fields) == 2:
+        first, second = fields
+        return lambda event: (event.get(first), event.get(second))
+    return lambda event: tuple(map(event.get, fields))
 
 
 def has_negation(node: Any) -> bool:

@@ -46,6 +46,8 @@ from .errors import RuleError, location
 from .ruleset import LoadedRule, RuleSet
 from .schema import PRODUCT
 
+NO_TIME = float("nan")  # an event whose @timestamp cannot be read: correlations skip it
+
 
 @dataclass(frozen=True)
 class Match:
@@ -240,21 +242,22 @@ class Engine:
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, events: Iterable[dict[str, Any]]) -> list[Match]:
         out: list[Match] = []
-        by_category = self._by_category
+        route = self._by_category.get
         any_category = self._any_category
+        hits_of = self._hits
         for event in events:
             try:
-                entry = by_category.get(event.get("event.category"))
-            except TypeError:  # a malformed, unhashable category routes nowhere
+                entry = route(event["event.category"])
+            except (KeyError, TypeError):  # no category, or a malformed unhashable one
                 entry = None
             if entry is not None:
                 hits = entry[0](event)
                 if hits:
-                    self._hits(entry[1], hits, event, out)
+                    hits_of(entry[1], hits, event, out)
             if any_category is not None:
                 hits = any_category[0](event)
                 if hits:
-                    self._hits(any_category[1], hits, event, out)
+                    hits_of(any_category[1], hits, event, out)
         if self.correlations:
             self._expire(out)
         return out
@@ -263,21 +266,25 @@ class Engine:
               out: list[Match]) -> None:
         self.stats.rule_hits += len(hits)
         t: float | None = None  # event time, read once and only if a correlation needs it
-        timed = True
+        evidence = (event,)
         for i in hits:
             slot = slots[i]
             if slot.emit:
-                out.append(Match(slot.rule, (event,)))
-            if slot.feeds and timed:
+                out.append(Match(slot.rule, evidence))
+            if slot.feeds:
                 if t is None:
                     t = epoch(event.get("@timestamp"))
                     if t is None:
                         self.stats.untimed_events += 1
-                        timed = False
-                        continue
-                    self.watermark = max(self.watermark, t)
+                        t = NO_TIME
+                    elif t > self.watermark:
+                        self.watermark = t
+                if t is NO_TIME:
+                    continue
                 for feed in slot.feeds:
-                    self._feed(feed, event, t, (event,), out)
+                    fired = feed.correlation.feed(feed.source, event, t, evidence)
+                    if fired is not None:
+                        self._fire(feed.correlation, fired, out)
 
     def _feed(self, feed: Feed, event: dict[str, Any], t: float,
               evidence: tuple[dict[str, Any], ...], out: list[Match]) -> None:

@@ -4,7 +4,8 @@ An event is one JSON object with flat dotted field names. A nested object
 (`{"process": {"name": "x"}}`, as some SIEM exports write ECS) is read as those dotted names.
 A schema field that holds one value (`process.name`, `user.id`) must not be a list or an
 object, and `@timestamp` is RFC 3339 text: enrichment, rules and correlation windows read them
-so, and such a line is malformed.
+so, and such a line is malformed. An event without `event.id` gets the one new_event would give
+it (a hash of its fields), so a replayed file keeps its ids.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import BinaryIO
 
 import orjson
 
-from .schema import FIELDS, Event
+from .schema import FIELDS, Event, event_id
 
 MAX_REPORTED_LINES = 5
 ONE_VALUE_FIELDS = {f.name: f.type for f in FIELDS if f.type not in ("list", "object")}
@@ -63,6 +64,8 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
         if problem is not None:
             report.reject(line_no, problem)
             continue
+        if "event.id" not in event:  # every event has one (alerts without dedup key on it)
+            event["event.id"] = event_id(event)
         report.events += 1
         yield event
 

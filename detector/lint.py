@@ -104,14 +104,15 @@ def field_findings(rule: LoadedRule) -> list[Finding]:
     corr = rule.sigma
     if isinstance(corr, SigmaCorrelationRule):
         aliases = {alias.alias for alias in corr.aliases}
-        names = [("group-by", f) for f in corr.group_by or []]
+        names: list[tuple[tuple[str, ...], str]] = [(("group-by",), f)
+                                                    for f in corr.group_by or []]
         if getattr(corr.condition, "fieldref", None):
-            names.append(("condition", corr.condition.fieldref))
+            names.append((("condition",), corr.condition.fieldref))
         # an alias stands for one field of each rule it maps
         names += [(("aliases", alias.alias, ref.reference), f) for alias in corr.aliases
                   for ref, f in alias.mapping.items()]
         out += [_at(rule, WARNING, f"unknown field {name!r} (not in docs/fields.md)",
-                    "unknown-field", "correlation", *(key if isinstance(key, tuple) else (key,)))
+                    "unknown-field", "correlation", *key)
                 for key, name in names if name not in aliases and not schema.is_known_field(name)]
     return out
 
@@ -124,7 +125,11 @@ def logsource_findings(rule: LoadedRule) -> list[Finding]:
     if logsource.product != schema.PRODUCT:
         out.append(_at(rule, ERROR, f"logsource product must be {schema.PRODUCT!r}, not "
                        f"{logsource.product!r}", "logsource", "logsource", "product"))
-    if logsource.category not in schema.CATEGORIES:
+    if logsource.category is None:
+        out.append(_at(rule, WARNING, "logsource has no category: the rule sees the events of "
+                       f"every category ({', '.join(schema.CATEGORIES)})", "logsource",
+                       "logsource"))
+    elif logsource.category not in schema.CATEGORIES:
         out.append(_at(rule, ERROR, f"unknown logsource category {logsource.category!r} "
                        f"(known: {', '.join(schema.CATEGORIES)})", "logsource",
                        "logsource", "category"))

@@ -7,9 +7,13 @@ default: the metrics name sensors and rules, which is nobody else's business.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from .errors import UsageError
 
@@ -20,6 +24,19 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"metrics address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:9817")
     return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # a scrape every 15 s is not news for the journal
+
+
+def _server_class(host: str) -> type[WSGIServer]:
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    return Server
 
 
 class AgentMetrics:
@@ -77,12 +94,20 @@ class AgentMetrics:
         return -1.0 if self._last_sample_at is None else time.time() - self._last_sample_at
 
     def serve(self, address: str) -> tuple[object, str]:
-        """Serve /metrics; returns the server and the address it listens on (real port)."""
+        """Serve /metrics; returns the server and the address it listens on (real port).
+
+        prometheus_client's own server thread wakes twice a second to look for a shutdown
+        request; this one sleeps until a scrape arrives (the agent never shuts it down: it
+        ends with the process).
+        """
         host, port = parse_address(address)
         try:
-            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+            server = make_server(host, port, make_wsgi_app(self.registry),
+                                 _server_class(host), handler_class=_QuietHandler)
         except OSError as exc:
             raise UsageError(f"cannot serve metrics on {address}: {exc.strerror}") from None
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 3600.0},
+                         name="hpcsec-metrics", daemon=True).start()
         bound_host, bound_port = server.server_address[:2]
         shown = f"[{bound_host}]" if ":" in str(bound_host) else str(bound_host)
         return server, f"{shown}:{bound_port}"

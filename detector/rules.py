@@ -4,8 +4,8 @@ pySigma says what is wrong but not where (its SigmaRuleLocation never carries a 
 is read with yamlsrc, which keeps the line of every key and list item, and each pySigma error
 is pinned to what it is about: an unknown modifier to its key, a value that does not parse
 (regex, CIDR, number) to that value, a condition error to `condition`, a missing section to the
-document start. Detection items are parsed one by one for that, so a rule with three bad values
-reports three lines.
+document start. Detection items are parsed one by one for that, so a rule with three bad
+values reports three lines. Correlation documents have checks of their own (correlation_rules).
 """
 
 from __future__ import annotations
@@ -18,18 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from sigma import exceptions as sx
-from sigma.collection import SigmaCollection, deep_dict_update
-from sigma.correlations import (
-    SigmaCorrelationRule,
-    SigmaCorrelationType,
-    SigmaRuleReference,
-)
+from sigma.collection import deep_dict_update
+from sigma.correlations import SigmaCorrelationRule
 from sigma.exceptions import SigmaError, SigmaRuleLocation
 from sigma.filters import SigmaFilter
 from sigma.rule import SigmaRule
 from sigma.rule.detection import SigmaDetectionItem, SigmaDetections
 
-from . import ruletests
+from . import correlation_rules, ruletests
 from .errors import HpcsecError, RuleError, location
 from .ruleset import LoadedRule, RuleSet, SigmaItem
 from .yamlsrc import YamlDocument, load_documents
@@ -234,11 +230,8 @@ def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]
         cls, section = SigmaRule, "detection"
     source = SigmaRuleLocation(Path(doc.path), doc.line)
     where = location(doc.path, doc.line)
-    kind = data["correlation"].get("type") if isinstance(data.get("correlation"), dict) else None
-    if kind is not None and str(kind).upper() not in SigmaCorrelationType.__members__:
-        known = ", ".join(t.name.lower() for t in SigmaCorrelationType)
-        return None, [RuleError(f"unknown correlation type {kind!r} (known: {known})",
-                                location(doc.path, doc.line_of("correlation", "type")))]
+    if section == "correlation" and (errors := correlation_rules.document_errors(doc)):
+        return None, errors
     try:
         item = cls.from_dict(data, collect_errors=True, source=source)
     except SigmaError as exc:  # some errors are raised even when collecting
@@ -347,42 +340,6 @@ def drop_duplicate_ids(ruleset: RuleSet) -> None:
     ruleset.rules = kept
 
 
-def _reference_errors(rule: LoadedRule, collection: SigmaCollection) -> list[RuleError]:
-    corr = rule.sigma
-    assert isinstance(corr, SigmaCorrelationRule)
-    refs: list[tuple[SigmaRuleReference, Key]] = [
-        (ref, ("correlation", "rules", i)) for i, ref in enumerate(corr.rules or [])]
-    if corr.rules is None:  # an extended temporal condition names the rules itself
-        refs = [(SigmaRuleReference(name), ("correlation", "condition"))
-                for name in corr.condition.get_referenced_rules()]
-    for alias in corr.aliases:
-        refs += [(ref, ("correlation", "aliases", alias.alias)) for ref in alias.mapping]
-    errors = []
-    for ref, at in refs:
-        try:
-            collection[ref.reference]
-        except sx.SigmaRuleNotFoundError:
-            errors.append(RuleError(f"correlation names unknown rule {ref.reference!r}",
-                                    location(rule.path, rule.line_of(*at))))
-    return errors
-
-
-def resolve_correlations(ruleset: RuleSet) -> None:
-    """Point each correlation at the rules it names (across all files), as pySigma does."""
-    referable = [r for r in ruleset.rules if r.kind != "filter"]
-    collection = SigmaCollection([r.sigma for r in referable], resolve_references=False)
-    kept = []
-    for rule in ruleset.rules:
-        if rule.kind == "correlation":
-            errors = _reference_errors(rule, collection)
-            if errors:
-                ruleset.errors.extend(errors)
-                continue
-            rule.sigma.resolve_rule_references(collection)  # type: ignore[union-attr]
-        kept.append(rule)
-    ruleset.rules = kept
-
-
 def load_rules(paths: Sequence[str | Path] | None = None, *,
                collect_errors: bool = False, with_tests: bool = True) -> RuleSet:
     """Rules (and their test events) from files and directories; None = the bundled rules.
@@ -398,7 +355,7 @@ def load_rules(paths: Sequence[str | Path] | None = None, *,
     for path in files:
         load_file(path, ruleset)
     drop_duplicate_ids(ruleset)
-    resolve_correlations(ruleset)
+    correlation_rules.resolve_correlations(ruleset)
     for path in files if with_tests else ():
         ruletests.load_tests_for(path, ruleset)
     if ruleset.errors and not collect_errors:

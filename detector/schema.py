@@ -211,7 +211,8 @@ FIELD_BY_NAME = {f.name: f for f in FIELDS}
 FIELD_PREFIXES = tuple(f.name[:-1] for f in FIELDS if f.name.endswith(".*"))
 
 # Alert schema (contract): these keys, plus the slurm.job.*, user.*, gpu.* and process.*
-# fields of the triggering event when present.
+# fields of the triggering event when present; also its file, peer, firmware, RDMA device
+# and asset fields, so an alert reads on its own in a SIEM without opening `events`.
 ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.id", "keyword", "stable id: same rule, grouping key and window give the same id"),
     Field("@timestamp", "date", "time of the (first) triggering event"),
@@ -232,7 +233,8 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.value", "double", "correlations: the count, sum or average that fired"),
     Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
 )
-ALERT_COPIED_PREFIXES = ("slurm.job.", "user.", "gpu.", "process.")
+ALERT_COPIED_PREFIXES = ("slurm.job.", "user.", "gpu.", "process.", "file.", "destination.",
+                         "firmware.", "rdma.device", "hpcsec.asset.")
 
 
 def is_known_field(name: str) -> bool:
@@ -312,7 +314,8 @@ def fields_markdown() -> str:
             "(`{\"process\": {\"name\": \"x\"}}`) is read as dotted names. A line that is not "
             "a JSON object, that gives a one-value field (any type but `list`) a list or an "
             "object, or whose `@timestamp` is not text, is skipped, counted and reported on "
-            "stderr with its line number; the other lines are still evaluated.", "",
+            "stderr with its line number; the other lines are still evaluated. An event "
+            "without `event.id` gets a hash of its fields, as sensors' events do.", "",
             "## Alert fields", "",
             "| field | type | meaning |", "|---|---|---|"]
     out += [f"| `{f.name}` | {f.type} | {_cell(f.description)} |" for f in ALERT_FIELDS]

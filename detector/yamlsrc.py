@@ -22,6 +22,7 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 200_000
 
 Path_ = tuple[str | int, ...]
+PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 
 
 @dataclass
@@ -55,6 +56,11 @@ class _Builder:
             raise SourceError(f"document has more than {MAX_NODES} nodes",
                               location(self.source, node.start_mark.line + 1))
         self.lines[at] = node.start_mark.line + 1
+        if isinstance(node, yaml.CollectionNode) and node.tag not in PLAIN_COLLECTION_TAGS:
+            # mappings and lists are built here, not by PyYAML's constructor: refuse the tags
+            # (`!!set`, `!!python/object/apply:…`) rather than silently read a plain list
+            raise SourceError(f"YAML tag {node.tag} is not supported",
+                              location(self.source, node.start_mark.line + 1))
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:

@@ -123,6 +123,7 @@ class FanotifyWatch:
         self._answer_lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
         self._stopping = threading.Event()
+        self._wakeup = threading.Event()  # a permission event is waiting for its answer
         self._threads: list[threading.Thread] = []
         self.answered_by_watchdog = 0
         self._errors = 0  # reads and events the reader could not handle, since the last drain
@@ -256,6 +257,7 @@ class FanotifyWatch:
         if permission:
             with self._answer_lock:
                 self._pending[event.fd] = time.monotonic() + self.answer_timeout_s
+            self._wakeup.set()
         try:
             if event.pid == self.own_pid:
                 return
@@ -284,7 +286,19 @@ class FanotifyWatch:
                 fan.respond(self.content_fd, event_fd, allow=True)
 
     def _watchdog(self) -> None:
-        while not self._stopping.wait(self.answer_timeout_s / 2):
+        # Sleeps until a permission event is pending (an idle node costs no wake-ups), then
+        # until the earliest deadline; an answer the reader gave meanwhile is simply gone.
+        while not self._stopping.is_set():
+            with self._answer_lock:
+                deadlines = list(self._pending.values())
+            if not deadlines:
+                self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            delay = min(deadlines) - time.monotonic()
+            if delay > 0:
+                self._stopping.wait(delay)
+                continue
             now = time.monotonic()
             with self._answer_lock:
                 late = [fd for fd, deadline in self._pending.items() if deadline <= now]
@@ -347,6 +361,10 @@ class FanotifyWatch:
                 self._proc_inputs[pid] = tuple(self._capture.inputs)
 
     # the sensor side
+    def pending(self) -> bool:
+        """Accesses, drops or reader errors waiting: lock-free, for the agent's cheap poll."""
+        return bool(self.folder.records or self.folder.dropped or self._errors)
+
     def drain(self) -> Drained:
         records, dropped = self.folder.drain()
         with self._answer_lock:
@@ -363,6 +381,7 @@ class FanotifyWatch:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wakeup.set()
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
         for thread in self._threads:

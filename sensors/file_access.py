@@ -218,6 +218,11 @@ class FileAccessSensor:
         self._errors: tuple[int, str | None] = (0, None)
         self._notes: list[str] = []
 
+    def pending(self) -> bool:
+        """Whether a streaming `collect` would return anything (the agent polls this often,
+        so it only reads counters: no lock, no /proc). True before the stream is started."""
+        return self._watch is None or self._watch.pending()
+
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
         self._dropped, self._errors, self._notes = 0, (0, None), []
         roots: list[str] = [] if ctx.replaying else protected_roots(ctx)

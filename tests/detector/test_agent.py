@@ -524,3 +524,53 @@ def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
     now[0] = 21.0
     assert [a["alert.id"] for a in dedup.rotate()] == [first["alert.id"]]
     assert [a["alert.id"] for a in dedup.alerts()] == [second["alert.id"]]
+
+
+class _FakeStream:
+    """A streaming sensor: accesses arrive between polls; `pending` says whether any did."""
+
+    name = "file_access"
+
+    def __init__(self) -> None:
+        self.waiting: list[int] = []
+        self.collects = 0
+        self.lock = threading.Lock()
+
+    def pending(self) -> bool:
+        with self.lock:
+            return bool(self.waiting)
+
+    def collect(self, ctx):
+        self.collects += 1
+        with self.lock:
+            pids, self.waiting = self.waiting, []
+        return [new_event("file_access", "open", "file_access", ctx.host_name, ctx.timestamp,
+                          {"process.pid": pid, "file.path": "/models/m/w.bin"}) for pid in pids]
+
+
+def test_stream_source_collects_only_when_the_sensor_has_something(node: Node):
+    from hpcsec.detector.agent_sources import StreamSource
+    from hpcsec.sensors.base import SensorSpec
+
+    fake = _FakeStream()
+    spec = SensorSpec("file_access", lambda: fake, "fake stream")
+    q = EventQueue(max_events=100)
+    runs = []
+    source = StreamSource(spec, lambda: live_context(None, etc_root=node.etc, host_name="n1"),
+                          q, runs.append, poll_s=0.01)
+    assert source.open().ok and fake.collects == 1
+    q.get(100, 0)  # the opening run's status
+    source.start()
+    try:
+        time.sleep(0.2)  # about 20 idle polls: none of them collects
+        assert fake.collects == 1 and len(q) == 0
+        with fake.lock:
+            fake.waiting += [41, 42]
+        wait_for(lambda: len(q) == 2, "the two accesses")
+    finally:
+        source.stop()
+    chunks = q.get(100, 0)
+    assert [e["process.pid"] for c in chunks for e in c.events] == [41, 42]
+    assert fake.collects == 3  # the access poll and the one at stop (empty, ok: not queued)
+    # Reported to the metrics: the run with accesses; idle ok runs change nothing there.
+    assert len(q) == 0 and [len(r.events) for r in runs] == [2]

@@ -48,7 +48,8 @@ def test_alert_schema_fields(tmp_path):
     assert alert["slurm.job.id"] == "881" and alert["slurm.job.account"] == "vision"
     assert alert["user.name"] == "mallory" and alert["process.pid"] == 4001
     assert alert["gpu.index"] == 3
-    assert "file.path" not in alert  # only slurm/user/gpu/process fields are lifted
+    assert alert["file.path"] == "/models/m/1.bin"
+    assert "event.action" not in alert and "hpcsec.sensor" not in alert
     assert alert["events"] == [_event(1)]
     assert alert["count"] == 1
     assert alert["alert.summary"] == "scp of mallory read /models/m/1.bin"

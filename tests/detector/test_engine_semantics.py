@@ -370,3 +370,35 @@ def test_time_part_with_comparison():
     check("sel:\n  process.start|hour|gte: 20\ncondition: sel\n",
           [{"process.start": "2026-12-01T21:00:00Z"}, {"process.start": "2026-12-01T20:00:00Z"}],
           [{"process.start": "2026-12-01T03:00:00Z"}, {"process.start": 20}])
+
+
+def test_value_lists_of_prefixes_suffixes_and_numbers():
+    """Value lists are compiled to one set lookup or one tuple prefix/suffix test: the value
+    semantics (case, lists in events, numeric strings, booleans) must stay those of each value."""
+    check("sel:\n  process.executable|startswith: [/usr/, /OPT/]\n"
+          "  process.command_line|endswith: [.py, ' --x']\n  process.pid: [10, 20.5]\n"
+          "condition: sel\n",
+          [{"process.executable": "/Opt/a", "process.command_line": "RUN.PY",
+            "process.pid": 10},
+           {"process.executable": ["/bin/a", "/usr/b"], "process.command_line": "a --X",
+            "process.pid": "20.5"},
+           {"process.executable": "/usr/a", "process.command_line": ["x", "y.py"],
+            "process.pid": [1, 10.0]}],
+          [{"process.executable": "/bin/usr/", "process.command_line": "a.py", "process.pid": 10},
+           {"process.executable": "/usr/a", "process.command_line": "a.pyc", "process.pid": 10},
+           {"process.executable": "/usr/a", "process.command_line": "a.py", "process.pid": True},
+           {"process.executable": "/usr/a", "process.command_line": "a.py", "process.pid": "x"},
+           {"process.executable": "/usr/a", "process.command_line": "a.py", "process.pid": 11},
+           {"process.executable": "/usr/a", "process.command_line": "a.py"}])
+
+
+def test_either_branch_of_an_or_matches():
+    """Rules are tested first on a condition they cannot match without (for an OR, any
+    branch's first test): an event matching through the second branch only still matches."""
+    check("a:\n  process.name: x\nb:\n  user.name: root\nc:\n  process.pid: 7\n"
+          "d:\n  user.id: 0\ncondition: (a and not b) or (c and d)\n",
+          [{"process.name": "x"}, {"process.name": "X", "user.name": "alice"},
+           {"process.pid": 7, "user.id": 0}, {"process.name": "x", "process.pid": "7",
+                                              "user.id": "0", "user.name": "root"}],
+          [{"process.name": "x", "user.name": "root"}, {"process.pid": 7},
+           {"user.id": 0}, {"process.name": "y", "process.pid": 8, "user.id": 0}, {}])

@@ -1,12 +1,18 @@
 import io
 
 from hpcsec.detector.eventio import InputReport, read_jsonl
+from hpcsec.detector.schema import event_id
+
+
+def without_ids(events):
+    """The events read, less the `event.id` the reader gives events that have none."""
+    return [{k: v for k, v in e.items() if k != "event.id"} for e in events]
 
 
 def test_malformed_lines_are_skipped_counted_and_reported():
     data = b'{"a": 1}\nnot json\n\n[1, 2]\n{"b": 2}\n{"c":\n'
     report = InputReport("events.jsonl")
-    events = list(read_jsonl(io.BytesIO(data), report))
+    events = without_ids(read_jsonl(io.BytesIO(data), report))
     assert events == [{"a": 1}, {"b": 2}]
     assert report.malformed == 3
     assert [n for n, _ in report.malformed_lines] == [2, 4, 6]
@@ -17,7 +23,7 @@ def test_malformed_lines_are_skipped_counted_and_reported():
 
 def test_clean_input_reports_nothing():
     report = InputReport("x")
-    assert list(read_jsonl(io.BytesIO(b'{"a": 1}\n'), report)) == [{"a": 1}]
+    assert without_ids(read_jsonl(io.BytesIO(b'{"a": 1}\n'), report)) == [{"a": 1}]
     assert report.describe() is None
 
 
@@ -26,7 +32,7 @@ def test_nested_objects_are_read_as_dotted_names():
             b'"parent": {"pid": 1}}, "process.args": ["xmrig", "-o"]}\n'
             b'{"process": {"name": "a"}, "process.name": "b"}\n')
     report = InputReport("nested.jsonl")
-    assert list(read_jsonl(io.BytesIO(data), report)) == [
+    assert without_ids(read_jsonl(io.BytesIO(data), report)) == [
         {"@timestamp": "2026-11-30T01:00:00Z", "process.name": "xmrig",
          "process.parent.pid": 1, "process.args": ["xmrig", "-o"]}]
     assert report.malformed_lines == [(2, "field process.name is given twice")]
@@ -38,7 +44,7 @@ def test_one_value_schema_field_holding_a_list_or_object_is_malformed():
             b'{"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}\n'
             b'{"@timestamp": 1764464523, "process.name": "x"}\n')
     report = InputReport("shapes.jsonl")
-    assert list(read_jsonl(io.BytesIO(data), report)) == [
+    assert without_ids(read_jsonl(io.BytesIO(data), report)) == [
         {"slurm.job.gpus": [0, 1], "x.custom": [1, {"a": 2}]}]  # list fields, unknown fields
     assert report.malformed_lines == [
         (1, "field process.name is a list, not one keyword value"),
@@ -72,3 +78,32 @@ def test_scan_skips_badly_shaped_lines_and_alerts_on_the_rest(tmp_path, capsys):
     assert (f"hpcsec: {events}: skipped 3 malformed line(s) of 4 (line 1: field process.name "
             "is a list, not one keyword value; line 2: field host.name is a list, not one "
             "keyword value; line 3: @timestamp must be RFC 3339 text, not int)") in err
+
+
+def test_events_without_an_id_get_a_stable_one():
+    data = b'{"process.name": "a"}\n{"process.name": "a", "event.id": "given"}\n'
+    first, second = read_jsonl(io.BytesIO(data), InputReport("ids.jsonl"))
+    assert first["event.id"] == event_id({"process.name": "a"})
+    assert second["event.id"] == "given"
+    again, _ = read_jsonl(io.BytesIO(data), InputReport("ids.jsonl"))
+    assert again["event.id"] == first["event.id"]
+
+
+def test_no_dedup_gives_one_alert_per_event_even_without_ids(tmp_path, capsys):
+    import json
+
+    from hpcsec.detector.cli import main
+
+    rules = tmp_path / "miners.yml"
+    rules.write_text("title: Miner\nid: 1f0e0d0c-0000-4000-8000-0000000000aa\nlevel: high\n"
+                     "logsource: {product: hpc, category: process}\n"
+                     "detection:\n  sel: {process.name|startswith: xmrig}\n  condition: sel\n")
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps({"event.category": "process", "process.name": name})
+                              + "\n" for name in ("xmrig", "xmrig-6", "bash", "xmrig-7")))
+    main(["scan", "--events", str(events), "--rules", str(rules), "--no-dedup", "--format",
+          "jsonl"])
+    alerts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(a["events"][0]["process.name"] for a in alerts) == ["xmrig", "xmrig-6",
+                                                                       "xmrig-7"]
+    assert [a["count"] for a in alerts] == [1, 1, 1]

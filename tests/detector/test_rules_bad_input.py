@@ -138,6 +138,14 @@ def test_condition_list_error_names_its_item(tmp_path):
     ("title: x\nlogsource: {product: hpc, category: process, service: {}}\n"
      "detection: {sel: {a: x}, condition: sel}\n", 2,
      "logsource service must be one name, not a dict"),
+    ("title: x\ncorrelation:\n  type: event_count\n  rules: [a]\n  timespan: 5m\n"
+     "  condition:\n    gte: 2.5\n", 7, "correlation condition gte: 2.5 is not a whole number"),
+    ("title: x\ncorrelation:\n  type: value_sum\n  rules: [a]\n  timespan: 5m\n"
+     "  condition: {field: file.size, lt: [1]}\n", 6,
+     "correlation condition lt: [1] is not a whole number"),
+    ("title: x\ncorrelation:\n  type: event_count\n  rules: [a]\n  timespan: 5m\n"
+     "  condition: 5\n", 6,
+     "correlation condition must be a mapping such as {gte: 10}, not a number"),
     ("title: x\ncorrelation:\n  type: event_count\n  rules: [a]\n  timespan: 5 minutes\n"
      "  condition: {gte: 2}\n", 5, "Timespan '5 minutes' is invalid."),
 ])

@@ -235,3 +235,14 @@ def test_failure_shows_events_json_cannot_hold_in_64_bits(tmp_path, capsys):
     assert out == (f"FAIL {tmp_path / 'tests' / 'big.yaml'}:4: rule 1f0e0d0c-0000-4000-8000-"
                    "0000000000c9 (Big file) should not fire on event "
                    '{"file.size":99999999999999999999999999,"event.category":"file_access"}\n')
+
+
+def test_check_rule_without_category(tmp_path, capsys):
+    path = tmp_path / "nocat.yml"
+    path.write_text("title: No category\nid: 1f0e0d0c-0000-4000-8000-0000000000f8\n"
+                    "logsource:\n  product: hpc\n"
+                    "detection:\n  sel: {process.name: x}\n  condition: sel\n")
+    code, out, _ = run(capsys, "check", str(path))
+    assert code == 0
+    assert f"{path}:3: warning: logsource has no category: the rule sees the events of every " \
+           "category (rdma_counters, " in out

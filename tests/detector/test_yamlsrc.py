@@ -21,6 +21,11 @@ def test_documents_keep_lines_of_keys_and_items():
         ("a:\n\t- b\n", "f.yml:2:1: YAML syntax error: tab character where YAML expects spaces"),
         ("a: [1\n", "f.yml:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'"),
         ("<<: {a: 1}\n", "f.yml:1: YAML merge keys (<<) are not supported"),
+        ("a: !!python/object/apply:os.system [touch x]\n",
+         "f.yml:1: YAML tag tag:yaml.org,2002:python/object/apply:os.system is not supported"),
+        ("a:\n  b: !!set {x, y}\n", "f.yml:2: YAML tag tag:yaml.org,2002:set is not supported"),
+        ("a: !custom x\n", "f.yml:1:4: YAML syntax error: could not determine a constructor for "
+         "the tag '!custom'"),
     ],
 )
 def test_malformed_yaml_names_file_and_line(text, message):

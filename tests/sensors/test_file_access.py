@@ -457,3 +457,23 @@ def test_cli_collect_watch_duration_streams_the_accesses(shared_dir, capsys):
     assert {e["process.pid"] for e in opens} <= set(readers)
     assert events[-1]["event.category"] == "sensor_status"
     assert events[-1]["event.action"] == "ok"
+
+
+def test_pending_is_true_until_started_then_follows_the_queue():
+    from hpcsec.sensors.fanwatch import FanotifyWatch
+    from hpcsec.sensors.file_access import FileAccessSensor, Folder
+
+    sensor = FileAccessSensor()
+    assert sensor.pending() is True  # the first streaming collect starts the stream
+    watch = FanotifyWatch.__new__(FanotifyWatch)  # only the queue side is exercised
+    watch.folder, watch._errors = Folder(), 0
+    sensor._watch = watch
+    assert sensor.pending() is False
+    watch.folder.add("2026-11-30T00:00:00Z", 7, "/m/w.bin", "open")
+    assert sensor.pending() is True
+    watch.folder.drain()
+    watch.folder.drop()
+    assert sensor.pending() is True
+    watch.folder.drain()
+    watch._errors = 1
+    assert sensor.pending() is True
