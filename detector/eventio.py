@@ -60,7 +60,7 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
         if not isinstance(value, dict):
             report.reject(line_no, f"not an object but {type(value).__name__}")
             continue
-        event, problem = checked_event(value)
+        event, problem = checked_event(value, from_orjson=True)
         if problem is not None:
             report.reject(line_no, problem)
             continue
@@ -87,12 +87,17 @@ def flatten(value: dict, prefix: str, out: Event) -> str | None:
     return None
 
 
-def checked_event(value: dict) -> tuple[Event, str | None]:
-    """The event (flattened when nested) and what is wrong with its shape, if anything."""
+def checked_event(value: dict, from_orjson: bool = False) -> tuple[Event, str | None]:
+    """The event (flattened when nested) and what is wrong with its shape, if anything.
+    `from_orjson`: the values are exactly dict, list or scalars (orjson makes no subclasses),
+    so a class test finds the containers, at half the cost of isinstance on every field."""
     timestamp = value.get("@timestamp")
     if timestamp is not None and not isinstance(timestamp, str):
         return value, f"@timestamp must be RFC 3339 text, not {type(timestamp).__name__}"
-    containers = [k for k, v in value.items() if isinstance(v, (dict, list))]
+    if from_orjson:
+        containers = [k for k, v in value.items() if v.__class__ is list or v.__class__ is dict]
+    else:
+        containers = [k for k, v in value.items() if isinstance(v, (dict, list))]
     if not containers:  # the common case, kept cheap: sensors write flat scalar fields
         return value, None
     event = value
