@@ -87,7 +87,8 @@ class Generation:
 def load_generation(settings: AgentSettings) -> Generation:
     """Config, rules and engine, fully built; raises HpcsecError (with file:line)."""
     config = load_config(settings.config_path)
-    ruleset = load_rules(list(settings.rule_paths) if settings.rule_paths else None)
+    ruleset = load_rules(list(settings.rule_paths) if settings.rule_paths else None,
+                         with_tests=False, threshold_values=config.thresholds)
     engine = Engine(ruleset, placeholders=config.placeholders())
     interval = settings.interval_s if settings.interval_s is not None else config.interval_s
     if interval <= 0:

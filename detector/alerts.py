@@ -209,4 +209,5 @@ def level_rank(level: str) -> int:
 
 def sort_alerts(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Most severe first, then by time."""
-    return sorted(alerts, key=lambda a: (-level_rank(a["rule.level"]), a.get("@timestamp") or ""))
+    return sorted(alerts, key=lambda a: (-level_rank(a["rule.level"]),
+                                         str(a.get("@timestamp") or "")))

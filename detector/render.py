@@ -39,9 +39,11 @@ def write_table(alerts: list[dict[str, Any]], out: TextIO | None = None,
     width = None if out.isatty() else 220
     console = Console(file=out, soft_wrap=False, width=width)
     table = Table(title=title, show_lines=False, expand=False)
-    for column in ("time", "level", "vector", "host", "job", "user"):
+    for column in ("time", "level", "vector"):
         table.add_column(column, no_wrap=True)
     table.add_column("rule", overflow="fold", max_width=40)
+    for column in ("host", "job", "user"):
+        table.add_column(column, no_wrap=True)
     table.add_column("summary", overflow="fold")
     for a in alerts:
         style = LEVEL_STYLE.get(a["rule.level"], "")
@@ -52,10 +54,10 @@ def write_table(alerts: list[dict[str, Any]], out: TextIO | None = None,
             (a.get("@timestamp") or "")[:19].replace("T", " "),
             f"[{style}]{a['rule.level']}[/]" if style else a["rule.level"],
             a.get("rule.vector") or "",
+            a["rule.title"],
             a.get("host.name") or "",
             str(a.get("slurm.job.id") or "-"),
             str(a.get("user.name") or a.get("slurm.job.user") or "-"),
-            a["rule.title"],
             summary + count,
         )
     console.print(table)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from sigma.filters import SigmaFilter
 from sigma.rule import SigmaRule
 from sigma.rule.detection import SigmaDetectionItem, SigmaDetections
 
-from . import correlation_rules, ruletests
+from . import correlation_rules, ruletests, thresholds
 from .errors import HpcsecError, RuleError, location
 from .ruleset import LoadedRule, RuleSet, SigmaItem
 from .yamlsrc import YamlDocument, load_documents
@@ -299,8 +299,13 @@ def rule_documents(docs: Iterable[YamlDocument]) -> tuple[list[YamlDocument], li
     return out, errors
 
 
-def load_file(path: Path, ruleset: RuleSet) -> None:
-    """Add the rules of one file to `ruleset` (errors go to ruleset.errors)."""
+def load_file(path: Path, ruleset: RuleSet,
+              threshold_values: Mapping[str, Any] | None = None) -> None:
+    """Add the rules of one file to `ruleset` (errors go to ruleset.errors).
+
+    `threshold_values` (the site config's `thresholds`) replace the numbers the rules name
+    in their `thresholds:` attribute, before pySigma sees them (detector/thresholds.py).
+    """
     ruleset.files.append(str(path))
     try:
         docs, errors = rule_documents(load_documents(path))
@@ -314,6 +319,7 @@ def load_file(path: Path, ruleset: RuleSet) -> None:
     if not docs and not errors:
         ruleset.errors.append(RuleError("no rules", location(path, 1)))
     for doc in docs:
+        ruleset.errors.extend(thresholds.apply(doc, threshold_values or {}))
         item, errors = parse_document(doc)
         ruleset.errors.extend(errors)
         if item is not None:
@@ -341,7 +347,8 @@ def drop_duplicate_ids(ruleset: RuleSet) -> None:
 
 
 def load_rules(paths: Sequence[str | Path] | None = None, *,
-               collect_errors: bool = False, with_tests: bool = True) -> RuleSet:
+               collect_errors: bool = False, with_tests: bool = True,
+               threshold_values: Mapping[str, Any] | None = None) -> RuleSet:
     """Rules (and their test events) from files and directories; None = the bundled rules.
 
     Raises the first RuleError, or with `collect_errors` returns every error in `.errors` next
@@ -353,7 +360,7 @@ def load_rules(paths: Sequence[str | Path] | None = None, *,
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
     for path in files:
-        load_file(path, ruleset)
+        load_file(path, ruleset, threshold_values)
     drop_duplicate_ids(ruleset)
     correlation_rules.resolve_correlations(ruleset)
     for path in files if with_tests else ():

@@ -127,10 +127,11 @@ def _backend_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    ruleset = load_rules(_paths(args), with_tests=False)
+    config = load_config(args.config)
+    ruleset = load_rules(_paths(args), with_tests=False, threshold_values=config.thresholds)
     queries = convert_rules(
         ruleset, args.target, pipelines=args.pipeline,
-        placeholders=load_config(args.config).placeholders(),
+        placeholders=config.placeholders(),
         backend_options=_backend_options(args.backend_option),
         output_format=args.output_format, placeholder_expression=args.placeholder_expression)
     for query in queries:

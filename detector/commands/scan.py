@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
         config_path = str(demo_snapshot_dir() / "site-config.yml")
     config = load_config(config_path)
-    ruleset = load_rules(args.rules)
+    # without test events: a slip in a tests file must not stop detection
+    ruleset = load_rules(args.rules, with_tests=False, threshold_values=config.thresholds)
     engine = Engine(ruleset, placeholders=config.placeholders())
     outputs = open_scan_outputs(list(args.output or config.outputs), args, config)
     try:
