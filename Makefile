@@ -7,8 +7,12 @@ SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge rsyslog rsyslog-gnutls ip
 
 .PHONY: demo test lint bench system-deps clean
 
+# A bare Debian image lacks python3-venv: as root, install it and try once more.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); [ "$$(id -u)" = 0 ] && \
+	  (apt-get install -y --no-install-recommends python3-venv >/dev/null 2>&1 || \
+	   (apt-get update >/dev/null && apt-get install -y --no-install-recommends python3-venv >/dev/null)) && \
+	  $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Re-install only when the project metadata changed.
