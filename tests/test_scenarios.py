@@ -123,10 +123,15 @@ def test_demo_snapshot_has_every_vector_beside_benign_activity(capsys):
     assert {a["rule.vector"] for a in alerts} == set(VECTORS)
     for item in expected(DEMO)["alerts"]:
         assert any(a["rule.id"] == item["rule"] for a in alerts), item["title"]
-    # alice's training ranks run beside the attacks and raise nothing themselves (the
-    # python3 in her job that alerts is mallory's, hiding in its cgroup)
+    # alice's healthy training ranks raise nothing themselves: what alerts in her job is
+    # mallory's process in its cgroup, rank 1 with a planted LD_PRELOAD (41001) and the
+    # process that grabbed a GPU outside the allocation (41007)
     assert not [a for a in alerts if a.get("slurm.job.id") == "4242"
-                and a.get("process.name") == "python3" and a.get("user.name") == "alice"]
+                and a.get("process.name") == "python3" and a.get("user.name") == "alice"
+                and a.get("process.pid") not in (41001, 41007)]
+    for vector in VECTORS:  # every vector shows at least one alert tied to a job and user
+        assert any(a["rule.vector"] == vector and a.get("slurm.job.id") and a.get("user.name")
+                   for a in alerts), vector
 
 
 def test_fixtures_are_what_the_generator_writes(tmp_path):

@@ -314,7 +314,10 @@ def demo_samples() -> tuple[list[Sample], list[dict]]:
     cat = Proc(64100, "root", ["cat", "/etc/munge/munge.key"], ppid=64090)
     # mallory's process hides in alice's job cgroup and holds an RDMA queue pair there
     injected = Proc(66500, "mallory", ["/usr/bin/python3", "/tmp/.m/peek.py"], job=4242)
-    procs = [miner_proc, rclone, relabel, flint, cat, injected]
+    # a process of alice's job grabs GPU 6, outside the job's allocation (GPUs 0-3)
+    rogue = Proc(41007, "alice", ["/usr/bin/python3", "-u", "train.py", "--extra-gpu"],
+                 job=4242, env={"CUDA_VISIBLE_DEVICES": "6"})
+    procs = [miner_proc, rclone, relabel, flint, cat, injected, rogue]
     samples = []
     for i, when in enumerate(t):
         rates = nccl_rates()
@@ -326,11 +329,15 @@ def demo_samples() -> tuple[list[Sample], list[dict]]:
             files += [FileAccess(62100, "/lustre/datasets/imagenet/train/n01440764/"
                                  "n01440764_10026.JPEG", ["open", "write", "close_write"])]
             files += [FileAccess(64100, "/etc/munge/munge.key", ["open", "read"])]
-        samples.append(node_sample(
-            when, jobs=[BOB_JOB], procs=list(procs), gpu_procs=[miner_gpu],
+        sample = node_sample(
+            when, jobs=[BOB_JOB], procs=list(procs), gpu_procs=[miner_gpu, GpuProc(6, 41007)],
             sockets=[miner_sock], files=files, rdma_rates=rates,
             qps=[Qp("mlx5_0", 0x3600, 66500, "python3", rqpn=0x1201)],
-            hca_fw={"mlx5_2": "28.33.2028"}))
+            hca_fw={"mlx5_2": "28.33.2028"})
+        for proc in sample.procs:  # alice's rank 1 picked up a CUDA hook from a bad package
+            if proc.pid == 41001:
+                proc.env["LD_PRELOAD"] = "/home/alice/.cache/pip/.hooks/libcudahook.so"
+        samples.append(sample)
     expected = [
         alert("86512c1a-36af-4394-b0b4-c2a3fb74cd6f",
               "RDMA rkey probing (remote access errors per minute)"),
@@ -338,6 +345,10 @@ def demo_samples() -> tuple[list[Sample], list[dict]]:
               "RDMA queue pair of a job owned by another user", job="4242", user="mallory"),
         alert("761aedd6-bf44-46ef-8eb3-9259427d5ab7", "GPU process outside any Slurm job",
               user="mallory", gpu=7),
+        alert("9544d1e5-55bb-4e73-8fe3-dc7ac49a0586",
+              "Job process on a GPU outside its allocation", job="4242", user="alice", gpu=6),
+        alert("72377c41-beb2-4055-9a89-cbaab0a7bcc1", "LD_PRELOAD set in a job's GPU process",
+              job="4242", user="alice"),
         alert("2bfe7e5b-9535-4165-b5f8-2deff1e79153",
               "Model weights read by a copy or network tool", job="4242", user="alice"),
         alert("002b7b30-aff2-42bd-bdc4-f1ceeca24e61",
