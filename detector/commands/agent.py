@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common import add_config_and_rules, add_outputs, add_roots
+
 
 def _seconds(text: str) -> float:
     try:
@@ -19,15 +21,8 @@ def _seconds(text: str) -> float:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run continuously on a node: sampled sensors, the file "
                        "access stream, rules, alerts to outputs and the store; SIGHUP reloads")
-    p.add_argument("--config", metavar="FILE", help="site config (YAML)")
-    p.add_argument("--rules", action="append", metavar="DIR|FILE",
-                   help="rule file or directory (repeatable; default: the bundled rules)")
-    p.add_argument("--output", action="append", metavar="URL",
-                   help="send alerts: syslog+udp|tcp|tls://HOST:PORT, http(s)://… webhook, "
-                   "file:///PATH.jsonl, - (repeatable; default: the config's outputs)")
-    p.add_argument("--webhook-secret-file", metavar="FILE")
-    p.add_argument("--spool", metavar="DIR", help="durable spool for undelivered alerts")
-    p.add_argument("--store", metavar="FILE", help="DuckDB alert and event store")
+    add_config_and_rules(p)
+    add_outputs(p, store_help="DuckDB alert and event store")
     p.add_argument("--interval", type=_seconds, metavar="S",
                    help="seconds between samples (default: agent.interval_s, 10)")
     p.add_argument("--metrics-address", metavar="HOST:PORT",
@@ -35,9 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "port 0 picks a free port, printed at start)")
     p.add_argument("--sensor", action="append", metavar="NAME",
                    help="sensors to run (repeatable; default: all enabled ones)")
-    p.add_argument("--sysfs-root", default="/sys", metavar="DIR")
-    p.add_argument("--procfs-root", default="/proc", metavar="DIR")
-    p.add_argument("--etc-root", default="/etc", metavar="DIR")
+    add_roots(p)
     p.add_argument("--drain-timeout", type=_seconds, default=10.0, metavar="S",
                    help="at exit, how long to keep trying to deliver spooled alerts (10)")
     p.add_argument("--once-for", type=_seconds, metavar="S",

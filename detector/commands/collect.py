@@ -17,6 +17,7 @@ from ..errors import UsageError
 from ..nodectx import live_context
 from ..outputs.encode import dumps
 from ..pipeline import SensorSet
+from .common import add_roots
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,11 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sensor", action="append", metavar="NAME",
                    help="sensor to run (repeatable; default: every default-enabled sensor)")
     p.add_argument("--list", action="store_true", help="list the sensors and exit")
-    p.add_argument("--sysfs-root", default="/sys", metavar="DIR",
-                   help="directory that holds class/… (default /sys)")
-    p.add_argument("--procfs-root", default="/proc", metavar="DIR")
-    p.add_argument("--etc-root", default="/etc", metavar="DIR",
-                   help="directory with passwd and group (default /etc)")
+    add_roots(p)
     p.add_argument("--host-name", metavar="NAME", help="host.name of the events")
     p.add_argument("--config", metavar="FILE", help="site config (YAML)")
     p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")

@@ -14,6 +14,7 @@ from ..pipeline import EventSources, ScanReport, demo_snapshot_dir
 from ..render import write_json, write_jsonl, write_table
 from ..rules import load_rules
 from ..schema import LEVELS
+from .common import add_config_and_rules, add_outputs, add_roots
 
 BATCH = 256  # small batches stay in the CPU cache (bench/engine.py measures it)
 
@@ -25,24 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--events", metavar="FILE|-", help="JSONL events instead of sensors")
     src.add_argument("--snapshot", metavar="DIR", help="replay a node snapshot")
     src.add_argument("--demo", action="store_true", help="scan the bundled demo snapshot")
-    p.add_argument("--config", metavar="FILE", help="site config (YAML)")
-    p.add_argument("--rules", action="append", metavar="DIR|FILE",
-                   help="rule file or directory (repeatable; default: the bundled rules)")
+    add_config_and_rules(p)
     p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
     p.add_argument("--fail-on", choices=LEVELS, default=LEVELS[0], metavar="LEVEL",
                    help="exit 1 when an alert at or above LEVEL is raised "
                    f"({', '.join(LEVELS)}; default {LEVELS[0]})")
     p.add_argument("--no-dedup", action="store_true", help="every match is an alert")
-    p.add_argument("--output", action="append", metavar="URL",
-                   help="send alerts: syslog+udp|tcp|tls://HOST:PORT, http(s)://… webhook, "
-                   "file:///PATH.jsonl, - (repeatable)")
-    p.add_argument("--webhook-secret-file", metavar="FILE")
-    p.add_argument("--spool", metavar="DIR", help="durable spool for undelivered alerts")
-    p.add_argument("--store", metavar="FILE", help="also keep the alerts in this DuckDB file")
+    add_outputs(p, store_help="also keep the events and alerts in this DuckDB file")
     p.add_argument("--sensor", action="append", metavar="NAME", help="live scan: sensors to run")
-    p.add_argument("--sysfs-root", default="/sys", metavar="DIR")
-    p.add_argument("--procfs-root", default="/proc", metavar="DIR")
-    p.add_argument("--etc-root", default="/etc", metavar="DIR")
+    add_roots(p)
     p.set_defaults(func=run)
 
 
