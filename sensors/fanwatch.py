@@ -46,6 +46,7 @@ _READ_SIZE = 4096
 _MAX_PROCESSES = 16_384
 _REREAD_S = 1.0
 _ERROR_PAUSE_S = 0.01
+IDLE_AFTER_S = 5.0  # the watchdog sleeps after this long without permission events
 
 # One raw /proc input as the reader read it: ("file", "<pid>/status", bytes) or
 # ("link", "<pid>/exe", target).
@@ -123,7 +124,8 @@ class FanotifyWatch:
         self._answer_lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
         self._stopping = threading.Event()
-        self._wakeup = threading.Event()  # a permission event is waiting for its answer
+        self._wakeup = threading.Event()  # set by the reader when the watchdog sleeps
+        self._idle = False
         self._threads: list[threading.Thread] = []
         self.answered_by_watchdog = 0
         self._errors = 0  # reads and events the reader could not handle, since the last drain
@@ -257,7 +259,8 @@ class FanotifyWatch:
         if permission:
             with self._answer_lock:
                 self._pending[event.fd] = time.monotonic() + self.answer_timeout_s
-            self._wakeup.set()
+            if self._idle:  # only a sleeping watchdog needs waking
+                self._wakeup.set()
         try:
             if event.pid == self.own_pid:
                 return
@@ -286,25 +289,32 @@ class FanotifyWatch:
                 fan.respond(self.content_fd, event_fd, allow=True)
 
     def _watchdog(self) -> None:
-        # Sleeps until a permission event is pending (an idle node costs no wake-ups), then
-        # until the earliest deadline; an answer the reader gave meanwhile is simply gone.
+        # While permission events come, it checks every half timeout (as cheap as a timer);
+        # after IDLE_AFTER_S without any it sleeps until the reader wakes it, so an idle node
+        # pays no wake-ups. Before sleeping it looks once more, so an event queued meanwhile
+        # (whose reader may be the one that is stuck) is never left without a watchdog.
+        quiet_since = time.monotonic()
         while not self._stopping.is_set():
-            with self._answer_lock:
-                deadlines = list(self._pending.values())
-            if not deadlines:
-                self._wakeup.wait()
-                self._wakeup.clear()
-                continue
-            delay = min(deadlines) - time.monotonic()
-            if delay > 0:
-                self._stopping.wait(delay)
-                continue
             now = time.monotonic()
             with self._answer_lock:
                 late = [fd for fd, deadline in self._pending.items() if deadline <= now]
+                waiting = bool(self._pending)
             for fd in late:
                 self.answered_by_watchdog += 1
                 self._answer(fd)
+            if waiting:
+                quiet_since = now
+            elif now - quiet_since >= IDLE_AFTER_S:
+                self._idle = True
+                with self._answer_lock:
+                    waiting = bool(self._pending)
+                if not waiting:
+                    self._wakeup.wait()
+                self._wakeup.clear()
+                self._idle = False
+                quiet_since = time.monotonic()
+                continue
+            self._stopping.wait(self.answer_timeout_s / 2)
 
     def _fid_event(self, event: fan.RawEvent, when: str) -> None:
         if event.mask & fan.FAN_Q_OVERFLOW:

@@ -477,3 +477,36 @@ def test_pending_is_true_until_started_then_follows_the_queue():
     watch.folder.drain()
     watch._errors = 1
     assert sensor.pending() is True
+
+
+@root_only
+def test_a_sleeping_watchdog_wakes_for_a_stalled_opener(shared_dir, monkeypatch):
+    """After a quiet spell the watchdog sleeps; the next permission event must wake it."""
+    import time
+
+    from hpcsec.sensors import fanwatch
+
+    (shared_dir / "w.bin").write_text("w")
+    release = threading.Event()
+
+    def stalled_proc_read(ctx, pid, users=None):
+        release.wait(10)
+        return {}
+
+    monkeypatch.setattr(fanwatch, "IDLE_AFTER_S", 0.05)
+    monkeypatch.setattr(fanwatch, "access_process_fields", stalled_proc_read)
+    ctx = NodeTree(shared_dir / "ctx").context()
+    watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder(),
+                                         answer_timeout_s=0.2)
+    try:
+        deadline = time.monotonic() + 5
+        while not watch._idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch._idle, "the watchdog never went to sleep on a quiet node"
+        child = subprocess.run(["cat", str(shared_dir / "w.bin")], capture_output=True,
+                               timeout=5)
+        assert (child.returncode, child.stdout) == (0, b"w")
+        assert watch.answered_by_watchdog == 1
+    finally:
+        release.set()
+        watch.stop()
