@@ -29,7 +29,9 @@ META = "meta.json"
 TIME = "time"
 ROOTS = ("sys", "proc", "etc")
 EPOCH = "1970-01-01T00:00:00.000Z"
-USER_DATABASE = ("passwd", "group")
+# What the enrichment reads from the node's /etc at replay: users and groups are named from
+# passwd and group, and hosts tells whether a peer address is a node of the job.
+NODE_DATABASE = ("passwd", "group", "hosts")
 
 
 def _safe_rel(rel: str) -> str | None:
@@ -234,7 +236,7 @@ def record_snapshot(directory: str | Path, ctx: SensorContext, specs: list[Senso
                 sleep(interval)
             ctx.timestamp = rfc3339()
             writer.write_time(ctx.timestamp)
-            for name in USER_DATABASE:  # uids and gids are named from these at replay
+            for name in NODE_DATABASE:
                 ctx.etc.read_bytes(name)
             runs.extend(run_sensor(spec, sensor, ctx) for spec, sensor in sensors)
     finally:

@@ -306,12 +306,15 @@ def test_every_stream_sample_holds_the_proc_entries_of_the_pids_it_names(tmp_pat
 
 def test_snapshot_is_private_to_its_owner_and_keeps_the_user_database(tmp_path):
     node = build_node(tmp_path / "node")
+    (node.etc / "hosts").write_text("10.0.0.18 gpu-018\n")
     record_snapshot(tmp_path / "snap", node.context(), specs("process"))
     assert (tmp_path / "snap").stat().st_mode & 0o777 == 0o700
     environ = tmp_path / "snap/0/proc/4242/environ"
     assert environ.read_bytes() == b"SLURM_JOB_ID=77\0CUDA_VISIBLE_DEVICES=0,1,2,3\0"
     assert environ.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "snap/0/etc/group").read_text() == (node.etc / "group").read_text()
+    # the enrichment tells job peers from others by the node's hosts file
+    assert (tmp_path / "snap/0/etc/hosts").read_text() == "10.0.0.18 gpu-018\n"
 
 
 REPO = Path(__file__).resolve().parents[2]
