@@ -199,6 +199,10 @@ def write_etc(root: Path) -> None:
     _write(root / "etc" / "passwd", "".join(
         f"{n}:x:{u}:{u}:{n}:{'/root' if u == 0 else '/home/' + n}:/bin/bash\n" for n, u in USERS))
     _write(root / "etc" / "group", "".join(f"{n}:x:{u}:\n" for n, u in USERS))
+    # the cluster's names: the enrichment tells a job's peers from other addresses by them
+    _write(root / "etc" / "hosts", "127.0.0.1 localhost\n" + "".join(
+        f"10.30.0.{n} gpu-{n:03d}.cluster gpu-{n:03d}\n" for n in range(1, 33))
+        + "10.30.9.10 login-1.cluster login-1\n10.30.9.250 dtn-1.cluster dtn-1\n")
 
 
 def write_infiniband(root: Path, node: Node, sample: Sample, totals: dict) -> None:
