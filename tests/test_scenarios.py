@@ -105,6 +105,8 @@ def test_benign_corpus_has_what_it_claims(capsys):
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by = lambda cat: [e for e in events if e["event.category"] == cat]  # noqa: E731
     assert max(e.get("rdma.per_s.port_xmit_data", 0) for e in by("rdma_counters")) > 1e10
+    nccl = [e for e in by("network_socket") if e.get("destination.ip") == "10.30.0.18"]
+    assert nccl and all(e["destination.is_job_node"] for e in nccl)  # gpu-018: the job's peer
     assert {e.get("hpcsec.asset.name") for e in by("file_access")} == {
         "c4", "llm-core-checkpoints"}
     writes = [e for e in by("file_access") if e["event.action"] == "close_write"]
