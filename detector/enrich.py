@@ -69,11 +69,20 @@ def mark_node_jobs(events: list[Event], ctx: SensorContext) -> None:
         return
     jobs = job_context(ctx)
     jobs.refresh(ctx)
-    if jobs.reachable is False:
-        return  # unknown is not zero: no job count when Slurm did not answer
-    count = len(jobs.jobs_on(ctx.host_name))
+    # Jobs seen on this node's processes (cgroup) count even when Slurm's list lacks them.
+    running = {str(e["slurm.job.id"]) for e in events if e.get("slurm.job.id") is not None}
+    if not job_list_known(jobs):
+        if not running:
+            return  # unknown is not zero: no job count when Slurm did not answer
+    else:
+        running |= {job.job_id for job in jobs.jobs_on(ctx.host_name)}
     for event in node_events:
-        event.setdefault("slurm.node.job_count", count)
+        event.setdefault("slurm.node.job_count", len(running))
+
+
+def job_list_known(jobs: object) -> bool:
+    """Slurm answered (live or in the snapshot) and its job list parsed cleanly."""
+    return getattr(jobs, "reachable", None) is True and not jobs.table.errors  # type: ignore[attr-defined]
 
 
 def fill_gpu_users(events: Iterable[Event]) -> None:
@@ -131,6 +140,11 @@ def mark_job_peers(events: list[Event], ctx: SensorContext) -> None:
         return {a for n in nodes for a in addresses.get(str(n).split(".")[0], ())}
 
     local = addresses_of(local_nodes)
+    # Flows carry no pid: whether their peer is a job node is known only from a job list
+    # Slurm gave, and that agrees with the jobs this node's processes are in.
+    seen_jobs = {str(e["slurm.job.id"]) for e in events if e.get("slurm.job.id") is not None}
+    listed = {job.job_id for job in node_jobs}
+    local_known = job_list_known(jobs) and seen_jobs <= listed
     for e in peers:
         try:
             dest = str(ipaddress.ip_address(e["destination.ip"]))
@@ -139,5 +153,8 @@ def mark_job_peers(events: list[Event], ctx: SensorContext) -> None:
         if ipaddress.ip_address(dest).is_loopback or ipaddress.ip_address(dest).is_unspecified:
             continue
         nodes = e.get("slurm.job.nodes")
-        wanted = addresses_of(nodes) if isinstance(nodes, list) else local
-        e["destination.is_job_node"] = dest in wanted
+        if isinstance(nodes, list):
+            e["destination.is_job_node"] = dest in addresses_of(nodes)
+        elif e.get("slurm.job.id") is None and local_known:
+            e["destination.is_job_node"] = dest in local
+        # else: a job whose nodes Slurm did not give, or no job list: undecided

@@ -95,9 +95,15 @@ class Policy:
         account = event.get("slurm.job.account")
         event["hpcsec.asset.name"] = asset.name
         event["hpcsec.asset.kind"] = asset.kind
-        event["hpcsec.asset.read_allowed"] = (asset.readers.allows(user, account)
-                                              or asset.writers.allows(user, account))
-        event["hpcsec.asset.write_allowed"] = asset.writers.allows(user, account)
+        # A job whose details Slurm did not give (id from the cgroup, no account) may be
+        # allowed by its account: undecided, so the fields stay absent rather than `false`.
+        undecided = account is None and event.get("slurm.job.id") is not None
+        read = asset.readers.allows(user, account) or asset.writers.allows(user, account)
+        write = asset.writers.allows(user, account)
+        if read or not undecided:
+            event["hpcsec.asset.read_allowed"] = read
+        if write or not undecided:
+            event["hpcsec.asset.write_allowed"] = write
 
     def _firmware_fields(self, event: Event) -> None:
         component, version = event.get("firmware.component"), event.get("firmware.version")

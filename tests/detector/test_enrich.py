@@ -3,7 +3,13 @@
 import json
 
 from hpcsec.detector.config import Principals, SiteConfig
-from hpcsec.detector.enrich import Enricher, fill_gpu_users, host_addresses, mark_job_peers
+from hpcsec.detector.enrich import (
+    Enricher,
+    fill_gpu_users,
+    host_addresses,
+    mark_job_peers,
+    mark_node_jobs,
+)
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 SQUEUE = {"jobs": [{
@@ -77,3 +83,27 @@ def test_enricher_runs_job_then_policy(tmp_path):
     out = Enricher(config).enrich(events, _ctx(tmp_path))
     assert out[0]["user.is_admin"] is True
     assert out[0]["hpcsec.in_maintenance"] is False
+
+
+def test_without_a_job_list_peers_and_job_counts_stay_undecided(tmp_path):
+    ctx = _ctx(tmp_path)
+    ctx.replay_inputs = {}  # a sample recorded while Slurm did not answer
+    flow = _flow("10.0.0.18")
+    counters = {"event.category": "rdma_counters", "host.name": "gpu-017"}
+    job_socket = {"event.category": "network_socket", "destination.ip": "10.0.0.18",
+                  "slurm.job.id": "77"}  # job id from the cgroup, no details
+    mark_job_peers([flow, job_socket], ctx)
+    assert "destination.is_job_node" not in flow
+    assert "destination.is_job_node" not in job_socket
+    mark_node_jobs([counters], ctx)
+    assert "slurm.node.job_count" not in counters
+    # the node's processes still show a running job: the count is at least that
+    mark_node_jobs([counters, job_socket], ctx)
+    assert counters["slurm.node.job_count"] == 1
+
+
+def test_job_count_unites_the_list_and_the_jobs_seen(tmp_path):
+    counters = {"event.category": "rdma_counters", "host.name": "gpu-017"}
+    other = {"event.category": "process", "slurm.job.id": "99"}
+    mark_node_jobs([counters, other], _ctx(tmp_path))
+    assert counters["slurm.node.job_count"] == 2  # job 77 from squeue, 99 from a cgroup

@@ -193,3 +193,23 @@ def test_fleet_majority_needs_three_hosts_and_a_strict_majority():
     assert annotate_fleet_majority(two_hosts) == 0
     assert annotate_fleet_majority(split) == 0
     assert not any("firmware.fleet_majority_version" in e for e in two_hosts + split)
+
+
+def test_a_job_without_known_account_leaves_access_undecided():
+    from hpcsec.detector.config import Asset, Principals, SiteConfig
+    from hpcsec.detector.policy import Policy
+
+    asset = Asset("ckpt", "checkpoint", ("/ckpt/**",), readers=Principals(accounts=("llm",)),
+                  writers=Principals(accounts=("llm",)))
+    policy = Policy(SiteConfig(assets=(asset,)))
+    unknown = {"event.category": "file_access", "file.path": "/ckpt/a", "user.name": "alice",
+               "slurm.job.id": "42"}
+    policy.apply(unknown)
+    assert "hpcsec.asset.read_allowed" not in unknown
+    assert "hpcsec.asset.write_allowed" not in unknown
+    no_job = {"event.category": "file_access", "file.path": "/ckpt/a", "user.name": "alice"}
+    policy.apply(no_job)
+    assert no_job["hpcsec.asset.read_allowed"] is False
+    known = {**unknown, "slurm.job.account": "other"}
+    policy.apply(known)
+    assert known["hpcsec.asset.write_allowed"] is False
