@@ -218,9 +218,13 @@ class _Reader:
             raise self.fail(f"{'.'.join(map(str, keys))}: not an RFC 3339 time: {value!r}",
                             *keys) from None
 
-    def number(self, value: Any, *keys: str | int) -> float | int:
+    def number(self, value: Any, *keys: str | int, minimum: float | None = None
+               ) -> float | int:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(f"{'.'.join(map(str, keys))} must be a number, not {value!r}", *keys)
+        if minimum is not None and value < minimum:
+            raise self.fail(f"{'.'.join(map(str, keys))} must be at least {minimum:g}, "
+                            f"not {value!r}", *keys)
         return value
 
     def principals(self, value: Any, *keys: str | int) -> Principals:
@@ -305,6 +309,10 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
             if v is None or isinstance(v, (bool, list, dict)):
                 raise r.fail(f"firmware.baselines.{cls}.{k} must be a version string",
                              "firmware", "baselines", cls, k)
+            if isinstance(v, float):  # YAML reads 2.10 as the number 2.1: the version is lost
+                raise r.fail(f"firmware.baselines.{cls}.{k}: quote the version ({v!r} was read "
+                             "as a number, which drops trailing zeros)",
+                             "firmware", "baselines", cls, k)
         baselines[str(cls)] = {str(k): str(v) for k, v in comps.items()}
     vulnerable = {str(k): r.strings(v, "firmware", "vulnerable", k)
                   for k, v in r.mapping(fw.get("vulnerable"), "firmware", "vulnerable",
@@ -354,14 +362,17 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
         outputs=_output_urls(r, top.get("outputs")),
         silences=tuple(silences),
         rate_limit_per_rule=int(r.number(top.get("rate_limit_per_rule", 0),
-                                         "rate_limit_per_rule")),
-        dedup_window_s=int(r.number(top.get("dedup_window_s", 300), "dedup_window_s")),
+                                         "rate_limit_per_rule", minimum=0)),
+        dedup_window_s=int(r.number(top.get("dedup_window_s", 300), "dedup_window_s",
+                                    minimum=1)),
         spool_dir=spool.get("dir"),
         spool_max_bytes=int(r.number(spool.get("max_bytes", 64 * 1024 * 1024), "spool",
-                                     "max_bytes")),
+                                     "max_bytes", minimum=1024)),
         store_path=store.get("path"),
-        retention_days=int(r.number(store.get("retention_days", 30), "store", "retention_days")),
-        interval_s=float(r.number(agent.get("interval_s", 10.0), "agent", "interval_s")),
+        retention_days=int(r.number(store.get("retention_days", 30), "store", "retention_days",
+                                    minimum=1)),
+        interval_s=float(r.number(agent.get("interval_s", 10.0), "agent", "interval_s",
+                                  minimum=0.1)),
         metrics_address=str(agent.get("metrics_address", "127.0.0.1:9817")),
         webhook_secret_file=top.get("webhook_secret_file"),
         syslog_format=syslog_format,

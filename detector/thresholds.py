@@ -78,3 +78,19 @@ def apply(doc: YamlDocument, values: dict[str, Any]) -> list[RuleError]:
             node = node[key]
         node[path[-1]] = value
     return errors
+
+
+def unused(values: dict[str, Any], rules: list[Any]) -> list[str]:
+    """Config threshold names no loaded rule declares or uses as a placeholder (typos)."""
+    from .engine import placeholder_names  # the engine knows how to walk detections
+
+    known: set[str] = set()
+    for rule in rules:
+        attrs = getattr(rule.sigma, "custom_attributes", None) or {}
+        declared_names = attrs.get(ATTRIBUTE)
+        if isinstance(declared_names, dict):
+            known.update(str(name) for name in declared_names)
+        detection = getattr(rule.sigma, "detection", None)
+        if detection is not None:
+            known |= placeholder_names(rule.sigma)
+    return sorted(name for name in values if name not in known)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import thresholds
 from ..alerts import AlertBuilder, level_rank, sort_alerts
 from ..config import SiteConfig, load_config
 from ..delivery import deliver_alerts, open_scan_outputs, open_store, store_decision, suppress
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path)
     # without test events: a slip in a tests file must not stop detection
     ruleset = load_rules(args.rules, with_tests=False, threshold_values=config.thresholds)
+    for name in thresholds.unused(config.thresholds, ruleset.rules):
+        print(f"hpcsec: warning: threshold {name!r} of the config is not used by any rule",
+              file=sys.stderr)
     engine = Engine(ruleset, placeholders=config.placeholders())
     outputs = open_scan_outputs(list(args.output or config.outputs), args, config)
     try:

@@ -97,3 +97,24 @@ def test_show_merges_site_lists_over_defaults(tmp_path, capsys):
 
 def test_every_default_list_is_non_empty():
     assert DEFAULT_LISTS and all(DEFAULT_LISTS.values())
+
+
+def test_numbers_that_would_silently_change_policy_are_refused(tmp_path):
+    import pytest
+
+    from hpcsec.detector.config import load_config
+    from hpcsec.detector.errors import ConfigError
+
+    cases = {
+        "dedup_window_s: -5\n": "site.yml:1: dedup_window_s must be at least 1, not -5",
+        "node_class: x\nfirmware:\n  baselines:\n    x: {bios: 2.10}\n":
+            "site.yml:4: firmware.baselines.x.bios: quote the version (2.1 was read as a "
+            "number, which drops trailing zeros)",
+        "store: {retention_days: 0}\n": "site.yml:1: store.retention_days must be at least 1",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "site.yml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as caught:
+            load_config(path)
+        assert str(caught.value).startswith(f"{tmp_path}/{message}")

@@ -107,3 +107,14 @@ def test_no_dedup_gives_one_alert_per_event_even_without_ids(tmp_path, capsys):
     assert sorted(a["events"][0]["process.name"] for a in alerts) == ["xmrig", "xmrig-6",
                                                                        "xmrig-7"]
     assert [a["count"] for a in alerts] == [1, 1, 1]
+
+
+def test_a_time_that_is_not_rfc3339_makes_the_line_malformed():
+    data = (b'{"@timestamp": "garbage", "event.category": "process"}\n'
+            b'{"@timestamp": "2026-11-30", "event.category": "process"}\n'
+            b'{"@timestamp": "2026-11-30T01:00:00+01:00", "event.category": "process"}\n')
+    report = InputReport("e.jsonl")
+    events = list(read_jsonl(io.BytesIO(data), report))
+    assert [e["@timestamp"] for e in events] == ["2026-11-30T01:00:00+01:00"]
+    assert [n for n, _ in report.malformed_lines] == [1, 2]
+    assert "@timestamp 'garbage' is not an RFC 3339 time" in report.describe()

@@ -131,3 +131,20 @@ def test_bundled_rules_declare_the_documented_thresholds():
                      "weight_files_per_user_10m", "dataset_modifications_per_5m"}
     for name in names:
         assert f"`{name}`" in docs, f"docs/rules.md does not list threshold {name}"
+
+
+def test_scan_warns_about_a_threshold_no_rule_knows(tmp_path, capsys):
+    import json
+
+    from hpcsec.detector.cli import main
+
+    rules = tmp_path / "rdma_abuse.yml"
+    rules.write_text(SURGE)
+    events = tmp_path / "e.jsonl"
+    events.write_text(json.dumps(_surge_event(1)) + "\n")
+    config = tmp_path / "site.yml"
+    config.write_text("thresholds: {rdma_read_request_per_s: 5, rdma_read_requests_per_s: 9}\n")
+    main(["scan", "--events", str(events), "--rules", str(rules), "--config", str(config)])
+    err = capsys.readouterr().err
+    assert "threshold 'rdma_read_request_per_s' of the config is not used by any rule" in err
+    assert "'rdma_read_requests_per_s' of the config" not in err
