@@ -33,13 +33,29 @@ class ScanReport:
     events: int = 0
 
     def print(self, out: TextIO) -> None:
-        seen: dict[str, str] = {}
+        """One line per sensor over all samples, then every distinct problem it reported
+        (its own status, or status records among its events, e.g. malformed inputs)."""
+        samples: dict[str, int] = {}
+        events: dict[str, int] = {}
+        problems: dict[tuple[str, str, str], int] = {}
         for run in self.sensor_runs:
-            status = run.status
-            if status["event.action"] != "ok" or run.name not in seen:
-                seen[run.name] = f"{status['event.action']}: {status.get('message', '')}"
-        for name, text in seen.items():
-            print(f"hpcsec: sensor {name}: {text}", file=out)
+            samples[run.name] = samples.get(run.name, 0) + 1
+            events[run.name] = events.get(run.name, 0) + sum(
+                1 for e in run.events if e.get("event.category") != "sensor_status")
+            for status in (run.status, *(e for e in run.events
+                                         if e.get("event.category") == "sensor_status")):
+                if status.get("event.action") != "ok":
+                    key = (run.name, str(status.get("event.action")),
+                           str(status.get("message", "")))
+                    problems[key] = problems.get(key, 0) + 1
+        for name, count in samples.items():
+            bad = {k: v for k, v in problems.items() if k[0] == name}
+            state = "ok" if not bad else ", ".join(sorted({k[1] for k in bad}))
+            per = f" in {count} samples" if count > 1 else ""
+            print(f"hpcsec: sensor {name}: {state}: {events[name]} events{per}", file=out)
+            for (_, action, message), times in bad.items():
+                again = f" (x{times})" if times > 1 else ""
+                print(f"hpcsec:   {action}: {message}{again}", file=out)
         for report in self.inputs:
             text = report.describe()
             if text:

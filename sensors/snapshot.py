@@ -60,8 +60,12 @@ class SnapshotWriter:
         if self.directory.exists() and (not self.directory.is_dir()
                                         or any(self.directory.iterdir())):
             raise UsageError(f"snapshot directory {self.directory} exists and is not empty")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)  # an existing empty directory keeps no wider mode
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.directory, 0o700)  # an existing empty directory keeps no wider mode
+        except OSError as exc:
+            raise UsageError(f"cannot create snapshot directory {self.directory}: "
+                             f"{exc.strerror}") from None
 
     def begin_sample(self) -> Path:
         with self._lock:

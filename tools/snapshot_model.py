@@ -330,6 +330,10 @@ def write_snapshot(scenario: Scenario, directory: Path) -> None:
         write_infiniband(root, node, sample, totals)
         write_dmi(root, node)
         _write(root / "nvml.json", _dump(nvml_json(node, sample)))
+        # the management NIC, as the ETHTOOL_GDRVINFO ioctl reports it (sensors/firmware.py)
+        _write(root / "ethtool-drvinfo.json", _dump({"eno1": {
+            "driver": "i40e", "version": "6.1.0-27-amd64",
+            "fw_version": "9.20 0x8000d95e 1.3429.0", "bus_info": "0000:c1:00.0"}}))
         _write(root / "rdma-res-qp.json", json.dumps(qp_json(sample)) + "\n")
         _write(root / "slurm-jobs.json", _dump(squeue_json(sample)))
         _write(root / "slurm-listpids.txt", listpids(sample))
