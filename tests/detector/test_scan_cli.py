@@ -109,3 +109,24 @@ def test_errors_exit_2_without_traceback(setup, tmp_path):
                            str(events), "--rules", str(bad)], capture_output=True, text=True,
                           timeout=60)
     assert f"{bad}:5" in proc.stderr
+
+
+def test_report_counts_every_sample_and_shows_problems_of_later_ones():
+    import io
+
+    from hpcsec.detector.pipeline import ScanReport
+    from hpcsec.detector.schema import status_event
+    from hpcsec.sensors.base import SensorRun
+
+    def run(n_events, status="ok", inner=None):
+        events = [{"event.category": "rdma_counters"}] * n_events + (inner or [])
+        return SensorRun("rdma_counters", events,
+                         status_event("rdma_counters", status, "m", "h", "t"))
+
+    bad = status_event("rdma_counters", "malformed", "port_rcv_data: not a number", "h", "t")
+    report = ScanReport(sensor_runs=[run(4), run(4, inner=[bad]), run(4, inner=[bad])])
+    out = io.StringIO()
+    report.print(out)
+    assert out.getvalue().splitlines()[:2] == [
+        "hpcsec: sensor rdma_counters: malformed: 12 events in 3 samples",
+        "hpcsec:   malformed: port_rcv_data: not a number (x2)"]
