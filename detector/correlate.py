@@ -17,6 +17,7 @@ that group afresh. (value_percentile and value_median are not supported.)
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -50,6 +51,7 @@ class EngineStats:
     rule_hits: int = 0  # detection rule matches, including those that only feed correlations
     evicted_groups: int = 0  # correlation groups dropped because max_groups were open
     untimed_events: int = 0  # events without a readable @timestamp (correlations skip them)
+    late_events: int = 0  # events too old for their group's window (see Correlation.feed)
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ class Fired:
 class Group:
     """One group's window state; only the containers its correlation type needs are made."""
 
-    __slots__ = ("buckets", "chain", "count", "last", "sample", "seen", "start", "times",
-                 "values")
+    __slots__ = ("buckets", "chain", "count", "last", "reached_at", "sample", "seen", "start",
+                 "times", "values")
 
     def __init__(self, start: float, kind: str, sources: int, sample_size: int):
         self.start = start  # first event of the window (closing windows) or of the group
@@ -80,6 +82,8 @@ class Group:
         self.seen: dict[int, float] = {} if kind == "temporal" else None  # type: ignore
         self.chain: list[float | None] = [None] * sources if kind == "temporal_ordered" \
             else None  # type: ignore
+        self.reached_at: list[float] = [float("inf")] * sources \
+            if kind == "temporal_ordered" else None  # type: ignore
         self.buckets: deque[list[float]] = deque() if kind in ("value_sum", "value_avg") \
             else None  # type: ignore
 
@@ -162,6 +166,12 @@ class Correlation:
             group = groups.get(key)
         fired = None
         if group is not None:
+            # Event time may arrive out of order (several nodes' events merged, a replayed
+            # file). An event older than the window of the group's newest event, or than an
+            # open closing window, can share no window with them: it is counted, not added.
+            if t < (group.last - self.span if self.sliding else group.start):
+                self.stats.late_events += 1
+                return None
             if not self.sliding and t > group.start + self.span:
                 fired = self._close(key, group)
                 group = None
@@ -172,7 +182,8 @@ class Correlation:
             if len(groups) > self.max_groups:
                 groups.popitem(last=False)
                 self.stats.evicted_groups += 1
-        group.last = t
+        if t > group.last:
+            group.last = t
         if len(evidence) == 1:
             group.sample.append((t, evidence[0]))
         else:
@@ -194,8 +205,11 @@ class Correlation:
         if not self.sliding:
             return None
         times = g.times
-        times.append(t)
-        low = t - self.span
+        if not times or t >= times[-1]:
+            times.append(t)
+        else:  # a late event (within the window): keep the times sorted
+            bisect.insort(times, t)
+        low = g.last - self.span
         while times and times[0] < low:
             times.popleft()
         while len(times) > self.threshold + 1:
@@ -214,10 +228,11 @@ class Correlation:
         values = g.values
         if not self.sliding and value not in values and len(values) > self.threshold:
             return None  # min(count, threshold + 1) decides every condition: saturate
-        values.pop(value, None)
-        values[value] = t  # insertion order = last-seen order
+        previous = values.pop(value, None)
+        # insertion order = last-seen order; a late event does not make a value newer
+        values[value] = t if previous is None or t > previous else previous
         if self.sliding:
-            low = t - self.span
+            low = g.last - self.span
             while True:  # oldest first; at most threshold+1 are needed to decide
                 old = next(iter(values))
                 if values[old] >= low and len(values) <= self.threshold + 1:
@@ -229,12 +244,16 @@ class Correlation:
     def _add_ordered(self, g: Group, source: int, event: dict[str, Any],
                      t: float) -> tuple[float, float] | None:
         g.count += 1
-        low = t - self.span
+        low = g.last - self.span
         chain = g.chain  # chain[i]: latest start of an in-order chain that reached rule i
+        reached_at = g.reached_at  # reached_at[i]: event time of that chain's step i
         if source == 0:
-            chain[0] = t
-        elif chain[source - 1] is not None and chain[source - 1] >= low:
+            if chain[0] is None or t >= chain[0]:
+                chain[0] = reached_at[0] = t
+        elif (chain[source - 1] is not None and chain[source - 1] >= t - self.span
+              and reached_at[source - 1] <= t):  # in order of event time, not of arrival
             chain[source] = chain[source - 1]
+            reached_at[source] = t
         reached = max((i + 1 for i, s in enumerate(chain) if s is not None and s >= low),
                       default=0)
         start = chain[reached - 1] if reached else t
@@ -244,9 +263,10 @@ class Correlation:
                   t: float) -> tuple[float, float] | None:
         g.count += 1
         seen = g.seen
-        seen[source] = t
+        if t > seen.get(source, float("-inf")):
+            seen[source] = t
         if self.sliding:
-            low = t - self.span
+            low = g.last - self.span
             if len(seen) > 1:
                 for i in [i for i, last in seen.items() if last < low]:
                     del seen[i]
@@ -268,7 +288,7 @@ class Correlation:
             g.buckets.append([t, number, 1])
         if not self.sliding:
             return None
-        low = t - self.span
+        low = g.last - self.span
         while g.buckets and g.buckets[0][0] + width <= low:
             g.buckets.popleft()
         return self._sum_value(g), g.buckets[0][0]

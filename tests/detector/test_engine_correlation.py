@@ -311,3 +311,39 @@ def test_value_count_closing_window_state_is_capped():
     assert [m.value for m in Engine(ruleset(rule)).evaluate(
         [read(0, **{"file.path": "/a"}), read(1, **{"file.path": "/b"}),
          read(500, "eve", **{"file.path": "/c"})])] == [2.0]
+
+
+def test_late_events_outside_the_window_are_counted_not_added():
+    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 3}",
+                                        timespan="1m")))
+    # an hour, then events from long before: three events, but never three within a minute
+    assert engine.evaluate([gpu(3600), gpu(0), gpu(600)]) == []
+    assert engine.stats.late_events == 2
+
+
+def test_events_out_of_order_within_the_window_still_count():
+    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 3}",
+                                        timespan="1m")))
+    (m,) = engine.evaluate([gpu(30), gpu(10), gpu(20)])
+    assert m.value == 3.0 and m.window_start == "2026-12-01T10:00:10.000Z"
+    assert engine.stats.late_events == 0
+
+
+def test_value_sum_ignores_an_event_from_long_before():
+    engine = Engine(ruleset(correlation(
+        "value_sum", "[flow]", "{field: network.bytes, gte: 100}", timespan="1m")))
+    flow = lambda s, n: ev("roce_flow", "flow", s, **{"user.name": "bob",  # noqa: E731
+                                                      "network.bytes": n})
+    assert engine.evaluate([flow(7200, 60), flow(0, 60)]) == []
+    assert engine.evaluate([flow(7210, 50)])[0].value == 110.0
+
+
+def test_temporal_ordered_follows_event_time_not_arrival():
+    rule = correlation("temporal_ordered", "[file_read, gpu_proc]", "{gte: 2}")
+    engine = Engine(ruleset(rule))
+    # the GPU process (second step) happened before the read: out of order in event time
+    assert engine.evaluate([read(60), gpu(30)]) == []
+    engine = Engine(ruleset(rule))
+    assert ids(engine.evaluate([gpu(90), read(30)])) == []  # arrival order alone is not enough
+    engine = Engine(ruleset(rule))
+    assert ids(engine.evaluate([read(30), gpu(90)])) == ["corr"]
