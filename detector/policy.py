@@ -95,9 +95,11 @@ class Policy:
         account = event.get("slurm.job.account")
         event["hpcsec.asset.name"] = asset.name
         event["hpcsec.asset.kind"] = asset.kind
-        # A job whose details Slurm did not give (id from the cgroup, no account) may be
-        # allowed by its account: undecided, so the fields stay absent rather than `false`.
-        undecided = account is None and event.get("slurm.job.id") is not None
+        # A job whose details Slurm did not give (an id from the cgroup, but no owner, account
+        # or partition) may be allowed by its account: undecided, so the fields stay absent
+        # rather than `false`. A known job without an account simply has none.
+        undecided = (event.get("slurm.job.id") is not None and account is None
+                     and event.get("slurm.job.user") is None)
         read = asset.readers.allows(user, account) or asset.writers.allows(user, account)
         write = asset.writers.allows(user, account)
         if read or not undecided:

@@ -213,3 +213,14 @@ def test_a_job_without_known_account_leaves_access_undecided():
     known = {**unknown, "slurm.job.account": "other"}
     policy.apply(known)
     assert known["hpcsec.asset.write_allowed"] is False
+
+
+def test_a_known_job_without_an_account_is_decided_by_its_user():
+    from hpcsec.detector.config import Asset, Principals, SiteConfig
+    from hpcsec.detector.policy import Policy
+
+    asset = Asset("m", "model", ("/m/**",), readers=Principals(accounts=("llm",)))
+    event = {"event.category": "file_access", "file.path": "/m/w", "user.name": "bob",
+             "slurm.job.id": "7", "slurm.job.user": "bob"}  # Slurm without accounting
+    Policy(SiteConfig(assets=(asset,))).apply(event)
+    assert event["hpcsec.asset.read_allowed"] is False
