@@ -180,9 +180,17 @@ class EventSources:
 
     def live(self, args: Any) -> Iterator[list[Event]]:
         try:
-            registry.select(args.sensor)
+            specs = registry.select(args.sensor)
         except KeyError as exc:
             raise UsageError(f"unknown sensor {exc.args[0]}") from None
-        ctx = live_context(self.config, args.sysfs_root, args.procfs_root, args.etc_root)
-        with SensorSet(registry.select(args.sensor)) as sensors:
+        options: dict[str, Any] = {}
+        capture = getattr(args, "pcap", None) or getattr(args, "interface", None)
+        if capture:  # RoCE flows come from a capture: scan it beside the node's sensors
+            options = {k: v for k, v in (("pcap", args.pcap), ("interface", args.interface),
+                                         ("duration", args.duration)) if v is not None}
+            if "roce" not in {s.name for s in specs}:
+                specs = [*specs, registry.by_name()["roce"]]
+        ctx = live_context(self.config, args.sysfs_root, args.procfs_root, args.etc_root,
+                           options=options)
+        with SensorSet(specs) as sensors:
             yield self._sample(ctx, sensors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import thresholds
@@ -10,6 +11,7 @@ from ..alerts import AlertBuilder, level_rank, sort_alerts
 from ..config import SiteConfig, load_config
 from ..delivery import deliver_alerts, open_scan_outputs, open_store, store_decision, suppress
 from ..engine import Engine
+from ..errors import UsageError
 from ..outputs.base import OutputSet
 from ..pipeline import EventSources, ScanReport, demo_snapshot_dir
 from ..render import write_json, write_jsonl, write_table
@@ -35,6 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-dedup", action="store_true", help="every match is an alert")
     add_outputs(p, store_help="also keep the events and alerts in this DuckDB file")
     p.add_argument("--sensor", action="append", metavar="NAME", help="live scan: sensors to run")
+    p.add_argument("--pcap", metavar="FILE",
+                   help="live scan: also evaluate the RoCE v2 flows of this capture")
+    p.add_argument("--interface", metavar="IFACE",
+                   help="live scan: also sniff RoCE v2 on IFACE (a mirror port) for --duration")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="seconds to sniff --interface (default 10)")
     add_roots(p)
     p.set_defaults(func=run)
 
@@ -63,6 +71,10 @@ def scan(args: argparse.Namespace, config: SiteConfig, engine: Engine,
     builder = AlertBuilder(dedup=not args.no_dedup, window_s=config.dedup_window_s)
     report = ScanReport()
     sources = EventSources(config, report)
+    if (args.pcap or args.interface) and (args.events or args.snapshot or args.demo):
+        raise UsageError("--pcap and --interface go with a live scan, not --events/--snapshot")
+    if args.pcap and not os.path.isfile(args.pcap):
+        raise UsageError(f"--pcap {args.pcap}: no such file")
     if args.events:
         batches = sources.from_events_file(args.events, BATCH)
     elif args.snapshot or args.demo:

@@ -281,3 +281,19 @@ def test_collect_cli_without_a_capture_is_a_status_and_bad_arguments_exit_2(tmp_
              "--interface hpcsec-none0: no such network interface")):
         assert cli.main(["collect", "--sensor", "roce", *argv]) == 2
         assert capsys.readouterr() == ("", f"hpcsec: error: {message}\n")
+
+
+def test_scan_evaluates_the_rules_on_a_capture(tmp_path, capsys):
+    """`hpcsec scan --pcap`: a peer probing 80 rkeys of this node raises the rkey rule."""
+    probe = [_frame(A, B, 0x0C, 0x4321, RETH(va=0x7F0000000000, rkey=0x1000 + i, dma_length=64),
+                    t=T0 + i * 0.01) for i in range(80)]
+    path = tmp_path / "probe.pcap"
+    wrpcap(str(path), probe)
+    rc = cli.main(["scan", "--sensor", "roce", "--pcap", str(path), "--sysfs-root",
+                   str(tmp_path), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 1, err
+    alerts = json.loads(out)
+    assert "RoCE flow touching many distinct rkeys" in {a["rule.title"] for a in alerts}
+    assert "hpcsec: sensor roce: ok: 1 events" in err
+    assert cli.main(["scan", "--pcap", str(path), "--events", str(path)]) == 2
