@@ -241,8 +241,9 @@ class Store:
     # -- reads -------------------------------------------------------------------------------
 
     def query_alerts(self, q: AlertQuery) -> list[dict[str, Any]]:
-        """Matching alerts, oldest first (the newest `limit` of them), each the stored alert
-        plus `hpcsec.disposition` and `hpcsec.deliveries` {destination: state}."""
+        """Matching alerts by their time (first seen), oldest first (the newest `limit` of
+        them), each the stored alert plus `hpcsec.disposition` and `hpcsec.deliveries`
+        {destination: state}."""
         where, params = ["TRUE"], []
         if q.since is not None:
             where.append("coalesce(last_seen, ts) >= ?")
@@ -256,7 +257,7 @@ class Store:
             where.append("lower(rule_vector) = lower(?)")
             params.append(q.vector)
         sql = (f"SELECT alert_id, doc, disposition, reason FROM alerts WHERE "
-               f"{' AND '.join(where)} ORDER BY coalesce(last_seen, ts) DESC, alert_id "
+               f"{' AND '.join(where)} ORDER BY ts DESC, alert_id "
                f"LIMIT {int(q.limit)}")
         with self._connect() as con:
             rows = con.execute(sql, params).fetchall()

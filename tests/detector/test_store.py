@@ -152,3 +152,18 @@ def test_a_suppression_decision_is_stored_with_dispositions(tmp_path):
     assert rows == {"s1": ("sent", None),
                     "s2": ("rate_limited", "over the per-rule rate limit"),
                     "s3": ("silenced", "silenced by job=42, user=alice (pentest)")}
+
+
+def test_alerts_come_back_in_the_order_of_their_time(tmp_path):
+    from hpcsec.detector.store import AlertQuery, Store
+
+    store = Store(tmp_path / "s.duckdb")
+    base = {"rule.id": "r", "rule.title": "t", "rule.level": "high", "rule.vector": "v",
+            "host.name": "n", "events": [], "count": 1}
+    store.insert_alerts([
+        {**base, "alert.id": "late", "@timestamp": "2026-11-30T01:00:10Z",
+         "alert.last_seen": "2026-11-30T01:00:10Z"},
+        {**base, "alert.id": "early", "@timestamp": "2026-11-30T01:00:00Z",
+         "alert.last_seen": "2026-11-30T01:05:00Z"},  # seen again later: still the older one
+    ])
+    assert [a["alert.id"] for a in store.query_alerts(AlertQuery())] == ["early", "late"]
