@@ -71,10 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
+class HookUsage(Exception):
+    """Run the wrong way (not by slurmd): said plainly, still exit 0."""
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         hook = Hook(args, dict(os.environ))
         hook.prolog() if args.hook == "prolog" else hook.epilog()
+    except HookUsage as exc:
+        print(f"hpcsec slurm {args.hook}: {exc}", file=sys.stderr)
     except Exception as exc:  # never drain the node because of us
         print(f"hpcsec slurm {args.hook}: internal error: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -101,7 +107,7 @@ class Hook:
         self.now = rfc3339()
         self.job_id = env.get("SLURM_JOB_ID", "").strip()
         if not self.job_id.isdigit():
-            raise ValueError("SLURM_JOB_ID is not set: not run by slurmd?")
+            raise HookUsage("SLURM_JOB_ID is not set: not run by slurmd?")
         uid = env.get("SLURM_JOB_UID", "").strip()
         self.uid = int(uid) if uid.isdigit() else None
         self.user = env.get("SLURM_JOB_USER") or None
