@@ -135,7 +135,7 @@ def test_gpu_state_from_a_dump(tmp_path):
 def test_always_exit_zero(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert cli.main(["slurm", "prolog", "--state-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().err == ("hpcsec slurm prolog: internal error: ValueError: "
+    assert capsys.readouterr().err == ("hpcsec slurm prolog: "
                                        "SLURM_JOB_ID is not set: not run by slurmd?\n")
     blocker = tmp_path / "file"
     blocker.write_text("")
