@@ -39,7 +39,8 @@ DEFAULT_LISTS: dict[str, tuple[str, ...]] = {
                          "gradio", "streamlit", "tensorboard", "code-server"),
     "slurm_daemons": ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "slurmrestd"),
     "ld_preload_allowed": ("libtcmalloc", "libjemalloc", "libdarshan", "libnvidia-ml",
-                           "libhugetlbfs", "libmimalloc"),
+                           "libhugetlbfs", "libmimalloc", "libxalt", "libiomp5",
+                           "libtbbmalloc"),
 }
 
 
