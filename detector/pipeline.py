@@ -17,7 +17,7 @@ from hpcsec.sensors.snapshot import close_sensor
 
 from .config import SiteConfig
 from .enrich import Enricher
-from .errors import UsageError
+from .errors import SourceError, UsageError
 from .eventio import InputReport, checked_event, read_jsonl
 from .nodectx import live_context
 from .policy import annotate_fleet_majority
@@ -30,6 +30,7 @@ class ScanReport:
 
     sensor_runs: list[SensorRun] = field(default_factory=list)
     inputs: list[InputReport] = field(default_factory=list)
+    skipped_samples: list[str] = field(default_factory=list)
     events: int = 0
 
     def print(self, out: TextIO) -> None:
@@ -56,6 +57,8 @@ class ScanReport:
             for (_, action, message), times in bad.items():
                 again = f" (x{times})" if times > 1 else ""
                 print(f"hpcsec:   {action}: {message}{again}", file=out)
+        for problem in self.skipped_samples:
+            print(f"hpcsec: skipped a snapshot sample: {problem}", file=out)
         for report in self.inputs:
             text = report.describe()
             if text:
@@ -176,7 +179,12 @@ class EventSources:
         state: dict[str, Any] = {}
         with SensorSet(registry.select(None)) as sensors:
             for sample in snapshot.samples:
-                yield self._sample(sample.context(self.config, state), sensors)
+                try:
+                    ctx = sample.context(self.config, state)
+                except SourceError as exc:  # one unreadable sample; the others still count
+                    self.report.skipped_samples.append(str(exc))
+                    continue
+                yield self._sample(ctx, sensors)
 
     def live(self, args: Any) -> Iterator[list[Event]]:
         try:

@@ -13,7 +13,7 @@ from hpcsec.sensors.snapshot import open_snapshot, record_snapshot
 
 from ..config import load_config
 from ..enrich import Enricher
-from ..errors import UsageError
+from ..errors import SourceError, UsageError
 from ..nodectx import live_context
 from ..outputs.encode import dumps
 from ..pipeline import SensorSet
@@ -137,7 +137,11 @@ def run(args: argparse.Namespace) -> int:
         state: dict = {}
         with SensorSet(specs) as sensors:
             for sample in snapshot.samples:
-                ctx = sample.context(config, state, sensor_options(args))
+                try:
+                    ctx = sample.context(config, state, sensor_options(args))
+                except SourceError as exc:  # one unreadable sample; the others still count
+                    print(f"hpcsec: skipped a snapshot sample: {exc}", file=sys.stderr)
+                    continue
                 print_runs(sensors.sample(ctx), args.format, enricher, ctx)
         return 0
     ctx = live_context(config, args.sysfs_root, args.procfs_root, args.etc_root,

@@ -400,3 +400,19 @@ def test_a_snapshot_directory_that_cannot_be_made_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UsageError, match=f"cannot create snapshot directory {tmp_path}/file/s"):
         SnapshotWriter(tmp_path / "file" / "s", "h")
+
+
+def test_scan_skips_a_sample_with_a_bad_time_and_says_so(tmp_path, capsys):
+    import shutil
+
+    snap = tmp_path / "demo"
+    shutil.copytree(REPO / "fixtures" / "demo", snap)
+    (snap / "2" / "time").write_text("not-a-time\n")
+    rc = main(["scan", "--snapshot", str(snap), "--config",
+               str(REPO / "fixtures" / "demo" / "site-config.yml"), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 1  # the other samples are still scanned and alert
+    assert f"skipped a snapshot sample: {snap}/2/time:1: not an RFC 3339 time" in err
+    assert "in 3 samples" in err
+    assert main(["collect", "--from-snapshot", str(snap), "--sensor", "process"]) == 0
+    assert "skipped a snapshot sample" in capsys.readouterr().err
