@@ -7,18 +7,9 @@ import sys
 import pytest
 
 from hpcsec.detector.cli import main
+from tests.rule_texts import MINER_RULE
 
-RULES = """
-title: Miner process
-id: 6a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d
-status: test
-level: critical
-logsource: {product: hpc, category: process}
-detection:
-  sel:
-    process.name: xmrig
-  condition: sel
----
+RULES = MINER_RULE + """---
 title: Copy tool on weights
 id: 7b2e3d4c-5f6a-4b7c-9d8e-0f1a2b3c4d5e
 status: test

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -280,8 +281,9 @@ def test_refuses_to_watch_its_own_snapshot_directory(shared_dir):
         list(FileAccessSensor().collect(ctx))
 
 
-@root_only
-def test_watchdog_answers_when_the_proc_read_stalls(shared_dir, monkeypatch):
+@contextlib.contextmanager
+def _watch_with_a_stalled_proc_read(shared_dir, monkeypatch):
+    """A watch whose /proc read of the opener hangs: only the watchdog can answer."""
     from hpcsec.sensors import fanwatch
 
     (shared_dir / "w.bin").write_text("w")
@@ -296,12 +298,22 @@ def test_watchdog_answers_when_the_proc_read_stalls(shared_dir, monkeypatch):
     watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder(),
                                          answer_timeout_s=0.2)
     try:
-        child = subprocess.run(["cat", str(shared_dir / "w.bin")], capture_output=True)
-        assert (child.returncode, child.stdout) == (0, b"w")  # answered, not stuck
-        assert watch.answered_by_watchdog == 1
+        yield watch
     finally:
         release.set()
         watch.stop()
+
+
+def _cat_answered(shared_dir, watch):
+    child = subprocess.run(["cat", str(shared_dir / "w.bin")], capture_output=True, timeout=5)
+    assert (child.returncode, child.stdout) == (0, b"w")  # answered, not stuck
+    assert watch.answered_by_watchdog == 1
+
+
+@root_only
+def test_watchdog_answers_when_the_proc_read_stalls(shared_dir, monkeypatch):
+    with _watch_with_a_stalled_proc_read(shared_dir, monkeypatch) as watch:
+        _cat_answered(shared_dir, watch)
 
 
 @root_only
@@ -486,27 +498,10 @@ def test_a_sleeping_watchdog_wakes_for_a_stalled_opener(shared_dir, monkeypatch)
 
     from hpcsec.sensors import fanwatch
 
-    (shared_dir / "w.bin").write_text("w")
-    release = threading.Event()
-
-    def stalled_proc_read(ctx, pid, users=None):
-        release.wait(10)
-        return {}
-
     monkeypatch.setattr(fanwatch, "IDLE_AFTER_S", 0.05)
-    monkeypatch.setattr(fanwatch, "access_process_fields", stalled_proc_read)
-    ctx = NodeTree(shared_dir / "ctx").context()
-    watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder(),
-                                         answer_timeout_s=0.2)
-    try:
+    with _watch_with_a_stalled_proc_read(shared_dir, monkeypatch) as watch:
         deadline = time.monotonic() + 5
         while not watch._idle and time.monotonic() < deadline:
             time.sleep(0.01)
         assert watch._idle, "the watchdog never went to sleep on a quiet node"
-        child = subprocess.run(["cat", str(shared_dir / "w.bin")], capture_output=True,
-                               timeout=5)
-        assert (child.returncode, child.stdout) == (0, b"w")
-        assert watch.answered_by_watchdog == 1
-    finally:
-        release.set()
-        watch.stop()
+        _cat_answered(shared_dir, watch)

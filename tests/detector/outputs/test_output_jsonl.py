@@ -8,6 +8,7 @@ import pytest
 
 from hpcsec.detector.errors import HpcsecError
 from hpcsec.detector.outputs.base import OutputError, open_outputs
+from tests.rule_texts import MINER_RULE
 
 ALERTS = [{"alert.id": "a1", "rule.id": "r", "alert.summary": "two\nlines"},
           {"alert.id": "a2", "rule.id": "r", "user.name": "zoë"}]
@@ -108,17 +109,7 @@ def test_bytes_that_are_not_utf8_reach_the_file_escaped(tmp_path):
                                                             "file.path": "/x/\\xe9t\\xc3.bin"}
 
 
-RULE = """
-title: Miner process
-id: 6a1d2c3b-4e5f-4a6b-8c7d-9e0f1a2b3c4d
-status: test
-level: critical
-logsource: {product: hpc, category: process}
-detection:
-  sel:
-    process.name: xmrig
-  condition: sel
-"""
+RULE = MINER_RULE
 
 
 @pytest.mark.parametrize(("args", "message"), [
