@@ -67,7 +67,10 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
+                length = int(self.headers["Content-Length"])
+                body = self.rfile.read(length)
+                if len(body) < length:  # the agent was killed mid-request: not a post
+                    return
                 stamp = self.headers.get("X-Hpcsec-Timestamp", "")
                 mac = hmac.new(SECRET, stamp.encode() + b"." + body, hashlib.sha256)
                 if not hmac.compare_digest("sha256=" + mac.hexdigest(),

@@ -46,6 +46,7 @@ class Receiver:
         self.posts: list[tuple[str, str, float]] = []  # (alert.id, Idempotency-Key, time)
         self.refused: list[tuple[int, float]] = []
         self.bad_signatures = 0
+        self.truncated = 0  # requests cut off by a sender that died while sending
         self.responses: list[tuple[int, dict]] = []  # canned answers for the next requests
         self.delay_s = 0.0
         self.server: ThreadingHTTPServer | None = None
@@ -58,7 +59,12 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
+                length = int(self.headers["Content-Length"])
+                body = self.rfile.read(length)
+                if len(body) < length:  # the sender died mid-request (kill -9): not a post
+                    with receiver.lock:
+                        receiver.truncated += 1
+                    return
                 if receiver.delay_s:
                     time.sleep(receiver.delay_s)
                 with receiver.lock:
