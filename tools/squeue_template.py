@@ -107,7 +107,7 @@ JOB_22_05: dict[str, Any] = {
     'state_reason': 'None',
     'standard_error': '',
     'standard_input': '/dev/null',
-    'standard_output': '/tmp/slurmkit/work/alice/slurm-%j.out',
+    'standard_output': '/home/alice/runs/slurm-%j.out',
     'submit_time': 1796002351,
     'suspend_time': 0,
     'system_comment': '',
@@ -125,7 +125,7 @@ JOB_22_05: dict[str, Any] = {
     'user_id': 1001,
     'user_name': 'alice',
     'wckey': '',
-    'current_working_directory': '/tmp/slurmkit/work/alice',
+    'current_working_directory': '/home/alice/runs',
 }
 
 
