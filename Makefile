@@ -47,6 +47,8 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/hpcsec rules check --strict
 	$(BIN)/hpcsec rules test
 	$(BIN)/python -m pytest

@@ -47,10 +47,12 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def rule(name: str, category: str, field: str, value: str) -> str:
-    return (f"title: Bench {name}\nid: 00000000-0000-4000-8000-{abs(hash(name)) % 10**12:012d}\n"
-            f"status: test\nlogsource:\n  product: hpc\n  category: {category}\n"
-            f"detection:\n  selection:\n    {field}: {value}\n  condition: selection\n"
-            "level: high\n")
+    return (
+        f"title: Bench {name}\nid: 00000000-0000-4000-8000-{abs(hash(name)) % 10**12:012d}\n"
+        f"status: test\nlogsource:\n  product: hpc\n  category: {category}\n"
+        f"detection:\n  selection:\n    {field}: {value}\n  condition: selection\n"
+        "level: high\n"
+    )
 
 
 class Receiver:
@@ -86,9 +88,20 @@ class Agent:
     def __init__(self, work: Path, *args: str, bundled_rules: bool = False):
         self.log = work / f"agent-{time.monotonic_ns()}.log"
         rules = [] if bundled_rules else ["--rules", str(work / "rules")]
-        argv = [sys.executable, "-m", "hpcsec.detector", "agent", *rules,
-                "--metrics-address", "127.0.0.1:0", "--spool", str(work / "spool"),
-                "--webhook-secret-file", str(work / "secret"), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "hpcsec.detector",
+            "agent",
+            *rules,
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--spool",
+            str(work / "spool"),
+            "--webhook-secret-file",
+            str(work / "secret"),
+            *args,
+        ]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         self.wait(lambda: "metrics at" in self.log.read_text(), 60, "start")
@@ -116,8 +129,11 @@ class Agent:
 
     def memory_mb(self) -> tuple[float, float]:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        kb = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
-              if line.startswith(("VmRSS", "VmHWM"))}
+        kb = {
+            line.split(":")[0]: int(line.split()[1])
+            for line in status.splitlines()
+            if line.startswith(("VmRSS", "VmHWM"))
+        }
         return kb["VmRSS"] / 1024, kb["VmHWM"] / 1024
 
     def stop(self) -> None:
@@ -127,11 +143,16 @@ class Agent:
 
 def fixture_node(work: Path) -> Path:
     sysfs = work / "sys"
-    shutil.copytree(FIXTURES / "sysfs" / "h100-4hca" / "sample0" / "class",
-                    sysfs / "class", symlinks=True)
+    shutil.copytree(
+        FIXTURES / "sysfs" / "h100-4hca" / "sample0" / "class", sysfs / "class", symlinks=True
+    )
     for sub in ("dmi", "net"):
-        shutil.copytree(FIXTURES / "sysfs-node" / "class" / sub, sysfs / "class" / sub,
-                        symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(
+            FIXTURES / "sysfs-node" / "class" / sub,
+            sysfs / "class" / sub,
+            symlinks=True,
+            dirs_exist_ok=True,
+        )
     return sysfs
 
 
@@ -143,11 +164,22 @@ def steady_state(work: Path, duration: float, interval: float, store: bool) -> N
     # One protected model directory, so the file-access stream runs as on a real node.
     models = work / "steady-models"
     models.mkdir(exist_ok=True)
-    (work / "steady.yml").write_text(f"assets:\n  - name: m\n    kind: model\n"
-                                     f"    paths: ['{models}/**']\n")
-    agent = Agent(work, "--config", str(work / "steady.yml"),
-                  "--sysfs-root", str(sysfs), "--interval", str(interval),
-                  "--output", f"file://{work / 'steady.jsonl'}", *extra, bundled_rules=True)
+    (work / "steady.yml").write_text(
+        f"assets:\n  - name: m\n    kind: model\n    paths: ['{models}/**']\n"
+    )
+    agent = Agent(
+        work,
+        "--config",
+        str(work / "steady.yml"),
+        "--sysfs-root",
+        str(sysfs),
+        "--interval",
+        str(interval),
+        "--output",
+        f"file://{work / 'steady.jsonl'}",
+        *extra,
+        bundled_rules=True,
+    )
     try:
         time.sleep(min(interval, 5.0))  # imports and the first sample are start-up
         (own0, kids0), wall0 = agent.cpu_s(), time.monotonic()
@@ -160,11 +192,13 @@ def steady_state(work: Path, duration: float, interval: float, store: bool) -> N
     share = 100 * (own1 - own0) / wall
     kids = 100 * (kids1 - kids0) / wall
     what = "with every event to the DuckDB store" if store else "no store"
-    print(f"steady state, every sensor and the bundled rules every {interval:g} s on the fixture "
-          f"node, {what}, {wall:.0f} s: CPU {share:.3f} % of one core "
-          f"(target <= {CPU_TARGET_PCT} %, "
-          f"{share / CPU_TARGET_PCT:.2f}x of it; {kids:.3f} % more in commands it ran); "
-          f"RSS {rss:.1f} MB, peak {hwm:.1f} MB (target <= {RSS_TARGET_MB:.0f} MB)")
+    print(
+        f"steady state, every sensor and the bundled rules every {interval:g} s on the fixture "
+        f"node, {what}, {wall:.0f} s: CPU {share:.3f} % of one core "
+        f"(target <= {CPU_TARGET_PCT} %, "
+        f"{share / CPU_TARGET_PCT:.2f}x of it; {kids:.3f} % more in commands it ran); "
+        f"RSS {rss:.1f} MB, peak {hwm:.1f} MB (target <= {RSS_TARGET_MB:.0f} MB)"
+    )
     sensors = [line for line in agent.log.read_text().splitlines() if "started:" in line]
     print("  " + (sensors[0].split("agent: ", 1)[-1] if sensors else ""))
 
@@ -177,12 +211,22 @@ def latency(work: Path, samples: int) -> None:
     protected.mkdir(parents=True)
     for i in range(samples):
         (protected / f"shard-{i}.bin").write_bytes(b"x" * 4096)
-    (work / "site.yml").write_text(f"dedup_window_s: 1\nassets:\n  - name: m\n    kind: model\n"
-                                   f"    paths: ['{protected}/**']\n")
+    (work / "site.yml").write_text(
+        f"dedup_window_s: 1\nassets:\n  - name: m\n    kind: model\n    paths: ['{protected}/**']\n"
+    )
     (work / "rules" / "file.yml").write_text(rule("file", "file_access", "event.action", "open"))
     receiver = Receiver()
-    agent = Agent(work, "--config", str(work / "site.yml"), "--sensor", "file_access",
-                  "--interval", "3600", "--output", receiver.url)
+    agent = Agent(
+        work,
+        "--config",
+        str(work / "site.yml"),
+        "--sensor",
+        "file_access",
+        "--interval",
+        "3600",
+        "--output",
+        receiver.url,
+    )
     try:
         sent = []
         for i in range(samples):
@@ -204,33 +248,44 @@ def latency(work: Path, samples: int) -> None:
     lat = sorted(a - s for a, s in zip(arrivals, sent, strict=True))
     p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
     p50 = statistics.median(lat)
-    print(f"file event -> delivered webhook, {samples} reads: p50 {p50 * 1e3:.0f} ms, "
-          f"p99 {p99 * 1e3:.0f} ms, max {lat[-1] * 1e3:.0f} ms (target p99 <= "
-          f"{P99_TARGET_S * 1e3:.0f} ms, {p99 / P99_TARGET_S:.2f}x of it)")
+    print(
+        f"file event -> delivered webhook, {samples} reads: p50 {p50 * 1e3:.0f} ms, "
+        f"p99 {p99 * 1e3:.0f} ms, max {lat[-1] * 1e3:.0f} ms (target p99 <= "
+        f"{P99_TARGET_S * 1e3:.0f} ms, {p99 / P99_TARGET_S:.2f}x of it)"
+    )
 
 
 def alert_rate(work: Path, count: int) -> None:
     proc, etc = work / "fake" / "proc", work / "fake" / "etc"
     etc.mkdir(parents=True)
-    (etc / "passwd").write_text("".join(f"u{i}:x:{3000 + i}:{3000 + i}::/h:/bin/sh\n"
-                                        for i in range(count)))
+    (etc / "passwd").write_text(
+        "".join(f"u{i}:x:{3000 + i}:{3000 + i}::/h:/bin/sh\n" for i in range(count))
+    )
     for i in range(count):
         d = proc / str(10000 + i)
         d.mkdir(parents=True)
         (d / "status").write_text(f"Name:\tbenchminer\nPPid:\t1\nUid:\t{3000 + i}\n")
         (d / "comm").write_text("benchminer\n")
         (d / "cmdline").write_bytes(b"benchminer\0")
-    (work / "rules" / "proc.yml").write_text(rule("proc", "process", "process.name",
-                                                  "benchminer"))
-    common = ("--sensor", "process", "--procfs-root", str(proc), "--etc-root", str(etc),
-              "--interval", "3600")
+    (work / "rules" / "proc.yml").write_text(rule("proc", "process", "process.name", "benchminer"))
+    common = (
+        "--sensor",
+        "process",
+        "--procfs-root",
+        str(proc),
+        "--etc-root",
+        str(etc),
+        "--interval",
+        "3600",
+    )
     # Peer: the same alerts to a JSONL file: evaluation and alert building, no network.
     out = work / "rate.jsonl"
     agent = Agent(work, *common, "--output", f"file://{out}")
     started = time.monotonic()
     try:
-        agent.wait(lambda: out.exists() and out.read_bytes().count(b"\n") >= count, 120,
-                   "file alerts")
+        agent.wait(
+            lambda: out.exists() and out.read_bytes().count(b"\n") >= count, 120, "file alerts"
+        )
     finally:
         file_s = time.monotonic() - started
         agent.stop()
@@ -243,10 +298,12 @@ def alert_rate(work: Path, count: int) -> None:
         receiver.stop()
     times = sorted(receiver.arrivals.values())
     rate = (count - 1) / max(times[-1] - times[0], 1e-9)
-    print(f"sustained alerts to a local webhook (signed, spooled, one POST each): {rate:.0f}/s "
-          f"over {count} alerts; peer: the same alerts to a JSONL file (one fsync'd write "
-          f"each) in {file_s:.2f} s from the agent being ready, sample and evaluation "
-          f"included ({count / file_s:.0f}/s)")
+    print(
+        f"sustained alerts to a local webhook (signed, spooled, one POST each): {rate:.0f}/s "
+        f"over {count} alerts; peer: the same alerts to a JSONL file (one fsync'd write "
+        f"each) in {file_s:.2f} s from the agent being ready, sample and evaluation "
+        f"included ({count / file_s:.0f}/s)"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -255,14 +312,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--interval", type=float, default=10.0)
     parser.add_argument("--latency-samples", type=int, default=30)
     parser.add_argument("--alerts", type=int, default=2000)
-    parser.add_argument("--store", action=argparse.BooleanOptionalAction, default=True,
-                        help="also measure the steady state with the DuckDB store (default)")
+    parser.add_argument(
+        "--store",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the steady state with the DuckDB store (default)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hpcsec-bench-agent-") as tmp:
         work = Path(tmp)
         (work / "rules").mkdir()
-        (work / "rules" / "none.yml").write_text(rule("none", "process", "process.name",
-                                                      "no-such-process-name"))
+        (work / "rules" / "none.yml").write_text(
+            rule("none", "process", "process.name", "no-such-process-name")
+        )
         (work / "secret").write_bytes(SECRET)
         steady_state(work, args.duration, args.interval, store=False)
         if args.store:

@@ -65,9 +65,9 @@ from sigma.collection import SigmaCollection
 from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
 from sigma.processing.transformations import ValueListPlaceholderTransformation
 
-from hpcsec.detector.config import SiteConfig
-from hpcsec.detector.engine import Engine
-from hpcsec.detector.ruleset import LoadedRule, RuleSet
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 from .engine_events import attack_events, generate
 
@@ -131,7 +131,7 @@ detection:
 
 
 def load_ruleset(paths: list[str] | None) -> tuple[RuleSet, str]:
-    from hpcsec.detector.rules import load_rules
+    from hpcsec.detector.engine.loader import load_rules
 
     try:
         rules = load_rules(paths)
@@ -140,8 +140,10 @@ def load_ruleset(paths: list[str] | None) -> tuple[RuleSet, str]:
     except Exception as e:  # the bench must still run while the rules are being written
         print(f"note: could not load rules ({e}); using the generated fallback ruleset")
     items = SigmaCollection.from_yaml(FALLBACK_RULES)
-    return (RuleSet([LoadedRule(r, "<fallback>", 1, "bench") for r in items]),
-            "generated fallback ruleset (no bundled rules found)")
+    return (
+        RuleSet([LoadedRule(r, "<fallback>", 1, "bench") for r in items]),
+        "generated fallback ruleset (no bundled rules found)",
+    )
 
 
 def write_events(path: Path, n: int, engine: Engine, ruleset: RuleSet) -> set[str]:
@@ -195,8 +197,9 @@ def run_engine(path: Path, engine: Engine) -> tuple[float, float, float, int]:
 
 def sql_queries(ruleset: RuleSet, placeholders: dict[str, list]) -> list[tuple[str, str, str]]:
     """(rule id, category, WHERE clause) from the pySigma SQLite backend."""
-    pipeline = ProcessingPipeline(items=[ProcessingItem(ValueListPlaceholderTransformation())],
-                                  vars=placeholders)
+    pipeline = ProcessingPipeline(
+        items=[ProcessingItem(ValueListPlaceholderTransformation())], vars=placeholders
+    )
     backend = sqliteBackend(processing_pipeline=pipeline)
     queries = []
     for rule in ruleset.rules:
@@ -265,8 +268,11 @@ def run_duckdb(path: Path, queries: list[tuple[str, str, str]]):
     db.execute("SET threads = 1")  # one core, like the other two paths
     db.execute("SET default_collation = 'nocase'")
     start = time.perf_counter()
-    db.execute("CREATE TABLE logs AS SELECT * FROM read_json(?, format='newline_delimited', "
-               "union_by_name=true, sample_size=-1)", [str(path)])
+    db.execute(
+        "CREATE TABLE logs AS SELECT * FROM read_json(?, format='newline_delimited', "
+        "union_by_name=true, sample_size=-1)",
+        [str(path)],
+    )
     load = time.perf_counter() - start
     columns = {row[0] for row in db.execute("DESCRIBE logs").fetchall()}
     rejected = 0
@@ -287,8 +293,9 @@ def run_duckdb(path: Path, queries: list[tuple[str, str, str]]):
     return load, elapsed, matches, rejected
 
 
-def run_duckdb_batches(path: Path, queries: list[tuple[str, str, str]], size: int,
-                       batches: int) -> tuple[float, int]:
+def run_duckdb_batches(
+    path: Path, queries: list[tuple[str, str, str]], size: int, batches: int
+) -> tuple[float, int]:
     """The agent's shape: small batches as sensors produce them; each batch is loaded and
     every rule's query run. Returns (CPU seconds, events)."""
     db = duckdb.connect()
@@ -299,16 +306,22 @@ def run_duckdb_batches(path: Path, queries: list[tuple[str, str, str]], size: in
     chunk = Path(path.parent) / "batch.jsonl"
     start = time.process_time()
     for b in range(batches):
-        chunk.write_bytes(b"".join(head[b * size:(b + 1) * size]))
-        db.execute("CREATE OR REPLACE TABLE logs AS SELECT * FROM read_json(?, "
-                   "format='newline_delimited', union_by_name=true)", [str(chunk)])
+        chunk.write_bytes(b"".join(head[b * size : (b + 1) * size]))
+        db.execute(
+            "CREATE OR REPLACE TABLE logs AS SELECT * FROM read_json(?, "
+            "format='newline_delimited', union_by_name=true)",
+            [str(chunk)],
+        )
         columns = {row[0] for row in db.execute("DESCRIBE logs").fetchall()}
         for _rule_id, category, where in queries:
             if not set(re.findall(r"`([^`]+)`", where)) <= columns:
                 continue
             with contextlib.suppress(duckdb.Error):  # rejected rules: counted in the full run
-                db.execute(f'SELECT count(*) FROM logs WHERE "event.category" = ? AND '
-                           f'({duckdb_sql(where)})', [category]).fetchone()
+                db.execute(
+                    f'SELECT count(*) FROM logs WHERE "event.category" = ? AND '
+                    f"({duckdb_sql(where)})",
+                    [category],
+                ).fetchone()
     return time.process_time() - start, size * batches
 
 
@@ -321,43 +334,62 @@ def main(argv: list[str] | None = None) -> int:
     placeholders = SiteConfig().placeholders()
     engine = Engine(ruleset, placeholders)
     detections = sum(r.kind == "detection" for r in engine.rules)
-    print(f"rules: {source}: {detections} detection rules, "
-          f"{len(engine.rules) - detections} correlations")
+    print(
+        f"rules: {source}: {detections} detection rules, "
+        f"{len(engine.rules) - detections} correlations"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "events.jsonl"
         start = time.perf_counter()
         fields = sorted(write_events(path, args.events, engine, ruleset))
         size = os.path.getsize(path) / 1e6
-        print(f"events: {args.events} ({size:.0f} MB JSONL, {len(fields)} fields), "
-              f"generated in {time.perf_counter() - start:.1f} s")
+        print(
+            f"events: {args.events} ({size:.0f} MB JSONL, {len(fields)} fields), "
+            f"generated in {time.perf_counter() - start:.1f} s"
+        )
         engine = Engine(ruleset, placeholders)
         total, wall, in_eval, ours = run_engine(path, engine)
         n = args.events
-        print("figures are events per CPU-second of one core (process time); the machine's "
-              "wall clock is shown where it differs; engine run with gc.freeze() and "
-              "gc.set_threshold(50000, 20, 20)")
-        print(f"engine : {n / total:12,.0f} events/s  (JSONL + orjson + rules, {total:.2f} s CPU, "
-              f"{wall:.2f} s wall; rules alone {n / in_eval:,.0f} events/s) "
-              f"matches={engine.stats.rule_hits} (alerting: {ours})")
+        print(
+            "figures are events per CPU-second of one core (process time); the machine's "
+            "wall clock is shown where it differs; engine run with gc.freeze() and "
+            "gc.set_threshold(50000, 20, 20)"
+        )
+        print(
+            f"engine : {n / total:12,.0f} events/s  (JSONL + orjson + rules, {total:.2f} s CPU, "
+            f"{wall:.2f} s wall; rules alone {n / in_eval:,.0f} events/s) "
+            f"matches={engine.stats.rule_hits} (alerting: {ours})"
+        )
         queries = sql_queries(ruleset, placeholders)
         # a field no event carries is a column of NULLs, as the backend's runtime makes it
         named = {f for q in queries for f in re.findall(r"`([^`]+)`", q[2])}
         load, elapsed, sq, sq_rejected = run_sqlite(path, sorted(set(fields) | named), queries)
-        print(f"sqlite : {n / elapsed:12,.0f} events/s  (queries {elapsed:.2f} s; load "
-              f"{load:.2f} s not counted) matches={sq} rejected={sq_rejected}/{len(queries)} "
-              + ("(rejected rules: not comparable with the engine)" if sq_rejected else
-                 f"({'same as' if sq == engine.stats.rule_hits else 'DIFFERENT from'} "
-                 "the engine)"))
+        print(
+            f"sqlite : {n / elapsed:12,.0f} events/s  (queries {elapsed:.2f} s; load "
+            f"{load:.2f} s not counted) matches={sq} rejected={sq_rejected}/{len(queries)} "
+            + (
+                "(rejected rules: not comparable with the engine)"
+                if sq_rejected
+                else f"({'same as' if sq == engine.stats.rule_hits else 'DIFFERENT from'} "
+                "the engine)"
+            )
+        )
         dload, delapsed, dm, rejected = run_duckdb(path, queries)
-        print(f"duckdb : {n / max(delapsed, 1e-9):12,.0f} events/s  (queries {delapsed:.2f} s; "
-              f"load {dload:.2f} s not counted) matches={dm} "
-              f"rejected={rejected}/{len(queries)} rules")
+        print(
+            f"duckdb : {n / max(delapsed, 1e-9):12,.0f} events/s  (queries {delapsed:.2f} s; "
+            f"load {dload:.2f} s not counted) matches={dm} "
+            f"rejected={rejected}/{len(queries)} rules"
+        )
         size = min(1000, n)
         bcpu, bevents = run_duckdb_batches(path, queries, size, max(1, min(20, n // size)))
-        print(f"duckdb in batches of {size} (the agent's shape, load + queries): "
-              f"{bevents / bcpu:,.0f} events/s")
-        print(f"ratio engine/sqlite: {elapsed / total:.2f}x (queries only), "
-              f"{(elapsed + load) / total:.2f}x (load + queries)   engine/duckdb: "
-              f"{delapsed / total:.2f}x (queries only), {(delapsed + dload) / total:.2f}x "
-              "(load + queries)")
+        print(
+            f"duckdb in batches of {size} (the agent's shape, load + queries): "
+            f"{bevents / bcpu:,.0f} events/s"
+        )
+        print(
+            f"ratio engine/sqlite: {elapsed / total:.2f}x (queries only), "
+            f"{(elapsed + load) / total:.2f}x (load + queries)   engine/duckdb: "
+            f"{delapsed / total:.2f}x (queries only), {(delapsed + dload) / total:.2f}x "
+            "(load + queries)"
+        )
     return 0

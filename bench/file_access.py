@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcsec.detector.schema import rfc3339
-from hpcsec.sensors import fanotify as fan
+from hpcsec.detector.core.schema import rfc3339
 from hpcsec.sensors.base import FsRoot, SensorContext
-from hpcsec.sensors.fanwatch import _READ_SIZE, FanotifyWatch, _actions
-from hpcsec.sensors.file_access import Folder
+from hpcsec.sensors.file_access import fanotify as fan
+from hpcsec.sensors.file_access.fanwatch import _READ_SIZE, FanotifyWatch, _actions
+from hpcsec.sensors.file_access.sensor import Folder
 
 OPEN_TIMER = """
 import os, sys, time, json
@@ -57,8 +57,9 @@ def folding_rate(count: int) -> float:
     done = 0
     while done < count:
         for n, event in enumerate(fan.parse_events(buf)):
-            folder.add_actions("2026-11-30T10:00:00.000Z", event.pid, paths[n & 15],
-                               _actions(event.mask))
+            folder.add_actions(
+                "2026-11-30T10:00:00.000Z", event.pid, paths[n & 15], _actions(event.mask)
+            )
         done += 1000
     elapsed = time.perf_counter() - start
     records, _ = folder.drain()
@@ -67,8 +68,9 @@ def folding_rate(count: int) -> float:
 
 
 def live_context() -> SensorContext:
-    return SensorContext("bench", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"),
-                         FsRoot("etc", "/etc"))
+    return SensorContext(
+        "bench", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+    )
 
 
 def reader_rate(directory: Path, files: int) -> tuple[float, int]:
@@ -86,8 +88,7 @@ def reader_rate(directory: Path, files: int) -> tuple[float, int]:
     watch = FanotifyWatch(live_context(), lambda p: True, Folder())
     watch.content_fd = group
     try:
-        fan.mark(group, fan.FAN_MARK_ADD, fan.FAN_ACCESS | fan.FAN_EVENT_ON_CHILD,
-                 str(directory))
+        fan.mark(group, fan.FAN_MARK_ADD, fan.FAN_ACCESS | fan.FAN_EVENT_ON_CHILD, str(directory))
         subprocess.run([sys.executable, "-c", READER, str(directory), str(files)], check=True)
         handled = 0
         start = time.perf_counter()
@@ -107,33 +108,48 @@ def reader_rate(directory: Path, files: int) -> tuple[float, int]:
 
 
 def open_latency(path: Path, opens: int) -> dict[str, int]:
-    out = subprocess.run([sys.executable, "-c", OPEN_TIMER, str(path), str(opens)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", OPEN_TIMER, str(path), str(opens)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=500_000)
-    parser.add_argument("--files", type=int, default=12_000,
-                        help="distinct files read for the reader rate (kernel queue: 16384)")
+    parser.add_argument(
+        "--files",
+        type=int,
+        default=12_000,
+        help="distinct files read for the reader rate (kernel queue: 16384)",
+    )
     parser.add_argument("--opens", type=int, default=5_000)
-    parser.add_argument("--repeat", type=int, default=5,
-                        help="runs per throughput figure (best and median are printed; "
-                        "a shared machine is noisy)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="runs per throughput figure (best and median are printed; a shared machine is noisy)",
+    )
     args = parser.parse_args(argv)
     rate = max(folding_rate(args.events) for _ in range(args.repeat))
-    print(f"folding path (best of {args.repeat}): {rate:,.0f} events/s "
-          f"({rate / 50_000:.1f}x the 50K/s target)")
+    print(
+        f"folding path (best of {args.repeat}): {rate:,.0f} events/s "
+        f"({rate / 50_000:.1f}x the 50K/s target)"
+    )
     if os.geteuid() != 0:
         print("live stream and permission latency: skipped (fanotify needs root)")
         return 0
     with tempfile.TemporaryDirectory(prefix="hpcsec-bench-") as tmp:
         directory = Path(tmp)
         rates = sorted(reader_rate(directory, args.files)[0] for _ in range(args.repeat))
-        print(f"stream reader on real kernel events ({args.files:,} per run, {args.repeat} "
-              f"runs): best {rates[-1]:,.0f} events/s ({rates[-1] / 50_000:.1f}x the target), "
-              f"median {rates[len(rates) // 2]:,.0f}")
+        print(
+            f"stream reader on real kernel events ({args.files:,} per run, {args.repeat} "
+            f"runs): best {rates[-1]:,.0f} events/s ({rates[-1] / 50_000:.1f}x the target), "
+            f"median {rates[len(rates) // 2]:,.0f}"
+        )
         target = directory / "weights.bin"
         target.write_bytes(b"w")
         bare = open_latency(target, args.opens)
@@ -143,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             watch.stop()
     for q in ("p50", "p99"):
-        print(f"open()+close() {q}: {bare[q] / 1000:.1f} us without the sensor, "
-              f"{watched[q] / 1000:.1f} us with it (+{(watched[q] - bare[q]) / 1000:.1f} us, "
-              f"{watched[q] / bare[q]:.1f}x)")
+        print(
+            f"open()+close() {q}: {bare[q] / 1000:.1f} us without the sensor, "
+            f"{watched[q] / 1000:.1f} us with it (+{(watched[q] - bare[q]) / 1000:.1f} us, "
+            f"{watched[q] / bare[q]:.1f}x)"
+        )
     return 0
 
 

@@ -100,30 +100,55 @@ while True:
 
 def make_alert(n: int) -> dict:
     """About the size of a real file-access alert: the alert fields plus two events."""
-    event = {"@timestamp": "2026-11-30T01:00:00.000Z", "event.id": f"e{n}",
-             "event.kind": "event", "event.category": "file_access", "event.action": "read",
-             "host.name": "gpu-017", "hpcsec.sensor": "file_access", "process.pid": 41000 + n,
-             "process.name": "rclone", "process.executable": "/usr/bin/rclone",
-             "process.command_line": "rclone copy /lustre/models/llama-70b remote:bucket",
-             "user.name": "eve", "user.id": 1234, "file.path":
-             f"/lustre/models/llama-70b/model-{n % 30:05d}-of-00030.safetensors",
-             "slurm.job.id": "4242", "slurm.job.account": "ml-research",
-             "hpcsec.asset.name": "llama-70b", "hpcsec.asset.read_allowed": False}
-    return {"alert.id": f"{n:032x}", "@timestamp": event["@timestamp"],
-            "rule.id": "6f1d2c3b-0a9e-4c1d-8e7f-112233445566",
-            "rule.title": "Model weights read by an account that may not read them",
-            "rule.level": "high", "rule.tags": ["attack.collection", "attack.t1005"],
-            "rule.vector": "model_theft", "host.name": "gpu-017", "slurm.job.id": "4242",
-            "user.name": "eve", "process.pid": event["process.pid"], "process.name": "rclone",
-            "alert.summary": f"eve read {event['file.path']} with rclone in job 4242",
-            "alert.first_seen": event["@timestamp"], "alert.last_seen": event["@timestamp"],
-            "events": [event, {**event, "event.id": f"e{n}b"}], "count": 2}
+    event = {
+        "@timestamp": "2026-11-30T01:00:00.000Z",
+        "event.id": f"e{n}",
+        "event.kind": "event",
+        "event.category": "file_access",
+        "event.action": "read",
+        "host.name": "gpu-017",
+        "hpcsec.sensor": "file_access",
+        "process.pid": 41000 + n,
+        "process.name": "rclone",
+        "process.executable": "/usr/bin/rclone",
+        "process.command_line": "rclone copy /lustre/models/llama-70b remote:bucket",
+        "user.name": "eve",
+        "user.id": 1234,
+        "file.path": f"/lustre/models/llama-70b/model-{n % 30:05d}-of-00030.safetensors",
+        "slurm.job.id": "4242",
+        "slurm.job.account": "ml-research",
+        "hpcsec.asset.name": "llama-70b",
+        "hpcsec.asset.read_allowed": False,
+    }
+    return {
+        "alert.id": f"{n:032x}",
+        "@timestamp": event["@timestamp"],
+        "rule.id": "6f1d2c3b-0a9e-4c1d-8e7f-112233445566",
+        "rule.title": "Model weights read by an account that may not read them",
+        "rule.level": "high",
+        "rule.tags": ["attack.collection", "attack.t1005"],
+        "rule.vector": "model_theft",
+        "host.name": "gpu-017",
+        "slurm.job.id": "4242",
+        "user.name": "eve",
+        "process.pid": event["process.pid"],
+        "process.name": "rclone",
+        "alert.summary": f"eve read {event['file.path']} with rclone in job 4242",
+        "alert.first_seen": event["@timestamp"],
+        "alert.last_seen": event["@timestamp"],
+        "events": [event, {**event, "event.id": f"e{n}b"}],
+        "count": 2,
+    }
 
 
 class Receiver:
     def __init__(self, script: str, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-c", script, *args],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.port = int(self.proc.stdout.readline())
 
     def stop(self) -> None:
@@ -133,6 +158,7 @@ class Receiver:
 
 def webhook_count(port: int) -> tuple[int, int]:
     import httpx
+
     good, bad = httpx.get(f"http://127.0.0.1:{port}/").text.split()
     return int(good), int(bad)
 
@@ -148,15 +174,16 @@ def syslog_count(receiver: Receiver, expected: int) -> int:
         time.sleep(0.05)
 
 
-def through_spool(url: str, options: OutputOptions, alerts: list[dict], batch: int,
-                  spool_root: str) -> float:
+def through_spool(
+    url: str, options: OutputOptions, alerts: list[dict], batch: int, spool_root: str
+) -> float:
     spool = tempfile.mkdtemp(prefix="hpcsec-bench-spool-", dir=spool_root)
     try:
         outputs = OutputSet([open_output(url, options)], spool, 1 << 30)
         with outputs:
             start = time.perf_counter()
             for i in range(0, len(alerts), batch):
-                report = outputs.deliver(alerts[i:i + batch], timeout_s=60)
+                report = outputs.deliver(alerts[i : i + batch], timeout_s=60)
                 if not report.complete:
                     raise SystemExit(f"{url}: delivery incomplete: {report.problems()}")
             return time.perf_counter() - start
@@ -177,13 +204,16 @@ def direct(url: str, options: OutputOptions, alerts: list[dict]) -> float:
 
 def report(name: str, n: int, spooled_s: float, direct_s: float) -> None:
     spooled, plain = n / spooled_s, n / direct_s
-    print(f"{name:12s} spooled {spooled:9,.0f} alerts/s   send only {plain:9,.0f} alerts/s   "
-          f"spool costs {100 * (1 - spooled / plain):4.1f} % of the rate")
+    print(
+        f"{name:12s} spooled {spooled:9,.0f} alerts/s   send only {plain:9,.0f} alerts/s   "
+        f"spool costs {100 * (1 - spooled / plain):4.1f} % of the rate"
+    )
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.outputs",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.outputs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--alerts", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=100, help="alerts per deliver() call")
     parser.add_argument("--spool-dir", default=None, help="where the temporary spools go")
@@ -192,8 +222,9 @@ def main(argv: list[str]) -> int:
     alerts = [make_alert(i) for i in range(n)]
     second = [make_alert(n + i) for i in range(n)]
     size = sum(len(repr(a)) for a in alerts[:100]) // 100
-    print(f"{n} alerts of about {size} bytes each, batches of {args.batch}, "
-          f"{os.cpu_count()} CPU(s)")
+    print(
+        f"{n} alerts of about {size} bytes each, batches of {args.batch}, {os.cpu_count()} CPU(s)"
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         secret = os.path.join(tmp, "secret")
@@ -208,8 +239,10 @@ def main(argv: list[str]) -> int:
             direct_s = direct(url, options, second)
             good, bad = webhook_count(hook.port)
             if (good, bad) != (2 * n, 0):
-                print(f"webhook: receiver verified {good} and refused {bad} of {2 * n}",
-                      file=sys.stderr)
+                print(
+                    f"webhook: receiver verified {good} and refused {bad} of {2 * n}",
+                    file=sys.stderr,
+                )
                 return 1
             report("webhook", n, spooled_s, direct_s)
         finally:

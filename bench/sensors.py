@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcsec.detector.schema import rfc3339
-from hpcsec.sensors import registry
+from hpcsec.detector.core.schema import rfc3339
+from hpcsec.detector.runtime import registry
 from hpcsec.sensors.base import FsRoot, SensorContext, run_sensor
 from hpcsec.sensors.snapshot import close_sensor
 from tests.fakes.nvml import h100_node, installed
@@ -70,10 +70,14 @@ def node_root(tmp: Path) -> Path:
 
 
 def context(sys_root: Path, state: dict[str, Any], canned: dict[str, str]) -> SensorContext:
-    ctx = CannedContext("gpu-017", FsRoot("sys", sys_root),
-                        FsRoot("proc", FIXTURES / "nvml" / "proc"),
-                        FsRoot("etc", FIXTURES / "nvml" / "etc"), timestamp=rfc3339(),
-                        state=state)
+    ctx = CannedContext(
+        "gpu-017",
+        FsRoot("sys", sys_root),
+        FsRoot("proc", FIXTURES / "nvml" / "proc"),
+        FsRoot("etc", FIXTURES / "nvml" / "etc"),
+        timestamp=rfc3339(),
+        state=state,
+    )
     ctx.canned = canned
     return ctx
 
@@ -91,30 +95,38 @@ def roce_capture(path: Path, packets: int) -> None:
     from scapy.packet import Raw
     from scapy.utils import PcapWriter
 
-    from hpcsec.sensors.roce_headers import RETH
+    from hpcsec.sensors.rdma.roce_headers import RETH
 
     t0 = 1796000400.0
     with PcapWriter(str(path), sync=False) as writer:
         for n in range(packets):
             flow = n % 16
             ip = IP(src=f"10.0.0.{flow + 1}", dst=f"10.0.1.{flow + 1}")
-            head = Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / ip / UDP(
-                sport=49152 + flow, dport=4791)
+            head = (
+                Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+                / ip
+                / UDP(sport=49152 + flow, dport=4791)
+            )
             if n % 4 == 3:
                 frame = head / BTH(opcode=0x11, dqpn=0x200 + flow) / AETH(syndrome=0x1F)
             elif n % 8 == 2:
-                frame = head / BTH(opcode=0x0C, dqpn=0x100 + flow) / RETH(
-                    rkey=n % 97, dma_length=65536)
+                frame = (
+                    head / BTH(opcode=0x0C, dqpn=0x100 + flow) / RETH(rkey=n % 97, dma_length=65536)
+                )
             else:
-                frame = head / BTH(opcode=0x0A, dqpn=0x100 + flow) / RETH(
-                    rkey=n % 89, dma_length=4096) / Raw(b"\0" * 1024)
+                frame = (
+                    head
+                    / BTH(opcode=0x0A, dqpn=0x100 + flow)
+                    / RETH(rkey=n % 89, dma_length=4096)
+                    / Raw(b"\0" * 1024)
+                )
             frame.time = t0 + n * 1e-4
             writer.write(frame)
 
 
 def roce_figure(packets: int) -> None:
     """CPU time of the roce sensor per captured packet (read, dissect, fold into flows)."""
-    from hpcsec.sensors.roce import FlowAggregator, read_pcap
+    from hpcsec.sensors.rdma.roce import FlowAggregator, read_pcap
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mirror.pcap"
@@ -126,20 +138,26 @@ def roce_figure(packets: int) -> None:
             read_pcap(str(path), aggregator)
             runs.append(time.process_time() - start)
     best = min(runs)
-    print(f"roce (capture): {packets} packets, {len(aggregator.flows)} flows: "
-          f"{best / packets * 1e6:.1f} us CPU per packet, {packets / best:,.0f} packets/s "
-          f"(best of 3)")
+    print(
+        f"roce (capture): {packets} packets, {len(aggregator.flows)} flows: "
+        f"{best / packets * 1e6:.1f} us CPU per packet, {packets / best:,.0f} packets/s "
+        f"(best of 3)"
+    )
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sensors", description=__doc__)
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--sensor", action="append", metavar="NAME")
-    parser.add_argument("--roce-packets", type=int, default=5000, metavar="N",
-                        help="packets of the RoCE capture figure (0: skip it)")
+    parser.add_argument(
+        "--roce-packets",
+        type=int,
+        default=5000,
+        metavar="N",
+        help="packets of the RoCE capture figure (0: skip it)",
+    )
     args = parser.parse_args(argv)
-    specs = [s for s in registry.select(args.sensor)
-             if args.sensor or s.name not in STREAMING]
+    specs = [s for s in registry.select(args.sensor) if args.sensor or s.name not in STREAMING]
     canned = {name: path.read_text() for name, path in CANNED.items() if path.exists()}
     per_sensor: dict[str, list[float]] = {s.name: [] for s in specs}
     totals: list[float] = []
@@ -167,8 +185,9 @@ def main(argv: list[str]) -> int:
                         per_sensor[spec.name].append(spent)
                     if spec.name in hardware:
                         hardware_time += spent
-                    statuses[spec.name] = (f"{run.status['event.action']}: "
-                                           f"{run.status.get('message', '')}")
+                    statuses[spec.name] = (
+                        f"{run.status['event.action']}: {run.status.get('message', '')}"
+                    )
                     events += len(run.events)
                 if cycle:
                     totals.append(time.process_time() - start)
@@ -178,21 +197,31 @@ def main(argv: list[str]) -> int:
             for _, sensor in sensors:
                 close_sensor(sensor)
         wall = time.perf_counter() - wall
-    print(f"sensors: one sampling cycle on the 8-GPU, 4-HCA fixture node, {args.cycles} cycles "
-          f"(CPU time of this process, ms)")
+    print(
+        f"sensors: one sampling cycle on the 8-GPU, 4-HCA fixture node, {args.cycles} cycles "
+        f"(CPU time of this process, ms)"
+    )
     print(f"{'sensor':14} {'median':>8} {'p95':>8}  status")
     for name, values in per_sensor.items():
-        print(f"{name:14} {statistics.median(values) * 1e3:8.3f} "
-              f"{percentile(values, 0.95) * 1e3:8.3f}  {statuses[name][:70]}")
-    print(f"{'all sensors':14} {statistics.median(totals) * 1e3:8.3f} "
-          f"{percentile(totals, 0.95) * 1e3:8.3f}  {events_per_cycle} events per cycle")
+        print(
+            f"{name:14} {statistics.median(values) * 1e3:8.3f} "
+            f"{percentile(values, 0.95) * 1e3:8.3f}  {statuses[name][:70]}"
+        )
+    print(
+        f"{'all sensors':14} {statistics.median(totals) * 1e3:8.3f} "
+        f"{percentile(totals, 0.95) * 1e3:8.3f}  {events_per_cycle} events per cycle"
+    )
     if hardware:
         median_ms = statistics.median(hardware_totals) * 1e3
-        print(f"{'hardware':14} {median_ms:8.3f} {percentile(hardware_totals, 0.95) * 1e3:8.3f}"
-              f"  {', '.join(sorted(hardware))}")
-        print(f"target {TARGET_MS:.0f} ms for the hardware sensors: median cycle is "
-              f"{median_ms / TARGET_MS:.2f} x the target "
-              f"({'met' if median_ms <= TARGET_MS else 'MISSED'})")
+        print(
+            f"{'hardware':14} {median_ms:8.3f} {percentile(hardware_totals, 0.95) * 1e3:8.3f}"
+            f"  {', '.join(sorted(hardware))}"
+        )
+        print(
+            f"target {TARGET_MS:.0f} ms for the hardware sensors: median cycle is "
+            f"{median_ms / TARGET_MS:.2f} x the target "
+            f"({'met' if median_ms <= TARGET_MS else 'MISSED'})"
+        )
     print(f"wall {wall:.1f} s for {args.cycles + 1} cycles")
     if args.roce_packets > 0:
         roce_figure(args.roce_packets)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpcsec.detector.schema import Event, rfc3339, status_event
+from hpcsec.detector.core.schema import Event, rfc3339, status_event
 
 
 class Recorder(Protocol):
@@ -92,7 +92,7 @@ class SensorContext:
     proc: FsRoot
     etc: FsRoot
     timestamp: str = field(default_factory=rfc3339)
-    config: Any = None  # hpcsec.detector.config.SiteConfig
+    config: Any = None  # hpcsec.detector.config.site.SiteConfig
     options: dict[str, Any] = field(default_factory=dict)  # e.g. pcap, watch, duration
     # Sensor state carried from the previous sample (counter values, firmware versions),
     # keyed by sensor name; the sensor owns what it puts there.
@@ -163,7 +163,11 @@ def run_sensor(spec: SensorSpec, sensor: Sensor, ctx: SensorContext) -> SensorRu
     except SensorUnavailable as exc:
         return SensorRun(spec.name, [], ctx.status(spec.name, "unavailable", str(exc)))
     except Exception as exc:  # a sensor bug must not take the node's other sensors down
-        return SensorRun(spec.name, [], ctx.status(
-            spec.name, "error", f"{type(exc).__name__}: {exc}"))
-    return SensorRun(spec.name, events, ctx.status(
-        spec.name, "ok", f"{len(events)} events", **{"hpcsec.events": len(events)}))
+        return SensorRun(
+            spec.name, [], ctx.status(spec.name, "error", f"{type(exc).__name__}: {exc}")
+        )
+    return SensorRun(
+        spec.name,
+        events,
+        ctx.status(spec.name, "ok", f"{len(events)} events", **{"hpcsec.events": len(events)}),
+    )

@@ -29,17 +29,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcsec.detector.schema import Event, new_event
-
-from . import nvml_dump
-from .base import SensorContext, SensorUnavailable
-from .gpu import NvmlFormatError, NvmlReport, read_nvml
+from hpcsec.detector.core.schema import Event, new_event
+from hpcsec.sensors.base import SensorContext, SensorUnavailable
+from hpcsec.sensors.gpu import nvml_dump
+from hpcsec.sensors.gpu.nvml import NvmlFormatError, NvmlReport, read_nvml
 
 DRVINFO_JSON = "ethtool-drvinfo.json"
-INFOROM_COMPONENTS = (("image", "gpu_inforom_image"), ("oem", "gpu_inforom_oem"),
-                      ("ecc", "gpu_inforom_ecc"), ("power", "gpu_inforom_power"))
-DMI_EXTRA = (("bios_vendor", "firmware.vendor"), ("bios_date", "firmware.release_date"),
-             ("board_name", "firmware.board_name"), ("product_name", "firmware.product_name"))
+INFOROM_COMPONENTS = (
+    ("image", "gpu_inforom_image"),
+    ("oem", "gpu_inforom_oem"),
+    ("ecc", "gpu_inforom_ecc"),
+    ("power", "gpu_inforom_power"),
+)
+DMI_EXTRA = (
+    ("bios_vendor", "firmware.vendor"),
+    ("bios_date", "firmware.release_date"),
+    ("board_name", "firmware.board_name"),
+    ("product_name", "firmware.product_name"),
+)
 # mlx5 reports "28.39.1002 (MT_0000000838)": the version, then the PSID
 _VERSION_AND_PSID = re.compile(r"(\S+) \(([A-Za-z0-9_]+)\)\Z")
 
@@ -58,23 +65,32 @@ class FirmwareItem:
 
 # --- GPUs ------------------------------------------------------------------------------------
 
+
 def gpu_items(report: NvmlReport) -> list[FirmwareItem]:
     items = []
     for gpu in report.gpus:
         device = gpu.uuid or gpu.pci_bus_id or f"gpu{gpu.index}"
-        extra = {"gpu.index": gpu.index, "gpu.uuid": gpu.uuid, "gpu.name": gpu.name,
-                 "gpu.pci_bus_id": gpu.pci_bus_id}
+        extra = {
+            "gpu.index": gpu.index,
+            "gpu.uuid": gpu.uuid,
+            "gpu.name": gpu.name,
+            "gpu.pci_bus_id": gpu.pci_bus_id,
+        }
         versions = [("gpu_vbios", gpu.vbios_version)]
         versions += [(component, gpu.inforom.get(obj)) for obj, component in INFOROM_COMPONENTS]
         versions.append(("gpu_gsp", gpu.gsp_firmware_version))
-        items += [FirmwareItem(component, device, version, extra)
-                  for component, version in versions if version]
+        items += [
+            FirmwareItem(component, device, version, extra)
+            for component, version in versions
+            if version
+        ]
     if report.driver_version:
         items.append(FirmwareItem("gpu_driver", "system", report.driver_version))
     return items
 
 
 # --- HCAs ------------------------------------------------------------------------------------
+
 
 def hca_items(ctx: SensorContext) -> list[FirmwareItem]:
     items = []
@@ -84,9 +100,18 @@ def hca_items(ctx: SensorContext) -> list[FirmwareItem]:
             continue
         board_id = (ctx.sys.read_text(f"class/infiniband/{dev}/board_id", 256) or "").strip()
         hca_type = (ctx.sys.read_text(f"class/infiniband/{dev}/hca_type", 256) or "").strip()
-        items.append(FirmwareItem("hca", dev, version, {
-            "rdma.device": dev, "firmware.board_id": board_id or None,
-            "rdma.hca_type": hca_type or None}))
+        items.append(
+            FirmwareItem(
+                "hca",
+                dev,
+                version,
+                {
+                    "rdma.device": dev,
+                    "firmware.board_id": board_id or None,
+                    "rdma.hca_type": hca_type or None,
+                },
+            )
+        )
     return items
 
 
@@ -101,12 +126,20 @@ IFREQ_SIZE = 40  # struct ifreq on 64-bit Linux: name[16] + a 24-byte union
 class EthtoolDrvinfo(ctypes.Structure):
     """struct ethtool_drvinfo (linux/ethtool.h)."""
 
-    _fields_ = [("cmd", ctypes.c_uint32), ("driver", ctypes.c_char * 32),
-                ("version", ctypes.c_char * 32), ("fw_version", ctypes.c_char * 32),
-                ("bus_info", ctypes.c_char * 32), ("erom_version", ctypes.c_char * 32),
-                ("reserved2", ctypes.c_char * 12), ("n_priv_flags", ctypes.c_uint32),
-                ("n_stats", ctypes.c_uint32), ("testinfo_len", ctypes.c_uint32),
-                ("eedump_len", ctypes.c_uint32), ("regdump_len", ctypes.c_uint32)]
+    _fields_ = [
+        ("cmd", ctypes.c_uint32),
+        ("driver", ctypes.c_char * 32),
+        ("version", ctypes.c_char * 32),
+        ("fw_version", ctypes.c_char * 32),
+        ("bus_info", ctypes.c_char * 32),
+        ("erom_version", ctypes.c_char * 32),
+        ("reserved2", ctypes.c_char * 12),
+        ("n_priv_flags", ctypes.c_uint32),
+        ("n_stats", ctypes.c_uint32),
+        ("testinfo_len", ctypes.c_uint32),
+        ("eedump_len", ctypes.c_uint32),
+        ("regdump_len", ctypes.c_uint32),
+    ]
 
 
 def ethtool_drvinfo(ifname: str) -> dict[str, str]:
@@ -119,14 +152,19 @@ def ethtool_drvinfo(ifname: str) -> dict[str, str]:
     ifreq = struct.pack(f"{IFNAMSIZ}sP", name, ctypes.addressof(info)).ljust(IFREQ_SIZE, b"\0")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         fcntl.ioctl(sock.fileno(), SIOCETHTOOL, ifreq)
-    return {key: getattr(info, key).decode("utf-8", "replace")
-            for key in ("driver", "version", "fw_version", "bus_info")}
+    return {
+        key: getattr(info, key).decode("utf-8", "replace")
+        for key in ("driver", "version", "fw_version", "bus_info")
+    }
 
 
 def physical_interfaces(ctx: SensorContext) -> list[str]:
     """Interfaces backed by a device (readlink records the link into a snapshot)."""
-    return [ifname for ifname in ctx.sys.listdir("class/net")
-            if ctx.sys.readlink(f"class/net/{ifname}/device") is not None]
+    return [
+        ifname
+        for ifname in ctx.sys.listdir("class/net")
+        if ctx.sys.readlink(f"class/net/{ifname}/device") is not None
+    ]
 
 
 def drvinfo_json(ctx: SensorContext, query: Callable[[str], dict[str, str]]) -> str:
@@ -161,13 +199,22 @@ def nic_items(text: str) -> tuple[list[FirmwareItem], list[str]]:
         if match:
             version, board_id = match.groups()
         driver = info.get("driver")
-        items.append(FirmwareItem("nic", ifname, version, {
-            "firmware.driver": driver if isinstance(driver, str) and driver else None,
-            "firmware.board_id": board_id}))
+        items.append(
+            FirmwareItem(
+                "nic",
+                ifname,
+                version,
+                {
+                    "firmware.driver": driver if isinstance(driver, str) and driver else None,
+                    "firmware.board_id": board_id,
+                },
+            )
+        )
     return items, problems
 
 
 # --- BIOS ------------------------------------------------------------------------------------
+
 
 def bios_items(ctx: SensorContext) -> list[FirmwareItem]:
     def dmi(name: str) -> str | None:
@@ -177,19 +224,20 @@ def bios_items(ctx: SensorContext) -> list[FirmwareItem]:
     version = dmi("bios_version")
     if version is None:
         return []
-    return [FirmwareItem("bios", "system", version,
-                         {name: dmi(source) for source, name in DMI_EXTRA})]
+    return [
+        FirmwareItem("bios", "system", version, {name: dmi(source) for source, name in DMI_EXTRA})
+    ]
 
 
 # --- the sensor ------------------------------------------------------------------------------
+
 
 def policy_fields(config: Any, component: str, version: str) -> dict[str, Any]:
     """firmware.baseline_version / drift / known_vulnerable from the site config."""
     if config is None:
         return {}
     policy = config.firmware
-    fields: dict[str, Any] = {
-        "firmware.known_vulnerable": policy.is_vulnerable(component, version)}
+    fields: dict[str, Any] = {"firmware.known_vulnerable": policy.is_vulnerable(component, version)}
     baseline = policy.baseline(config.node_class, component)
     if baseline is not None:
         fields["firmware.baseline_version"] = baseline
@@ -254,20 +302,26 @@ class FirmwareSensor:
         found = inventory(ctx, self.query or ethtool_drvinfo)
         items, notes = found.items, found.notes
         if not items:
-            raise SensorUnavailable("no firmware source answered: "
-                                    + "; ".join(notes + found.empty))
+            raise SensorUnavailable(
+                "no firmware source answered: " + "; ".join(notes + found.empty)
+            )
         previous: dict[str, str] = ctx.state.get(self.name) or {}
         current: dict[str, str] = {}
         for item in items:
             current[item.key] = item.version
-            fields = {"firmware.component": item.component, "firmware.device": item.device,
-                      "firmware.version": item.version, **item.extra,
-                      **policy_fields(ctx.config, item.component, item.version)}
+            fields = {
+                "firmware.component": item.component,
+                "firmware.device": item.device,
+                "firmware.version": item.version,
+                **item.extra,
+                **policy_fields(ctx.config, item.component, item.version),
+            }
             if item.key in previous:
                 fields["firmware.previous_version"] = previous[item.key]
                 fields["firmware.changed"] = previous[item.key] != item.version
-            yield new_event("firmware", "inventory", self.name, ctx.host_name, ctx.timestamp,
-                            fields)
+            yield new_event(
+                "firmware", "inventory", self.name, ctx.host_name, ctx.timestamp, fields
+            )
         ctx.state[self.name] = current
         for note in notes:
             yield ctx.status(self.name, "degraded", note)

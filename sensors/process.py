@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hpcsec.detector.schema import Event, new_event
-
-from .base import SensorContext, SensorUnavailable
-from .procinfo import Users, environ_value, process_fields
+from hpcsec.detector.core.schema import Event, new_event
+from hpcsec.sensors.base import SensorContext, SensorUnavailable
+from hpcsec.sensors.procinfo import Users, environ_value, process_fields
 
 SELECTED_ENV = ("LD_PRELOAD", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
 
@@ -42,5 +41,4 @@ class ProcessSensor:
                 value = environ_value(environ, var)
                 if value is not None:
                     fields[f"process.env.{var}"] = value
-            yield new_event("process", "present", self.name, ctx.host_name, ctx.timestamp,
-                            fields)
+            yield new_event("process", "present", self.name, ctx.host_name, ctx.timestamp, fields)

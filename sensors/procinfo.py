@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import FsRoot, SensorContext
+from hpcsec.sensors.base import FsRoot, SensorContext
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
 # process of every sample. status is ~1.5 KiB; a longer cmdline is cut (args keep the head).
@@ -59,7 +59,7 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
     prefix = var.encode() + b"="
     for entry in (environ or b"").split(b"\0"):
         if entry.startswith(prefix):
-            return entry[len(prefix):].decode("utf-8", "replace")
+            return entry[len(prefix) :].decode("utf-8", "replace")
     return None
 
 

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcsec.detector.errors import SourceError, UsageError, location
-from hpcsec.detector.schema import parse_time, rfc3339
-
-from .base import FsRoot, Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.detector.core.errors import SourceError, UsageError, location
+from hpcsec.detector.core.schema import parse_time, rfc3339
+from hpcsec.sensors.base import FsRoot, Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -57,15 +56,17 @@ class SnapshotWriter:
         self.samples = 0
         self._current: Path | None = None
         self._lock = threading.Lock()
-        if self.directory.exists() and (not self.directory.is_dir()
-                                        or any(self.directory.iterdir())):
+        if self.directory.exists() and (
+            not self.directory.is_dir() or any(self.directory.iterdir())
+        ):
             raise UsageError(f"snapshot directory {self.directory} exists and is not empty")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             os.chmod(self.directory, 0o700)  # an existing empty directory keeps no wider mode
         except OSError as exc:
-            raise UsageError(f"cannot create snapshot directory {self.directory}: "
-                             f"{exc.strerror}") from None
+            raise UsageError(
+                f"cannot create snapshot directory {self.directory}: {exc.strerror}"
+            ) from None
 
     def begin_sample(self) -> Path:
         with self._lock:
@@ -78,8 +79,11 @@ class SnapshotWriter:
         self._write(TIME, (timestamp + "\n").encode(), overwrite=True)
 
     def finish(self) -> None:
-        meta = {"hpcsec.snapshot": FORMAT_VERSION, "host.name": self.host_name,
-                "samples": self.samples}
+        meta = {
+            "hpcsec.snapshot": FORMAT_VERSION,
+            "host.name": self.host_name,
+            "samples": self.samples,
+        }
         (self.directory / META).write_text(json.dumps(meta, indent=1) + "\n")
 
     # Recorder protocol
@@ -145,8 +149,9 @@ class SampleDir:
                 inputs[entry.name] = entry.read_text(errors="replace")
         return inputs
 
-    def context(self, config: Any, state: dict[str, Any],
-                options: dict[str, Any] | None = None) -> SensorContext:
+    def context(
+        self, config: Any, state: dict[str, Any], options: dict[str, Any] | None = None
+    ) -> SensorContext:
         """A context whose roots and raw inputs are this sample; `state` carries over."""
         return SensorContext(
             host_name=self.host_name,
@@ -183,28 +188,33 @@ def open_snapshot(directory: str | Path) -> Snapshot:
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SourceError(f"invalid JSON: {exc.msg}",
-                          location(meta_path, exc.lineno, exc.colno)) from None
+        raise SourceError(
+            f"invalid JSON: {exc.msg}", location(meta_path, exc.lineno, exc.colno)
+        ) from None
     if not isinstance(meta, dict):
         raise SourceError("expected a JSON object", location(meta_path, 1))
     version = meta.get("hpcsec.snapshot")
     if version != FORMAT_VERSION:
-        raise SourceError(f'"hpcsec.snapshot" must be {FORMAT_VERSION}, not {version!r}',
-                          location(meta_path))
+        raise SourceError(
+            f'"hpcsec.snapshot" must be {FORMAT_VERSION}, not {version!r}', location(meta_path)
+        )
     host = meta.get("host.name")
     if not isinstance(host, str) or not host:
-        raise SourceError(f'"host.name" must be a non-empty string, not {host!r}',
-                          location(meta_path))
+        raise SourceError(
+            f'"host.name" must be a non-empty string, not {host!r}', location(meta_path)
+        )
     count = meta.get("samples")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise SourceError(f'"samples" must be a count (0 or more), not {count!r}',
-                          location(meta_path))
+        raise SourceError(
+            f'"samples" must be a count (0 or more), not {count!r}', location(meta_path)
+        )
     samples = []
     for n in range(count):
         sample = root / str(n)
         if not sample.is_dir():
-            raise SourceError(f'sample directory {n}/ is missing ("samples" is {count})',
-                              location(meta_path))
+            raise SourceError(
+                f'sample directory {n}/ is missing ("samples" is {count})', location(meta_path)
+            )
         samples.append(SampleDir(n, sample, host))
     return Snapshot(root, host, tuple(samples))
 
@@ -217,9 +227,14 @@ def close_sensor(sensor: Sensor) -> None:
             close()
 
 
-def record_snapshot(directory: str | Path, ctx: SensorContext, specs: list[SensorSpec],
-                    samples: int = 1, interval: float = 10.0,
-                    sleep: Callable[[float], None] = time.sleep) -> list[SensorRun]:
+def record_snapshot(
+    directory: str | Path,
+    ctx: SensorContext,
+    specs: list[SensorSpec],
+    samples: int = 1,
+    interval: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[SensorRun]:
     """Run `specs` `samples` times, `interval` seconds apart, recording into `directory`.
 
     Sample n is opened before the wait that ends at it, so what a streaming sensor reads
@@ -250,8 +265,12 @@ def record_snapshot(directory: str | Path, ctx: SensorContext, specs: list[Senso
     return runs
 
 
-def replay_snapshot(directory: str | Path, specs: list[SensorSpec], config: Any,
-                    options: dict[str, Any] | None = None) -> Iterator[SensorRun]:
+def replay_snapshot(
+    directory: str | Path,
+    specs: list[SensorSpec],
+    config: Any,
+    options: dict[str, Any] | None = None,
+) -> Iterator[SensorRun]:
     """Run `specs` over every sample of a snapshot, in time order, carrying sensor state."""
     snapshot = open_snapshot(directory)
     sensors = [(spec, spec.factory()) for spec in specs]

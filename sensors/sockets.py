@@ -13,15 +13,25 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from hpcsec.detector.schema import Event, new_event
-
-from .base import SensorContext, SensorUnavailable
-from .procinfo import Users, process_fields
+from hpcsec.detector.core.schema import Event, new_event
+from hpcsec.sensors.base import SensorContext, SensorUnavailable
+from hpcsec.sensors.procinfo import Users, process_fields
 
 # include/net/tcp_states.h
-TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
-              6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
-              11: "CLOSING", 12: "NEW_SYN_RECV"}
+TCP_STATES = {
+    1: "ESTABLISHED",
+    2: "SYN_SENT",
+    3: "SYN_RECV",
+    4: "FIN_WAIT1",
+    5: "FIN_WAIT2",
+    6: "TIME_WAIT",
+    7: "CLOSE",
+    8: "CLOSE_WAIT",
+    9: "LAST_ACK",
+    10: "LISTEN",
+    11: "CLOSING",
+    12: "NEW_SYN_RECV",
+}
 # What `ss` calls an unconnected UDP socket (TCP_CLOSE in the kernel): it receives, like LISTEN.
 UDP_UNCONNECTED = "UNCONN"
 # sock_diag state filters (bit n = state n): what a rule can act on, not TIME_WAIT debris.
@@ -60,17 +70,22 @@ def live_sockets() -> list[dict[str, Any]]:
     with DiagSocket() as diag:
         diag.bind()
         for family in (socket.AF_INET, socket.AF_INET6):
-            for transport, proto, states in (("tcp", socket.IPPROTO_TCP, TCP_WANTED),
-                                             ("udp", socket.IPPROTO_UDP, UDP_WANTED)):
+            for transport, proto, states in (
+                ("tcp", socket.IPPROTO_TCP, TCP_WANTED),
+                ("udp", socket.IPPROTO_UDP, UDP_WANTED),
+            ):
                 for msg in diag.get_sock_stats(family=family, protocol=proto, states=states):
-                    out.append({
-                        "transport": transport,
-                        "state": _state_name(transport, msg["idiag_state"]),
-                        "source.ip": msg["idiag_src"], "source.port": msg["idiag_sport"],
-                        "destination.ip": msg["idiag_dst"],
-                        "destination.port": msg["idiag_dport"],
-                        "inode": msg["idiag_inode"],
-                    })
+                    out.append(
+                        {
+                            "transport": transport,
+                            "state": _state_name(transport, msg["idiag_state"]),
+                            "source.ip": msg["idiag_src"],
+                            "source.port": msg["idiag_sport"],
+                            "destination.ip": msg["idiag_dst"],
+                            "destination.port": msg["idiag_dport"],
+                            "inode": msg["idiag_inode"],
+                        }
+                    )
     return out
 
 
@@ -81,9 +96,12 @@ def parse_sockets(text: str) -> tuple[list[dict[str, Any]], int]:
         raise ValueError("sockets.json: expected a JSON list")
     good, bad = [], 0
     for item in data:
-        if (isinstance(item, dict) and item.get("transport") in ("tcp", "udp")
-                and isinstance(item.get("source.port"), int)
-                and isinstance(item.get("inode"), int)):
+        if (
+            isinstance(item, dict)
+            and item.get("transport") in ("tcp", "udp")
+            and isinstance(item.get("source.port"), int)
+            and isinstance(item.get("inode"), int)
+        ):
             good.append(item)
         else:
             bad += 1
@@ -103,15 +121,22 @@ class SocketSensor:
             yield ctx.status(self.name, "malformed", f"sockets.json: {exc}")
             return
         if malformed:
-            yield ctx.status(self.name, "malformed", f"{malformed} malformed socket records",
-                             **{"hpcsec.malformed": malformed})
+            yield ctx.status(
+                self.name,
+                "malformed",
+                f"{malformed} malformed socket records",
+                **{"hpcsec.malformed": malformed},
+            )
         users = Users.load(ctx.etc)
         process_cache: dict[int, dict[str, Any]] = {}
         for rec in records:
             fields: dict[str, Any] = {
-                "network.transport": rec["transport"], "network.state": rec.get("state"),
-                "network.inode": rec["inode"], "source.ip": rec.get("source.ip"),
-                "source.port": rec["source.port"], "destination.ip": rec.get("destination.ip"),
+                "network.transport": rec["transport"],
+                "network.state": rec.get("state"),
+                "network.inode": rec["inode"],
+                "source.ip": rec.get("source.ip"),
+                "source.port": rec["source.port"],
+                "destination.ip": rec.get("destination.ip"),
                 "destination.port": rec.get("destination.port"),
             }
             pid = rec.get("pid")
@@ -119,8 +144,9 @@ class SocketSensor:
                 if pid not in process_cache:
                     process_cache[pid] = process_fields(ctx, pid, users)
                 fields.update(process_cache[pid] or {"process.pid": pid})
-            yield new_event("network_socket", "present", self.name, ctx.host_name,
-                            ctx.timestamp, fields)
+            yield new_event(
+                "network_socket", "present", self.name, ctx.host_name, ctx.timestamp, fields
+            )
 
     def _live_json(self, ctx: SensorContext) -> str:
         try:

@@ -20,8 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent / "slurm"
-BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sinfo", "scontrol", "squeue",
-            "sbatch", "scancel", "runuser")
+BINARIES = (
+    "munged",
+    "munge",
+    "unmunge",
+    "slurmctld",
+    "slurmd",
+    "sinfo",
+    "scontrol",
+    "squeue",
+    "sbatch",
+    "scancel",
+    "runuser",
+)
 USERS = ("alice", "bob")
 
 
@@ -31,8 +42,10 @@ def unavailable_reason() -> str | None:
         return "needs root (starts munged, slurmctld, slurmd)"
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
-        return ("Slurm not installed (missing " + ", ".join(missing) + "): apt-get install "
-                "slurmctld slurmd slurm-client munge, or `make system-deps`")
+        return (
+            "Slurm not installed (missing " + ", ".join(missing) + "): apt-get install "
+            "slurmctld slurmd slurm-client munge, or `make system-deps`"
+        )
     return None
 
 
@@ -88,39 +101,71 @@ class SlurmCluster:
         hpcsec = Path(sys.executable).parent / "hpcsec"
         path = self.kit_dir / "hooks" / f"{name}.sh"
         path.parent.mkdir(mode=0o755, exist_ok=True)
-        path.write_text(f"#!/bin/sh\nexport SLURM_CONF={self.conf}\n"
-                        f"exec {hpcsec} slurm {name} --state-dir {self.state_dir}\n")
+        path.write_text(
+            f"#!/bin/sh\nexport SLURM_CONF={self.conf}\n"
+            f"exec {hpcsec} slurm {name} --state-dir {self.state_dir}\n"
+        )
         path.chmod(0o755)
         return path
 
     def start(self) -> None:
-        env = {**self.env, "FAKE_GPUS": str(self.fake_gpus), "CTLD_PORT": str(self.ports[0]),
-               "SLURMD_PORT": str(self.ports[1])}
+        env = {
+            **self.env,
+            "FAKE_GPUS": str(self.fake_gpus),
+            "CTLD_PORT": str(self.ports[0]),
+            "SLURMD_PORT": str(self.ports[1]),
+        }
         if self.hooks:
             env["PROLOG"] = str(self._hook_script("prolog"))
             env["EPILOG"] = str(self._hook_script("epilog"))
-        proc = subprocess.run([str(SCRIPTS / "start-slurm.sh")], env=env, capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [str(SCRIPTS / "start-slurm.sh")], env=env, capture_output=True, text=True, timeout=120
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"start-slurm.sh failed:\n{proc.stdout}\n{proc.stderr}")
 
     def stop(self) -> None:
         for user in USERS:
             self.run(["scancel", "-u", user], check=False)
-        subprocess.run([str(SCRIPTS / "stop-slurm.sh")], env=self.env, capture_output=True,
-                       text=True, timeout=60)
+        subprocess.run(
+            [str(SCRIPTS / "stop-slurm.sh")],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     # -------------------------------------------------------------- jobs
-    def run(self, argv: list[str], user: str | None = None, check: bool = True,
-            timeout: float = 30) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: list[str], user: str | None = None, check: bool = True, timeout: float = 30
+    ) -> subprocess.CompletedProcess:
         if user is not None:
             argv = ["runuser", "-u", user, "--", *argv]
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=check, cwd="/tmp")
+        return subprocess.run(
+            argv,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            cwd="/tmp",
+        )
 
     def sbatch(self, user: str, *args: str) -> str:
-        out = self.run(["sbatch", "--parsable", "-o", "/dev/null", "-e", "/dev/null",
-                        "--chdir", "/tmp", *args], user=user).stdout
+        out = self.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-o",
+                "/dev/null",
+                "-e",
+                "/dev/null",
+                "--chdir",
+                "/tmp",
+                *args,
+            ],
+            user=user,
+        ).stdout
         return out.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict:
@@ -165,8 +210,11 @@ class SlurmCluster:
     def wait_hook_event(self, job_id: str, action: str, timeout: float = 30) -> list[dict]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = [e for e in self.hook_events()
-                     if e.get("slurm.job.id") == job_id and e["event.action"] == action]
+            found = [
+                e
+                for e in self.hook_events()
+                if e.get("slurm.job.id") == job_id and e["event.action"] == action
+            ]
             if found:
                 return found
             time.sleep(0.2)

@@ -16,19 +16,34 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcsec.detector.cli import main
+from hpcsec.detector.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 DEMO = ROOT / "fixtures" / "demo"
-VECTORS = ("rdma_abuse", "gpu_hijack", "model_theft", "data_poisoning", "firmware_drift",
-           "isolation_escape")
+VECTORS = (
+    "rdma_abuse",
+    "gpu_hijack",
+    "model_theft",
+    "data_poisoning",
+    "firmware_drift",
+    "isolation_escape",
+)
 ATTACKS = sorted(p.name for p in SCENARIOS.iterdir() if p.is_dir() and p.name != "benign-training")
 
 
 def scan(directory: Path, capsys) -> list[dict]:
-    rc = main(["scan", "--snapshot", str(directory), "--config",
-               str(directory / "site-config.yml"), "--format", "json"])
+    rc = main(
+        [
+            "scan",
+            "--snapshot",
+            str(directory),
+            "--config",
+            str(directory / "site-config.yml"),
+            "--format",
+            "json",
+        ]
+    )
     out = capsys.readouterr()
     assert rc in (0, 1), out.err
     alerts = json.loads(out.out)
@@ -48,8 +63,12 @@ def gpu_index(alert: dict) -> int | None:
 
 
 def names(alert: dict) -> dict:
-    return {"host": alert.get("host.name"), "job": alert.get("slurm.job.id"),
-            "user": alert.get("user.name"), "gpu": gpu_index(alert)}
+    return {
+        "host": alert.get("host.name"),
+        "job": alert.get("slurm.job.id"),
+        "user": alert.get("user.name"),
+        "gpu": gpu_index(alert),
+    }
 
 
 def test_at_least_three_attack_scenarios_per_vector():
@@ -60,11 +79,24 @@ def test_at_least_three_attack_scenarios_per_vector():
 
 def missing_fields(directory: Path, requires: dict[str, str], capsys) -> list[str]:
     """`category: field` pairs no event of the snapshot carries (enrichment not there yet)."""
-    assert main(["collect", "--from-snapshot", str(directory), "--config",
-                 str(directory / "site-config.yml")]) == 0
+    assert (
+        main(
+            [
+                "collect",
+                "--from-snapshot",
+                str(directory),
+                "--config",
+                str(directory / "site-config.yml"),
+            ]
+        )
+        == 0
+    )
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    return [f"{field} on {category} events" for category, field in requires.items()
-            if not any(e["event.category"] == category and field in e for e in events)]
+    return [
+        f"{field} on {category} events"
+        for category, field in requires.items()
+        if not any(e["event.category"] == category and field in e for e in events)
+    ]
 
 
 @pytest.mark.parametrize("name", ATTACKS)
@@ -79,11 +111,16 @@ def test_attack_raises_its_rules_with_context_and_evidence(name, capsys):
     alerts = scan(directory, capsys)
     for item in want["alerts"]:
         fired = [a for a in alerts if a["rule.id"] == item["rule"]]
-        assert fired, f"{name}: {item['title']} did not fire; got " \
-                      f"{sorted({a['rule.title'] for a in alerts})}"
+        assert fired, (
+            f"{name}: {item['title']} did not fire; got {sorted({a['rule.title'] for a in alerts})}"
+        )
         wanted = {k: item.get(k) for k in ("host", "job", "user", "gpu") if k in item}
         assert any({k: names(a)[k] for k in wanted} == wanted for a in fired), (
-            name, item["title"], wanted, [names(a) for a in fired])
+            name,
+            item["title"],
+            wanted,
+            [names(a) for a in fired],
+        )
         for a in fired:
             assert a["rule.title"] == item["title"]
             assert a["events"], "an alert carries its evidence"
@@ -100,24 +137,36 @@ def test_benign_training_raises_nothing(capsys):
 
 def test_benign_corpus_has_what_it_claims(capsys):
     """NCCL traffic, dataloader reads, owner checkpoint writes, admin update, DCGM diag."""
-    assert main(["collect", "--from-snapshot", str(SCENARIOS / "benign-training"),
-                 "--config", str(SCENARIOS / "benign-training" / "site-config.yml")]) == 0
+    assert (
+        main(
+            [
+                "collect",
+                "--from-snapshot",
+                str(SCENARIOS / "benign-training"),
+                "--config",
+                str(SCENARIOS / "benign-training" / "site-config.yml"),
+            ]
+        )
+        == 0
+    )
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by = lambda cat: [e for e in events if e["event.category"] == cat]  # noqa: E731
     assert max(e.get("rdma.per_s.port_xmit_data", 0) for e in by("rdma_counters")) > 1e10
     nccl = [e for e in by("network_socket") if e.get("destination.ip") == "10.30.0.18"]
     assert nccl and all(e["destination.is_job_node"] for e in nccl)  # gpu-018: the job's peer
-    assert {e.get("hpcsec.asset.name") for e in by("file_access")} == {
-        "c4", "llm-core-checkpoints"}
+    assert {e.get("hpcsec.asset.name") for e in by("file_access")} == {"c4", "llm-core-checkpoints"}
     writes = [e for e in by("file_access") if e["event.action"] == "close_write"]
     assert writes and all(e["hpcsec.asset.write_allowed"] for e in writes)
     assert {e["user.name"] for e in by("process") if e["process.name"] == "mlxfwmanager"} == {
-        "adm-carol"}
-    assert {(e["firmware.version"], e["hpcsec.in_maintenance"]) for e in by("firmware")
-            if e["firmware.device"] == "mlx5_3"} == {("28.37.1014", True), ("28.39.1002", True)}
+        "adm-carol"
+    }
+    assert {
+        (e["firmware.version"], e["hpcsec.in_maintenance"])
+        for e in by("firmware")
+        if e["firmware.device"] == "mlx5_3"
+    } == {("28.37.1014", True), ("28.39.1002", True)}
     assert {e["process.name"] for e in by("gpu_process")} >= {"nvvs", "python3"}
-    assert len({e["slurm.job.nodes"][1] for e in by("gpu_process") if "slurm.job.nodes" in e
-                }) == 1
+    assert len({e["slurm.job.nodes"][1] for e in by("gpu_process") if "slurm.job.nodes" in e}) == 1
 
 
 def test_demo_snapshot_has_every_vector_beside_benign_activity(capsys):
@@ -128,25 +177,39 @@ def test_demo_snapshot_has_every_vector_beside_benign_activity(capsys):
     # alice's healthy training ranks raise nothing themselves: what alerts in her job is
     # mallory's process in its cgroup, rank 1 with a planted LD_PRELOAD (41001) and the
     # process that grabbed a GPU outside the allocation (41007)
-    assert not [a for a in alerts if a.get("slurm.job.id") == "4242"
-                and a.get("process.name") == "python3" and a.get("user.name") == "alice"
-                and a.get("process.pid") not in (41001, 41007)]
+    assert not [
+        a
+        for a in alerts
+        if a.get("slurm.job.id") == "4242"
+        and a.get("process.name") == "python3"
+        and a.get("user.name") == "alice"
+        and a.get("process.pid") not in (41001, 41007)
+    ]
     for vector in VECTORS:  # every vector shows at least one alert tied to a job and user
-        assert any(a["rule.vector"] == vector and a.get("slurm.job.id") and a.get("user.name")
-                   for a in alerts), vector
+        assert any(
+            a["rule.vector"] == vector and a.get("slurm.job.id") and a.get("user.name")
+            for a in alerts
+        ), vector
 
 
 def test_fixtures_are_what_the_generator_writes(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "tools" / "build_scenarios.py"), "--out",
-                    str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_scenarios.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
 
     def differences(cmp: filecmp.dircmp) -> list[str]:
-        out = [f"{cmp.left}/{n}" for n in cmp.left_only + cmp.right_only + cmp.diff_files
-               if n not in ("__init__.py", "__pycache__")]
+        out = [
+            f"{cmp.left}/{n}"
+            for n in cmp.left_only + cmp.right_only + cmp.diff_files
+            if n not in ("__init__.py", "__pycache__")
+        ]
         for sub in cmp.subdirs.values():
             out += differences(sub)
         return out
 
     for generated, committed in ((tmp_path / "scenarios", SCENARIOS), (tmp_path / "demo", DEMO)):
         assert differences(filecmp.dircmp(generated, committed, ignore=[])) == [], (
-            "run tools/build_scenarios.py and commit its output")
+            "run tools/build_scenarios.py and commit its output"
+        )

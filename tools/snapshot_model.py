@@ -17,21 +17,44 @@ from typing import Any
 
 from squeue_template import squeue_job
 
-from hpcsec.detector.hostlist import expand
+from hpcsec.detector.core.hostlist import expand
 
 GPU_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an HGX H100 8-GPU board
 HCA_BUS_IDS = ("1b", "3c", "9c", "bc")
 HCAS = tuple(f"mlx5_{i}" for i in range(4))
-USERS = (("root", 0), ("daemon", 1), ("munge", 105), ("nvidia-persistenced", 119),
-         ("slurm", 64030), ("adm-carol", 1500), ("svc-publish", 1900), ("svc-data", 1901),
-         ("alice", 2001), ("bob", 2002), ("mallory", 2003))
+USERS = (
+    ("root", 0),
+    ("daemon", 1),
+    ("munge", 105),
+    ("nvidia-persistenced", 119),
+    ("slurm", 64030),
+    ("adm-carol", 1500),
+    ("svc-publish", 1900),
+    ("svc-data", 1901),
+    ("alice", 2001),
+    ("bob", 2002),
+    ("mallory", 2003),
+)
 UID = dict(USERS)
 # Counters an mlx5 port exposes that the rules read, with their sysfs directory.
-PORT_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets",
-                 "symbol_error", "port_rcv_errors")
-HW_COUNTERS = ("rx_write_requests", "rx_read_requests", "rx_atomic_requests",
-               "resp_remote_access_errors", "req_remote_access_errors", "out_of_sequence",
-               "local_ack_timeout_err", "duplicate_request")
+PORT_COUNTERS = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "symbol_error",
+    "port_rcv_errors",
+)
+HW_COUNTERS = (
+    "rx_write_requests",
+    "rx_read_requests",
+    "rx_atomic_requests",
+    "resp_remote_access_errors",
+    "req_remote_access_errors",
+    "out_of_sequence",
+    "local_ack_timeout_err",
+    "duplicate_request",
+)
 WORD_COUNTERS = ("port_xmit_data", "port_rcv_data")  # sysfs counts 4-octet words
 
 
@@ -155,6 +178,7 @@ class Scenario:
 
 # ----------------------------------------------------------------------------- writers
 
+
 def _write(path: Path, data: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
@@ -166,9 +190,11 @@ def _dump(value: Any) -> str:
     return json.dumps(value, indent=1, sort_keys=False) + "\n"
 
 
-STATUS = ("Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{pid}\nNgid:\t0\n"
-          "Pid:\t{pid}\nPPid:\t{ppid}\nTracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
-          "Gid:\t{uid}\t{uid}\t{uid}\t{uid}\nFDSize:\t64\nThreads:\t{threads}\n")
+STATUS = (
+    "Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{pid}\nNgid:\t0\n"
+    "Pid:\t{pid}\nPPid:\t{ppid}\nTracerPid:\t0\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+    "Gid:\t{uid}\t{uid}\t{uid}\t{uid}\nFDSize:\t64\nThreads:\t{threads}\n"
+)
 
 
 def _cgroup(proc: Proc) -> str:
@@ -182,13 +208,16 @@ def _cgroup(proc: Proc) -> str:
 def write_proc(root: Path, proc: Proc) -> None:
     base = root / "proc" / str(proc.pid)
     uid = UID[proc.user]
-    _write(base / "status", STATUS.format(name=proc.name, pid=proc.pid, ppid=proc.ppid,
-                                          uid=uid, threads=8 if proc.job else 1))
+    _write(
+        base / "status",
+        STATUS.format(
+            name=proc.name, pid=proc.pid, ppid=proc.ppid, uid=uid, threads=8 if proc.job else 1
+        ),
+    )
     _write(base / "comm", proc.name + "\n")
     _write(base / "cmdline", "\0".join(proc.argv) + "\0")
     _write(base / "cgroup", _cgroup(proc))
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"/home/{proc.user}",
-           "USER": proc.user}
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"/home/{proc.user}", "USER": proc.user}
     if proc.job is not None:
         env.update({"SLURM_JOB_ID": str(proc.job), "SLURM_STEP_ID": proc.step})
     env.update(proc.env)
@@ -196,13 +225,20 @@ def write_proc(root: Path, proc: Proc) -> None:
 
 
 def write_etc(root: Path) -> None:
-    _write(root / "etc" / "passwd", "".join(
-        f"{n}:x:{u}:{u}:{n}:{'/root' if u == 0 else '/home/' + n}:/bin/bash\n" for n, u in USERS))
+    _write(
+        root / "etc" / "passwd",
+        "".join(
+            f"{n}:x:{u}:{u}:{n}:{'/root' if u == 0 else '/home/' + n}:/bin/bash\n" for n, u in USERS
+        ),
+    )
     _write(root / "etc" / "group", "".join(f"{n}:x:{u}:\n" for n, u in USERS))
     # the cluster's names: the enrichment tells a job's peers from other addresses by them
-    _write(root / "etc" / "hosts", "127.0.0.1 localhost\n" + "".join(
-        f"10.30.0.{n} gpu-{n:03d}.cluster gpu-{n:03d}\n" for n in range(1, 33))
-        + "10.30.9.10 login-1.cluster login-1\n10.30.9.250 dtn-1.cluster dtn-1\n")
+    _write(
+        root / "etc" / "hosts",
+        "127.0.0.1 localhost\n"
+        + "".join(f"10.30.0.{n} gpu-{n:03d}.cluster gpu-{n:03d}\n" for n in range(1, 33))
+        + "10.30.9.10 login-1.cluster login-1\n10.30.9.250 dtn-1.cluster dtn-1\n",
+    )
 
 
 def write_infiniband(root: Path, node: Node, sample: Sample, totals: dict) -> None:
@@ -219,50 +255,81 @@ def write_infiniband(root: Path, node: Node, sample: Sample, totals: dict) -> No
         _write(port / "rate", "400 Gb/sec (4X NDR)\n")
         for name in PORT_COUNTERS:
             value = totals[dev][name]
-            _write(port / "counters" / name,
-                   f"{value // 4 if name in WORD_COUNTERS else value}\n")
+            _write(port / "counters" / name, f"{value // 4 if name in WORD_COUNTERS else value}\n")
         for name in HW_COUNTERS:
             _write(port / "hw_counters" / name, f"{totals[dev][name]}\n")
 
 
 def write_dmi(root: Path, node: Node) -> None:
     base = root / "sys" / "class" / "dmi" / "id"
-    for name, value in (("bios_version", node.bios), ("bios_vendor", "American Megatrends "
-                        "International, LLC."), ("bios_date", "05/17/2026"),
-                        ("board_name", "HGX H100 8-GPU"), ("product_name", "GPU Server G593")):
+    for name, value in (
+        ("bios_version", node.bios),
+        ("bios_vendor", "American Megatrends International, LLC."),
+        ("bios_date", "05/17/2026"),
+        ("board_name", "HGX H100 8-GPU"),
+        ("product_name", "GPU Server G593"),
+    ):
         _write(base / name, value + "\n")
 
 
 def nvml_json(node: Node, sample: Sample) -> dict[str, Any]:
     devices = []
     for index in range(8):
-        procs = [{"pid": p.pid, "type": "compute", "used_gpu_memory_bytes": p.memory_bytes,
-                  "gpu_instance_id": None, "compute_instance_id": None}
-                 for p in sample.gpu_procs if p.gpu == index]
-        devices.append({
-            "index": index, "uuid": gpu_uuid(node.host, index),
-            "serial": str(1650923000000 + int(digest("serial", node.host, index, size=6), 16)
-                          % 1000000),
-            "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": f"00000000:{GPU_BUS_IDS[index]}:00.0",
-            "minor": index, "mig_mode": 0, "ecc_mode": 0 if index in sample.ecc_off else 1,
-            "memory_total_bytes": 85520809984,
-            "memory_used_bytes": sum(p["used_gpu_memory_bytes"] for p in procs),
-            "utilization_gpu_percent": 97 if procs else 0,
-            "vbios_version": sample.vbios.get(index, node.vbios),
-            "inforom": {"image": "G520.0200.00.05", "oem": "2.1", "ecc": "7.16", "power": None},
-            "gsp_firmware_version": node.driver, "processes": procs})
+        procs = [
+            {
+                "pid": p.pid,
+                "type": "compute",
+                "used_gpu_memory_bytes": p.memory_bytes,
+                "gpu_instance_id": None,
+                "compute_instance_id": None,
+            }
+            for p in sample.gpu_procs
+            if p.gpu == index
+        ]
+        devices.append(
+            {
+                "index": index,
+                "uuid": gpu_uuid(node.host, index),
+                "serial": str(
+                    1650923000000 + int(digest("serial", node.host, index, size=6), 16) % 1000000
+                ),
+                "name": "NVIDIA H100 80GB HBM3",
+                "pci_bus_id": f"00000000:{GPU_BUS_IDS[index]}:00.0",
+                "minor": index,
+                "mig_mode": 0,
+                "ecc_mode": 0 if index in sample.ecc_off else 1,
+                "memory_total_bytes": 85520809984,
+                "memory_used_bytes": sum(p["used_gpu_memory_bytes"] for p in procs),
+                "utilization_gpu_percent": 97 if procs else 0,
+                "vbios_version": sample.vbios.get(index, node.vbios),
+                "inforom": {"image": "G520.0200.00.05", "oem": "2.1", "ecc": "7.16", "power": None},
+                "gsp_firmware_version": node.driver,
+                "processes": procs,
+            }
+        )
     return {"driver_version": node.driver, "cuda_driver_version": 12040, "devices": devices}
 
 
 def qp_json(sample: Sample) -> list[dict[str, Any]]:
     out = []
     for qp in sample.qps:
-        rec: dict[str, Any] = {"ifindex": HCAS.index(qp.device) + 2, "ifname": qp.device,
-                               "port": 1, "lqpn": qp.lqpn}
+        rec: dict[str, Any] = {
+            "ifindex": HCAS.index(qp.device) + 2,
+            "ifname": qp.device,
+            "port": 1,
+            "lqpn": qp.lqpn,
+        }
         if qp.rqpn is not None:
             rec["rqpn"] = qp.rqpn
-        rec.update({"type": qp.qp_type, "state": qp.state, "sq-psn": qp.lqpn * 7 % 16777216,
-                    "path-mig-state": "MIGRATED", "pdn": 3})
+        rec.update(
+            {
+                "type": qp.qp_type,
+                "state": qp.state,
+                "sq-psn": qp.lqpn * 7 % 16777216,
+                "path-mig-state": "MIGRATED",
+                "pdn": 3,
+            }
+        )
         if qp.pid is not None:
             rec["pid"] = qp.pid
         rec["comm"] = qp.comm
@@ -271,37 +338,66 @@ def qp_json(sample: Sample) -> list[dict[str, Any]]:
 
 
 def squeue_json(sample: Sample) -> dict[str, Any]:
-    jobs = [squeue_job(
-        job_id=j.id, user_name=j.user, user_id=UID[j.user], account=j.account, name=j.name,
-        partition=j.partition, nodes=j.nodes, gres_detail=[j.gpus] * len(expand(j.nodes)),
-        job_state=j.state,
-        start_time=epoch(j.start), end_time=epoch(j.end) if j.end else epoch(j.start) + 86400)
-        for j in sample.jobs]
-    return {"meta": {"plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
-                     "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5},
-                               "release": "22.05.8"}},
-            "errors": [], "jobs": jobs}
+    jobs = [
+        squeue_job(
+            job_id=j.id,
+            user_name=j.user,
+            user_id=UID[j.user],
+            account=j.account,
+            name=j.name,
+            partition=j.partition,
+            nodes=j.nodes,
+            gres_detail=[j.gpus] * len(expand(j.nodes)),
+            job_state=j.state,
+            start_time=epoch(j.start),
+            end_time=epoch(j.end) if j.end else epoch(j.start) + 86400,
+        )
+        for j in sample.jobs
+    ]
+    return {
+        "meta": {
+            "plugin": {"type": "openapi/v0.0.38", "name": "Slurm OpenAPI v0.0.38"},
+            "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}, "release": "22.05.8"},
+        },
+        "errors": [],
+        "jobs": jobs,
+    }
 
 
 def listpids(sample: Sample) -> str:
     rows = ["PID      JOBID    STEPID   LOCALID GLOBALID"]
-    rows += [f"{p.pid:<8} {p.job:<8} {p.step:<8} 0       0" for p in sample.procs
-             if p.job is not None]
+    rows += [
+        f"{p.pid:<8} {p.job:<8} {p.step:<8} 0       0" for p in sample.procs if p.job is not None
+    ]
     return "\n".join(rows) + "\n"
 
 
 def sockets_json(sample: Sample) -> list[dict[str, Any]]:
-    return [{"transport": s.transport, "state": s.state, "source.ip": s.source[0],
-             "source.port": s.source[1], "destination.ip": s.destination[0],
-             "destination.port": s.destination[1], "inode": 880000 + i, "pid": s.pid}
-            for i, s in enumerate(sample.sockets)]
+    return [
+        {
+            "transport": s.transport,
+            "state": s.state,
+            "source.ip": s.source[0],
+            "source.port": s.source[1],
+            "destination.ip": s.destination[0],
+            "destination.port": s.destination[1],
+            "inode": 880000 + i,
+            "pid": s.pid,
+        }
+        for i, s in enumerate(sample.sockets)
+    ]
 
 
 def file_events(sample: Sample) -> str:
     lines = []
     for f in sample.files:
-        rec: dict[str, Any] = {"time": f.at or sample.time, "pid": f.pid, "path": f.path,
-                               "actions": f.actions, "count": f.count}
+        rec: dict[str, Any] = {
+            "time": f.at or sample.time,
+            "pid": f.pid,
+            "path": f.path,
+            "actions": f.actions,
+            "count": f.count,
+        }
         if f.size is not None:
             rec["size"] = f.size
         if f.target is not None:
@@ -312,8 +408,10 @@ def file_events(sample: Sample) -> str:
 
 def write_snapshot(scenario: Scenario, directory: Path) -> None:
     node = scenario.node
-    totals = {dev: {name: 1_000_000 + 1000 * i for name in PORT_COUNTERS} | dict.fromkeys(
-        HW_COUNTERS, 0) for i, dev in enumerate(HCAS)}
+    totals = {
+        dev: {name: 1_000_000 + 1000 * i for name in PORT_COUNTERS} | dict.fromkeys(HW_COUNTERS, 0)
+        for i, dev in enumerate(HCAS)
+    }
     previous: str | None = None
     for n, sample in enumerate(scenario.samples):
         root = directory / str(n)
@@ -331,16 +429,30 @@ def write_snapshot(scenario: Scenario, directory: Path) -> None:
         write_dmi(root, node)
         _write(root / "nvml.json", _dump(nvml_json(node, sample)))
         # the management NIC, as the ETHTOOL_GDRVINFO ioctl reports it (sensors/firmware.py)
-        _write(root / "ethtool-drvinfo.json", _dump({"eno1": {
-            "driver": "i40e", "version": "6.1.0-27-amd64",
-            "fw_version": "9.20 0x8000d95e 1.3429.0", "bus_info": "0000:c1:00.0"}}))
+        _write(
+            root / "ethtool-drvinfo.json",
+            _dump(
+                {
+                    "eno1": {
+                        "driver": "i40e",
+                        "version": "6.1.0-27-amd64",
+                        "fw_version": "9.20 0x8000d95e 1.3429.0",
+                        "bus_info": "0000:c1:00.0",
+                    }
+                }
+            ),
+        )
         _write(root / "rdma-res-qp.json", json.dumps(qp_json(sample)) + "\n")
         _write(root / "slurm-jobs.json", _dump(squeue_json(sample)))
         _write(root / "slurm-listpids.txt", listpids(sample))
         _write(root / "sockets.json", _dump(sockets_json(sample)))
         _write(root / "file-events.jsonl", file_events(sample))
         if sample.slurm_events:
-            _write(root / "slurm-events.jsonl", "".join(
-                json.dumps(e, separators=(",", ":")) + "\n" for e in sample.slurm_events))
-    _write(directory / "meta.json", _dump({"hpcsec.snapshot": 1, "host.name": node.host,
-                                           "samples": len(scenario.samples)}))
+            _write(
+                root / "slurm-events.jsonl",
+                "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in sample.slurm_events),
+            )
+    _write(
+        directory / "meta.json",
+        _dump({"hpcsec.snapshot": 1, "host.name": node.host, "samples": len(scenario.samples)}),
+    )

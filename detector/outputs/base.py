@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from ..config import SiteConfig
-from ..errors import HpcsecError
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.errors import HpcsecError
 
 Alert = dict[str, Any]
 
@@ -39,8 +39,7 @@ class DeliveryFailed(Exception):
     asked us to wait (HTTP 429/503 Retry-After).
     """
 
-    def __init__(self, message: str, *, permanent: bool = False,
-                 retry_after: float | None = None):
+    def __init__(self, message: str, *, permanent: bool = False, retry_after: float | None = None):
         super().__init__(message)
         self.permanent = permanent
         self.retry_after = retry_after
@@ -61,6 +60,7 @@ class Output(Protocol):
 @dataclass(frozen=True)
 class OutputOptions:
     """What an output needs besides its URL."""
+
     secret_file: str | None = None
     syslog_format: str = "json"
     timeout_s: float = 10.0
@@ -78,18 +78,22 @@ def redact(url: str) -> str:
 def _open_one(url: str, options: OutputOptions) -> Output:
     # Imported here so `hpcsec alerts` does not pay for httpx and ssl at start-up.
     if url == "-":
-        from .stdout import StdoutOutput
+        from hpcsec.detector.outputs.stdout import StdoutOutput
+
         return StdoutOutput()
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "file":
-        from .jsonl import JsonlOutput
+        from hpcsec.detector.outputs.jsonl import JsonlOutput
+
         return JsonlOutput.from_url(url)
     if scheme in ("syslog+udp", "syslog+tcp", "syslog+tls"):
-        from .syslog import SyslogOutput
+        from hpcsec.detector.outputs.syslog import SyslogOutput
+
         return SyslogOutput.from_url(url, options)
     if scheme in ("http", "https"):
-        from .webhook import WebhookOutput
+        from hpcsec.detector.outputs.webhook import WebhookOutput
+
         return WebhookOutput.from_url(url, options)
     known = "syslog+udp://, syslog+tcp://, syslog+tls://, http(s)://, file:///….jsonl, -"
     raise OutputError(f"unknown output type {redact(url)!r} (expected one of: {known})")
@@ -104,6 +108,7 @@ def open_output(url: str, options: OutputOptions) -> Output:
 @dataclass(frozen=True)
 class DeliveryOutcome:
     """What happened to one alert at one destination (for the store's deliveries table)."""
+
     alert_id: str
     destination: str
     state: str  # delivered | pending | failed | dropped
@@ -144,11 +149,14 @@ class DeliveryReport:
         for name, d in self.destinations.items():
             if d.pending:
                 why = d.last_error or "time ran out before the receiver took them"
-                lines.append(f"{name}: {d.pending} alert(s) not delivered yet, kept in the spool "
-                             f"{self.spool_dir} ({why})")
+                lines.append(
+                    f"{name}: {d.pending} alert(s) not delivered yet, kept in the spool "
+                    f"{self.spool_dir} ({why})"
+                )
             if d.failed:
-                lines.append(f"{name}: {d.failed} alert(s) failed and will not be retried "
-                             f"({d.last_error})")
+                lines.append(
+                    f"{name}: {d.failed} alert(s) failed and will not be retried ({d.last_error})"
+                )
             if d.dropped:
                 lines.append(f"{name}: {d.dropped} alert(s) dropped because the spool is full")
         return lines
@@ -161,6 +169,7 @@ class RetryPolicy:
     The n-th failure in a row waits a random time between half and all of
     min(cap, base * 2**(n-1)): random so that many agents do not retry a receiver that comes
     back all at once, at least half so that the wait still grows."""
+
     base_s: float = 0.5
     cap_s: float = 60.0
     max_retry_after_s: float = 3600.0
@@ -189,8 +198,9 @@ class _Lane:
         self.last_error = ""
         self.lock = threading.Lock()
 
-    def drain(self, deadline: float, report: DeliveryReport,
-              sleep: Callable[[float], None]) -> None:
+    def drain(
+        self, deadline: float, report: DeliveryReport, sleep: Callable[[float], None]
+    ) -> None:
         name = self.output.name
         with self.lock:
             attempted = False
@@ -221,8 +231,9 @@ class _Lane:
                         self.spool.reject(entry, str(exc))
                         report.get(name).failed += 1
                         report.get(name).last_error = str(exc)
-                        report.outcomes.append(DeliveryOutcome(entry.alert_id, name, "failed",
-                                                               str(exc)))
+                        report.outcomes.append(
+                            DeliveryOutcome(entry.alert_id, name, "failed", str(exc))
+                        )
                         continue
                     self.failures += 1
                     delay = self.policy.delay(self.failures, exc.retry_after)
@@ -248,9 +259,15 @@ def _try(output: Output, alert: Alert) -> str | None:
 class OutputSet:
     """Every configured output. `deliver` spools, then sends; `flush` retries what is left."""
 
-    def __init__(self, outputs: list[Output], spool_dir: str | None, spool_max_bytes: int,
-                 policy: RetryPolicy | None = None):
-        from .spool import Spool
+    def __init__(
+        self,
+        outputs: list[Output],
+        spool_dir: str | None,
+        spool_max_bytes: int,
+        policy: RetryPolicy | None = None,
+    ):
+        from hpcsec.detector.outputs.spool import Spool
+
         self.outputs = outputs
         self.spool_dir = spool_dir
         self.policy = policy or RetryPolicy()
@@ -297,8 +314,10 @@ class OutputSet:
                 admitted = lane.spool.add_many(alerts)
             d = report.get(lane.output.name)
             d.dropped += len(admitted.dropped_ids)
-            report.outcomes.extend(DeliveryOutcome(i, lane.output.name, "dropped", "spool full")
-                                   for i in admitted.dropped_ids)
+            report.outcomes.extend(
+                DeliveryOutcome(i, lane.output.name, "dropped", "spool full")
+                for i in admitted.dropped_ids
+            )
             if admitted.notice is not None:
                 report.notices.append(admitted.notice)
         self._drain_all(timeout_s, report)
@@ -309,7 +328,8 @@ class OutputSet:
             report.outcomes.extend(
                 DeliveryOutcome(i, name, "pending", report.get(name).last_error)
                 for i in dict.fromkeys(str(a.get("alert.id")) for a in alerts)
-                if (i, name) not in settled)
+                if (i, name) not in settled
+            )
         return report
 
     def flush(self, timeout_s: float = 5.0) -> DeliveryReport:
@@ -352,16 +372,22 @@ class OutputSet:
         self.close()
 
 
-def open_outputs(urls: list[str] | tuple[str, ...], *, secret_file: str | None = None,
-                 spool_dir: str | None = None, config: SiteConfig | None = None) -> OutputSet:
+def open_outputs(
+    urls: list[str] | tuple[str, ...],
+    *,
+    secret_file: str | None = None,
+    spool_dir: str | None = None,
+    config: SiteConfig | None = None,
+) -> OutputSet:
     """Outputs for `urls` (command line first, else the config's `outputs`).
 
     Raises OutputError for an unknown type, a malformed URL, a missing or unreadable secret;
     SpoolError when the spool cannot be used.
     """
     config = config or SiteConfig()
-    options = OutputOptions(secret_file=secret_file or config.webhook_secret_file,
-                            syslog_format=config.syslog_format)
+    options = OutputOptions(
+        secret_file=secret_file or config.webhook_secret_file, syslog_format=config.syslog_format
+    )
     outputs: list[Output] = []
     seen: set[str] = set()
     try:

@@ -12,8 +12,8 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .base import DeliveryFailed, OutputError
-from .encode import dumps
+from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.outputs.base import DeliveryFailed, OutputError
 
 
 class JsonlOutput:
@@ -36,8 +36,9 @@ class JsonlOutput:
                 if not os.access(parent, os.W_OK | os.X_OK):
                     raise PermissionError(13, "Permission denied")
         except OSError as exc:
-            raise OutputError(f"output {self.name}: cannot open for appending: "
-                              f"{exc.strerror}") from None
+            raise OutputError(
+                f"output {self.name}: cannot open for appending: {exc.strerror}"
+            ) from None
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
@@ -51,8 +52,9 @@ class JsonlOutput:
             raise OutputError(f"output {url!r}: a file output takes no query or fragment")
         path = unquote(parts.path)
         if not path.endswith((".jsonl", ".ndjson")):
-            raise OutputError(f"output {url!r}: a file output must end in .jsonl (one JSON "
-                              "alert per line)")
+            raise OutputError(
+                f"output {url!r}: a file output must end in .jsonl (one JSON alert per line)"
+            )
         return cls(path)
 
     def _write(self, alert: dict[str, Any]) -> None:

@@ -39,9 +39,9 @@ from typing import Any, BinaryIO, TextIO
 
 import orjson
 
-from ..errors import HpcsecError
-from ..schema import LEVELS, rfc3339
-from .encode import dumps
+from hpcsec.detector.core.errors import HpcsecError
+from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.core.schema import LEVELS, rfc3339
 
 Alert = dict[str, Any]
 SPOOL_FULL_RULE_ID = "hpcsec-spool-full"
@@ -125,8 +125,9 @@ class Spool:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise SpoolError(f"spool {path} ({destination}) is in use by another hpcsec "
-                             f"process (pid {holder})") from None
+            raise SpoolError(
+                f"spool {path} ({destination}) is in use by another hpcsec process (pid {holder})"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         spool = cls(path, destination, max_bytes, fd)
@@ -140,8 +141,9 @@ class Spool:
             name = entry.name
             if _NOTICE.match(name):
                 self._notice_name = name
-                self._index[(name, 0)] = _Meta(LEVELS.index("high"), 0, entry.stat().st_size,
-                                               notice=True)
+                self._index[(name, 0)] = _Meta(
+                    LEVELS.index("high"), 0, entry.stat().st_size, notice=True
+                )
                 with contextlib.suppress(OSError, orjson.JSONDecodeError):
                     self._notice = orjson.loads(entry.read_bytes())
             elif _SEGMENT.match(name):
@@ -301,7 +303,7 @@ class Spool:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -311,8 +313,9 @@ class Spool:
         free = self.max_bytes - self._used
         if need <= free:
             return []
-        victims = sorted((m.level, key) for key, m in self._index.items()
-                         if not m.notice and m.level < level)
+        victims = sorted(
+            (m.level, key) for key, m in self._index.items() if not m.notice and m.level < level
+        )
         chosen = []
         for _, key in victims:
             chosen.append(key)
@@ -386,12 +389,19 @@ class Spool:
             episode = f"{self.destination}\x1f{time.time_ns()}"
             notice = {
                 "alert.id": hashlib.sha256(episode.encode()).hexdigest()[:32],
-                "@timestamp": now, "rule.id": SPOOL_FULL_RULE_ID,
+                "@timestamp": now,
+                "rule.id": SPOOL_FULL_RULE_ID,
                 "rule.title": "Alert spool full: alerts were dropped",
-                "rule.level": "high", "rule.tags": [], "rule.vector": "hpcsec",
-                "host.name": socket.gethostname(), "events": [], "count": 0,
-                "alert.first_seen": now, "hpcsec.spool.destination": self.destination,
-                "hpcsec.spool.dropped_by_level": {}, "hpcsec.spool.dropped_alert_ids": [],
+                "rule.level": "high",
+                "rule.tags": [],
+                "rule.vector": "hpcsec",
+                "host.name": socket.gethostname(),
+                "events": [],
+                "count": 0,
+                "alert.first_seen": now,
+                "hpcsec.spool.destination": self.destination,
+                "hpcsec.spool.dropped_by_level": {},
+                "hpcsec.spool.dropped_alert_ids": [],
             }
             self._notice_name = self._new_stem() + "-notice.json"
         by_level = dict(notice["hpcsec.spool.dropped_by_level"])
@@ -401,14 +411,18 @@ class Spool:
             if len(ids) < MAX_IDS_IN_NOTICE:
                 ids.append(alert_id)
         total = notice["count"] + len(dropped)
-        notice = {**notice, "count": total, "alert.last_seen": now,
-                  "hpcsec.spool.dropped_by_level": by_level,
-                  "hpcsec.spool.dropped_alert_ids": ids,
-                  "hpcsec.spool.max_bytes": self.max_bytes,
-                  "alert.summary": f"spool for {self.destination} is full "
-                                   f"({self.max_bytes} bytes): {total} alert(s) dropped "
-                                   f"({', '.join(f'{k} {v}' for k, v in by_level.items())}); "
-                                   "they are in the alert store"}
+        notice = {
+            **notice,
+            "count": total,
+            "alert.last_seen": now,
+            "hpcsec.spool.dropped_by_level": by_level,
+            "hpcsec.spool.dropped_alert_ids": ids,
+            "hpcsec.spool.max_bytes": self.max_bytes,
+            "alert.summary": f"spool for {self.destination} is full "
+            f"({self.max_bytes} bytes): {total} alert(s) dropped "
+            f"({', '.join(f'{k} {v}' for k, v in by_level.items())}); "
+            "they are in the alert store",
+        }
         data = dumps(notice)
         name = self._notice_name
         assert name is not None

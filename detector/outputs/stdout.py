@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from .base import DeliveryFailed
-from .encode import dumps
+from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.outputs.base import DeliveryFailed
 
 
 class StdoutOutput:

@@ -29,15 +29,22 @@ import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..schema import parse_time, rfc3339
-from .base import DeliveryFailed, OutputError, OutputOptions, redact
-from .encode import cleaned
+from hpcsec.detector.core.jsonenc import cleaned
+from hpcsec.detector.core.schema import parse_time, rfc3339
+from hpcsec.detector.outputs.base import DeliveryFailed, OutputError, OutputOptions, redact
 
 SD_ID = "hpcsec@32473"  # 32473: the private enterprise number RFC 5612 sets aside for examples
 APP_NAME = "hpcsec"
 SEVERITY = {"critical": 2, "high": 3, "medium": 4, "low": 5, "informational": 6}
-FACILITIES = {"kern": 0, "user": 1, "daemon": 3, "auth": 4, "security": 4, "authpriv": 10,
-              **{f"local{i}": 16 + i for i in range(8)}}
+FACILITIES = {
+    "kern": 0,
+    "user": 1,
+    "daemon": 3,
+    "auth": 4,
+    "security": 4,
+    "authpriv": 10,
+    **{f"local{i}": 16 + i for i in range(8)},
+}
 DEFAULT_FACILITY = FACILITIES["authpriv"]
 DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514}
 QUERY_KEYS = ("format", "facility", "max_bytes", "ca", "cert", "key")
@@ -75,10 +82,16 @@ def msgid(rule_id: Any) -> str:
 
 
 def structured_data(alert: dict[str, Any]) -> str:
-    params = (("id", alert.get("alert.id")), ("rule", alert.get("rule.id")),
-              ("level", alert.get("rule.level")), ("vector", alert.get("rule.vector")),
-              ("host", alert.get("host.name")), ("job", alert.get("slurm.job.id")),
-              ("user", alert.get("user.name")), ("count", alert.get("count")))
+    params = (
+        ("id", alert.get("alert.id")),
+        ("rule", alert.get("rule.id")),
+        ("level", alert.get("rule.level")),
+        ("vector", alert.get("rule.vector")),
+        ("host", alert.get("host.name")),
+        ("job", alert.get("slurm.job.id")),
+        ("user", alert.get("user.name")),
+        ("count", alert.get("count")),
+    )
     body = "".join(f' {k}="{sd_escape(v)}"' for k, v in params if v not in (None, ""))
     return f"[{SD_ID}{body}]"
 
@@ -90,8 +103,13 @@ def _cef_header(value: Any) -> str:
 
 
 def _cef_value(value: Any) -> str:
-    return (str(value).replace("\\", "\\\\").replace("=", "\\=").replace("\r", "\\r")
-            .replace("\n", "\\n"))
+    return (
+        str(value)
+        .replace("\\", "\\\\")
+        .replace("=", "\\=")
+        .replace("\r", "\\r")
+        .replace("\n", "\\n")
+    )
 
 
 def _epoch_ms(value: Any) -> int | None:
@@ -103,25 +121,41 @@ def _epoch_ms(value: Any) -> int | None:
 
 def cef_body(alert: dict[str, Any]) -> str:
     level = str(alert.get("rule.level"))
-    head = "|".join(_cef_header(v) for v in (
-        "CEF:0", "hpcsec", "hpcsec", CEF_PRODUCT_VERSION, alert.get("rule.id", ""),
-        alert.get("rule.title", ""), CEF_SEVERITY.get(level, 5)))
+    head = "|".join(
+        _cef_header(v)
+        for v in (
+            "CEF:0",
+            "hpcsec",
+            "hpcsec",
+            CEF_PRODUCT_VERSION,
+            alert.get("rule.id", ""),
+            alert.get("rule.title", ""),
+            CEF_SEVERITY.get(level, 5),
+        )
+    )
     ext = {
-        "rt": _epoch_ms(alert.get("@timestamp")), "externalId": alert.get("alert.id"),
-        "cat": alert.get("rule.vector"), "dvchost": alert.get("host.name"),
-        "duser": alert.get("user.name"), "duid": alert.get("user.id"),
-        "dpid": alert.get("process.pid"), "dproc": alert.get("process.name"),
-        "cnt": alert.get("count"), "start": _epoch_ms(alert.get("alert.first_seen")),
+        "rt": _epoch_ms(alert.get("@timestamp")),
+        "externalId": alert.get("alert.id"),
+        "cat": alert.get("rule.vector"),
+        "dvchost": alert.get("host.name"),
+        "duser": alert.get("user.name"),
+        "duid": alert.get("user.id"),
+        "dpid": alert.get("process.pid"),
+        "dproc": alert.get("process.name"),
+        "cnt": alert.get("count"),
+        "start": _epoch_ms(alert.get("alert.first_seen")),
         "end": _epoch_ms(alert.get("alert.last_seen")),
-        "cs1Label": "slurmJobId", "cs1": alert.get("slurm.job.id"),
-        "cs2Label": "gpuUuid", "cs2": alert.get("gpu.uuid"),
-        "cs3Label": "tags", "cs3": ",".join(map(str, alert.get("rule.tags") or ())),
+        "cs1Label": "slurmJobId",
+        "cs1": alert.get("slurm.job.id"),
+        "cs2Label": "gpuUuid",
+        "cs2": alert.get("gpu.uuid"),
+        "cs3Label": "tags",
+        "cs3": ",".join(map(str, alert.get("rule.tags") or ())),
         "msg": alert.get("alert.summary"),
     }
     present = {k: v for k, v in ext.items() if v not in (None, "")}
     # a label without its value says nothing
-    present = {k: v for k, v in present.items()
-               if not k.endswith("Label") or k[:-5] in present}
+    present = {k: v for k, v in present.items() if not k.endswith("Label") or k[:-5] in present}
     return head + "|" + " ".join(f"{k}={_cef_value(v)}" for k, v in present.items())
 
 
@@ -132,13 +166,21 @@ def _shrink(alert: dict[str, Any]) -> dict[str, Any]:
 
 
 def _truncate_strings(alert: dict[str, Any], limit: int = 512) -> dict[str, Any]:
-    return {k: (v[:limit] + "…" if isinstance(v, str) and len(v) > limit else v)
-            for k, v in alert.items()}
+    return {
+        k: (v[:limit] + "…" if isinstance(v, str) and len(v) > limit else v)
+        for k, v in alert.items()
+    }
 
 
-def format_message(alert: dict[str, Any], *, facility: int = DEFAULT_FACILITY,
-                   body_format: str = "json", hostname: str | None = None,
-                   procid: int | None = None, max_bytes: int = 8192) -> bytes:
+def format_message(
+    alert: dict[str, Any],
+    *,
+    facility: int = DEFAULT_FACILITY,
+    body_format: str = "json",
+    hostname: str | None = None,
+    procid: int | None = None,
+    max_bytes: int = 8192,
+) -> bytes:
     """One RFC 5424 message (without transport framing)."""
     alert = cleaned(alert)
     severity = SEVERITY.get(str(alert.get("rule.level")), 4)
@@ -146,18 +188,21 @@ def format_message(alert: dict[str, Any], *, facility: int = DEFAULT_FACILITY,
         timestamp = rfc3339(parse_time(str(alert.get("@timestamp"))))
     except ValueError:
         timestamp = rfc3339()
-    head = (f"<{facility * 8 + severity}>1 {timestamp} "
-            f"{header_token(hostname or socket.gethostname(), 255)} {APP_NAME} "
-            f"{procid if procid is not None else os.getpid()} {msgid(alert.get('rule.id'))} "
-            f"{structured_data(alert)} ").encode()
+    head = (
+        f"<{facility * 8 + severity}>1 {timestamp} "
+        f"{header_token(hostname or socket.gethostname(), 255)} {APP_NAME} "
+        f"{procid if procid is not None else os.getpid()} {msgid(alert.get('rule.id'))} "
+        f"{structured_data(alert)} "
+    ).encode()
     if body_format == "cef":
         body = cef_body(alert)
         return head + (body.encode() if body.isascii() else BOM + body.encode())
     # Too big for the receiver: drop the evidence events first (they are in the store),
     # then cut long strings; past that the message goes as it is.
     for shrink in (lambda a: a, _shrink, lambda a: _truncate_strings(_shrink(a))):
-        body = json.dumps(shrink(alert), ensure_ascii=True, separators=(",", ":"),
-                          default=str).encode()
+        body = json.dumps(
+            shrink(alert), ensure_ascii=True, separators=(",", ":"), default=str
+        ).encode()
         if len(head) + len(body) <= max_bytes:
             break  # the smaller forms are only built when needed
     return head + body
@@ -170,8 +215,7 @@ def octet_frame(message: bytes) -> bytes:
 class _Stream:
     """A TCP or TLS connection, made on first use and again after it breaks."""
 
-    def __init__(self, host: str, port: int, timeout_s: float,
-                 tls: ssl.SSLContext | None = None):
+    def __init__(self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None):
         self.host, self.port, self.timeout_s, self.tls = host, port, timeout_s, tls
         self.sock: socket.socket | None = None
 
@@ -238,8 +282,9 @@ class _Datagram:
         except OSError as exc:
             self.close()
             # too big for one datagram: no retry can help this message (lower max_bytes)
-            raise DeliveryFailed(f"{self.host}:{self.port}: {exc}",
-                                 permanent=exc.errno == errno.EMSGSIZE) from None
+            raise DeliveryFailed(
+                f"{self.host}:{self.port}: {exc}", permanent=exc.errno == errno.EMSGSIZE
+            ) from None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -260,8 +305,16 @@ def _tls_context(query: dict[str, str], url: str) -> ssl.SSLContext:
 class SyslogOutput:
     durable = True
 
-    def __init__(self, name: str, transport: _Stream | _Datagram, *, facility: int,
-                 body_format: str, max_bytes: int, framed: bool):
+    def __init__(
+        self,
+        name: str,
+        transport: _Stream | _Datagram,
+        *,
+        facility: int,
+        body_format: str,
+        max_bytes: int,
+        framed: bool,
+    ):
         self.name, self.transport = name, transport
         self.facility, self.body_format, self.max_bytes = facility, body_format, max_bytes
         self.framed = framed
@@ -279,15 +332,20 @@ class SyslogOutput:
         raw = parse_qs(parts.query, keep_blank_values=True)
         unknown = sorted(set(raw) - set(QUERY_KEYS))
         if unknown:
-            raise OutputError(f"output {url!r}: unknown option(s) {', '.join(unknown)} "
-                              f"(expected: {', '.join(QUERY_KEYS)})")
+            raise OutputError(
+                f"output {url!r}: unknown option(s) {', '.join(unknown)} "
+                f"(expected: {', '.join(QUERY_KEYS)})"
+            )
         query = {k: v[-1] for k, v in raw.items()}
         body_format = query.get("format", options.syslog_format)
         if body_format not in ("json", "cef"):
             raise OutputError(f"output {url!r}: format must be json or cef")
         facility_name = query.get("facility", "authpriv")
-        facility = (int(facility_name) if facility_name.isdigit()
-                    else FACILITIES.get(facility_name.lower(), -1))
+        facility = (
+            int(facility_name)
+            if facility_name.isdigit()
+            else FACILITIES.get(facility_name.lower(), -1)
+        )
         if not 0 <= facility <= 23:
             raise OutputError(f"output {url!r}: unknown facility {facility_name!r}")
         try:
@@ -304,12 +362,19 @@ class SyslogOutput:
             tls = _tls_context(query, url) if kind == "tls" else None
             transport = _Stream(host, port, options.timeout_s, tls)
         name = f"syslog+{kind}://{host}:{port}"
-        return cls(name, transport, facility=facility, body_format=body_format,
-                   max_bytes=max_bytes, framed=kind != "udp")
+        return cls(
+            name,
+            transport,
+            facility=facility,
+            body_format=body_format,
+            max_bytes=max_bytes,
+            framed=kind != "udp",
+        )
 
     def send(self, alert: dict[str, Any]) -> None:
-        message = format_message(alert, facility=self.facility, body_format=self.body_format,
-                                 max_bytes=self.max_bytes)
+        message = format_message(
+            alert, facility=self.facility, body_format=self.body_format, max_bytes=self.max_bytes
+        )
         self.transport.send(octet_frame(message) if self.framed else message)
 
     def close(self) -> None:

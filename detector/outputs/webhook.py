@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .base import DeliveryFailed, OutputError, OutputOptions, redact
-from .encode import dumps
+from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.outputs.base import DeliveryFailed, OutputError, OutputOptions, redact
 
 # Refusals that are about this one alert: sending it again cannot help. Every other 4xx
 # (401 wrong secret, 404 wrong path, 403, 405, …) is a receiver or config problem that an
@@ -34,8 +34,10 @@ USER_AGENT = "hpcsec-webhook/1"
 
 def read_secret(path: str | None, url: str) -> bytes:
     if not path:
-        raise OutputError(f"webhook output {redact(url)} needs a signing secret: "
-                          "--webhook-secret-file FILE (or webhook_secret_file in the config)")
+        raise OutputError(
+            f"webhook output {redact(url)} needs a signing secret: "
+            "--webhook-secret-file FILE (or webhook_secret_file in the config)"
+        )
     try:
         with open(path, "rb") as fh:
             secret = fh.read().strip()
@@ -77,7 +79,9 @@ class WebhookOutput:
         self._secret = secret
         self._client = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            follow_redirects=False, headers={"User-Agent": USER_AGENT})
+            follow_redirects=False,
+            headers={"User-Agent": USER_AGENT},
+        )
 
     @classmethod
     def from_url(cls, url: str, options: OutputOptions) -> WebhookOutput:
@@ -87,8 +91,9 @@ class WebhookOutput:
         except ValueError:
             raise OutputError(f"webhook output {redact(url)!r}: bad port") from None
         if not parts.hostname or parts.fragment:
-            raise OutputError(f"webhook output {redact(url)!r}: expected http(s)://HOST[:PORT]"
-                              "/PATH")
+            raise OutputError(
+                f"webhook output {redact(url)!r}: expected http(s)://HOST[:PORT]/PATH"
+            )
         return cls(url, read_secret(options.secret_file, url), options.timeout_s)
 
     def request_headers(self, alert: dict[str, Any], body: bytes) -> dict[str, str]:
@@ -103,8 +108,9 @@ class WebhookOutput:
     def send(self, alert: dict[str, Any]) -> None:
         body = dumps(alert)
         try:
-            response = self._client.post(self.url, content=body,
-                                         headers=self.request_headers(alert, body))
+            response = self._client.post(
+                self.url, content=body, headers=self.request_headers(alert, body)
+            )
         except httpx.TransportError as exc:
             raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from None
         status = response.status_code
@@ -120,4 +126,3 @@ class WebhookOutput:
 
     def close(self) -> None:
         self._client.close()
-

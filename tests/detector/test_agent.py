@@ -21,23 +21,23 @@ import httpx
 import orjson
 import pytest
 
-from hpcsec.detector import cli
-from hpcsec.detector.agent import Agent, AgentSettings
-from hpcsec.detector.agent_sources import Chunk, EventQueue
-from hpcsec.detector.nodectx import live_context
-from hpcsec.detector.schema import new_event, parse_time
-from hpcsec.detector.store import AlertQuery, Store
+from hpcsec.detector.cli import main as cli
+from hpcsec.detector.core.schema import new_event, parse_time
+from hpcsec.detector.runtime.agent import Agent, AgentSettings
+from hpcsec.detector.runtime.node import live_context
+from hpcsec.detector.runtime.threads import Chunk, EventQueue
+from hpcsec.detector.store.alert_store import AlertQuery, Store
 
 SECRET = b"test-secret-0123456789"
 SYSFS_FIXTURE = Path(__file__).resolve().parents[2] / "fixtures/sysfs/h100-4hca/sample0"
 RULE_A_ID = "7d2b1c1e-0000-4000-8000-00000000000a"
 RULE_B_ID = "7d2b1c1e-0000-4000-8000-00000000000b"
 PASSWD = "root:x:0:0:root:/root:/bin/sh\n" + "".join(
-    f"u{i}:x:{2000 + i}:{2000 + i}::/home/u{i}:/bin/sh\n" for i in range(1, 10))
+    f"u{i}:x:{2000 + i}:{2000 + i}::/home/u{i}:/bin/sh\n" for i in range(1, 10)
+)
 
 
-def rule(rule_id: str, name: str, category: str = "process",
-         field: str = "process.name") -> str:
+def rule(rule_id: str, name: str, category: str = "process", field: str = "process.name") -> str:
     return f"""title: Test rule {name}
 id: {rule_id}
 status: test
@@ -52,8 +52,9 @@ level: high
 """
 
 
-BROKEN_RULE = rule(RULE_A_ID, "cryptominer").replace("condition: selection",
-                                                     "condition: selection and")
+BROKEN_RULE = rule(RULE_A_ID, "cryptominer").replace(
+    "condition: selection", "condition: selection and"
+)
 
 
 class Receiver:
@@ -73,8 +74,9 @@ class Receiver:
                     return
                 stamp = self.headers.get("X-Hpcsec-Timestamp", "")
                 mac = hmac.new(SECRET, stamp.encode() + b"." + body, hashlib.sha256)
-                if not hmac.compare_digest("sha256=" + mac.hexdigest(),
-                                           self.headers.get("X-Hpcsec-Signature", "")):
+                if not hmac.compare_digest(
+                    "sha256=" + mac.hexdigest(), self.headers.get("X-Hpcsec-Signature", "")
+                ):
                     outer.bad_signatures += 1
                     self.send_response(401)
                     self.end_headers()
@@ -136,33 +138,62 @@ class Node:
     def file_alerts(self) -> list[dict]:
         if not self.alerts_file.exists():
             return []
-        return [orjson.loads(line) for line in self.alerts_file.read_bytes().splitlines()
-                if line.strip()]
+        return [
+            orjson.loads(line)
+            for line in self.alerts_file.read_bytes().splitlines()
+            if line.strip()
+        ]
 
     def spooled(self) -> list[str]:
         """Alert ids in the spool's segments (delivered lines included until the segment
         is deleted, which happens once all of its lines are delivered)."""
-        return sorted(orjson.loads(line)["alert.id"]
-                      for seg in self.spool.glob("*/pending/*.jsonl")
-                      for line in seg.read_bytes().splitlines() if line.strip())
+        return sorted(
+            orjson.loads(line)["alert.id"]
+            for seg in self.spool.glob("*/pending/*.jsonl")
+            for line in seg.read_bytes().splitlines()
+            if line.strip()
+        )
 
 
 class AgentProcess:
-    def __init__(self, node: Node, *args: str, sensor: str = "process",
-                 procfs: str | None = None):
+    def __init__(self, node: Node, *args: str, sensor: str = "process", procfs: str | None = None):
         self.log = node.root / f"agent-{time.monotonic_ns()}.log"
-        argv = [sys.executable, "-m", "hpcsec.detector", "agent", "--config", str(node.config),
-                "--sensor", sensor, "--procfs-root", procfs or str(node.proc),
-                "--etc-root", str(node.etc),
-                "--rules", str(node.rules), "--interval", "0.3",
-                "--metrics-address", "127.0.0.1:0", "--spool", str(node.spool),
-                "--webhook-secret-file", str(node.secret),
-                "--output", f"file://{node.alerts_file}", *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "hpcsec.detector",
+            "agent",
+            "--config",
+            str(node.config),
+            "--sensor",
+            sensor,
+            "--procfs-root",
+            procfs or str(node.proc),
+            "--etc-root",
+            str(node.etc),
+            "--rules",
+            str(node.rules),
+            "--interval",
+            "0.3",
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--spool",
+            str(node.spool),
+            "--webhook-secret-file",
+            str(node.secret),
+            "--output",
+            f"file://{node.alerts_file}",
+            *args,
+        ]
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        line = wait_for(lambda: next((ln for ln in self.text().splitlines()
-                                      if "metrics at http://" in ln), None),
-                        what="the agent to start", check=self)
+        line = wait_for(
+            lambda: next(
+                (ln for ln in self.text().splitlines() if "metrics at http://" in ln), None
+            ),
+            what="the agent to start",
+            check=self,
+        )
         self.metrics_url = line.split("metrics at ", 1)[1].strip()
 
     def text(self) -> str:
@@ -196,8 +227,9 @@ def wait_for(predicate, what: str, timeout: float = 20.0, check: AgentProcess | 
         if value:
             return value
         if check is not None and check.proc.poll() is not None:
-            pytest.fail(f"agent exited ({check.proc.returncode}) while waiting for {what}:\n"
-                        + check.text())
+            pytest.fail(
+                f"agent exited ({check.proc.returncode}) while waiting for {what}:\n" + check.text()
+            )
         time.sleep(0.05)
     detail = ("\n" + check.text()) if check is not None else ""
     pytest.fail(f"timed out waiting for {what}{detail}")
@@ -213,15 +245,26 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     node.start_process(4242, "cryptominer", 1)
     store = node.root / "store.duckdb"
-    node.config.write_text("dedup_window_s: 86400\n"
-                           "silences: [{user: u5, comment: benchmark account}]\n")
+    node.config.write_text(
+        "dedup_window_s: 86400\nsilences: [{user: u5, comment: benchmark account}]\n"
+    )
     # The RDMA counters of the 4-HCA fixture node are sampled alongside (4 ports a sample).
-    agent = AgentProcess(node, "--output", receiver.url, "--store", str(store),
-                         "--sensor", "rdma_counters", "--sysfs-root", str(SYSFS_FIXTURE))
+    agent = AgentProcess(
+        node,
+        "--output",
+        receiver.url,
+        "--store",
+        str(store),
+        "--sensor",
+        "rdma_counters",
+        "--sysfs-root",
+        str(SYSFS_FIXTURE),
+    )
     try:
         first = wait_for(node.file_alerts, "the first alert", check=agent)
         assert [(a["rule.id"], a["user.name"], a["process.pid"]) for a in first] == [
-            (RULE_A_ID, "u1", 4242)]
+            (RULE_A_ID, "u1", 4242)
+        ]
         wait_for(lambda: receiver.received, "the webhook delivery", check=agent)
         assert receiver.received == [first[0]["alert.id"]]
         assert receiver.bad_signatures == 0
@@ -243,17 +286,26 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
         rule_file = node.rules / "test.yml"
         rule_file.write_text(BROKEN_RULE)
         agent.signal(signal.SIGHUP)
-        failed = wait_for(lambda: [a for a in node.file_alerts()
-                                   if a["rule.id"] == "hpcsec-reload-failed"],
-                          "the reload-failed alert", check=agent)
+        failed = wait_for(
+            lambda: [a for a in node.file_alerts() if a["rule.id"] == "hpcsec-reload-failed"],
+            "the reload-failed alert",
+            check=agent,
+        )
         assert failed[0]["rule.level"] == "high"
-        assert (f"{rule_file}:10: condition syntax error in 'selection and'"
-                in failed[0]["alert.summary"])
-        assert f"reload failed, the previous rules and config keep running: {rule_file}:10:" \
+        assert (
+            f"{rule_file}:10: condition syntax error in 'selection and'"
+            in failed[0]["alert.summary"]
+        )
+        assert (
+            f"reload failed, the previous rules and config keep running: {rule_file}:10:"
             in agent.text()
+        )
         node.start_process(4243, "cryptominer", 2)
-        wait_for(lambda: any(a.get("user.name") == "u2" for a in node.file_alerts()),
-                 "an alert of the old rule after the failed reload", check=agent)
+        wait_for(
+            lambda: any(a.get("user.name") == "u2" for a in node.file_alerts()),
+            "an alert of the old rule after the failed reload",
+            check=agent,
+        )
         node.end_process(4243)
         assert agent.metrics()['hpcsec_reloads_total{outcome="failed"}'] == 1
 
@@ -264,20 +316,31 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
         node.start_process(4244, "otherminer", 3)
         node.start_process(4245, "cryptominer", 4)
         node.start_process(4246, "otherminer", 5)  # silenced: stored, not sent
-        wait_for(lambda: any(a["rule.id"] == RULE_B_ID for a in node.file_alerts()),
-                 "an alert of the new rule", check=agent)
+        wait_for(
+            lambda: any(a["rule.id"] == RULE_B_ID for a in node.file_alerts()),
+            "an alert of the new rule",
+            check=agent,
+        )
         time.sleep(0.7)  # two more samples: the old rule must not fire on u4
 
         # A broken config is refused the same way.
-        node.config.write_text("dedup_window_s: 86400\n"
-                               "silences: [{user: u5, comment: benchmark account}]\n"
-                               "rate_limit_per_rule: soon\n")
+        node.config.write_text(
+            "dedup_window_s: 86400\n"
+            "silences: [{user: u5, comment: benchmark account}]\n"
+            "rate_limit_per_rule: soon\n"
+        )
         agent.signal(signal.SIGHUP)
-        wait_for(lambda: len([a for a in node.file_alerts()
-                              if a["rule.id"] == "hpcsec-reload-failed"]) == 2,
-                 "the second reload-failed alert", check=agent)
-        assert (f"{node.config}:3: rate_limit_per_rule must be a number, not 'soon'"
-                in node.file_alerts()[-1]["alert.summary"])
+        wait_for(
+            lambda: (
+                len([a for a in node.file_alerts() if a["rule.id"] == "hpcsec-reload-failed"]) == 2
+            ),
+            "the second reload-failed alert",
+            check=agent,
+        )
+        assert (
+            f"{node.config}:3: rate_limit_per_rule must be a number, not 'soon'"
+            in node.file_alerts()[-1]["alert.summary"]
+        )
         assert agent.metrics()['hpcsec_reloads_total{outcome="failed"}'] == 2
         assert agent.stop() == 0
     finally:
@@ -286,8 +349,13 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
 
     alerts = node.file_alerts()
     by_rule = sorted((a["rule.id"], a.get("user.name")) for a in alerts)
-    assert by_rule == [(RULE_A_ID, "u1"), (RULE_A_ID, "u2"), (RULE_B_ID, "u3"),
-                       ("hpcsec-reload-failed", None), ("hpcsec-reload-failed", None)]
+    assert by_rule == [
+        (RULE_A_ID, "u1"),
+        (RULE_A_ID, "u2"),
+        (RULE_B_ID, "u3"),
+        ("hpcsec-reload-failed", None),
+        ("hpcsec-reload-failed", None),
+    ]
     # Every alert went to the webhook too, exactly once, in time for the SIGTERM drain.
     assert sorted(receiver.received) == sorted(a["alert.id"] for a in alerts)
     assert receiver.bad_signatures == 0
@@ -357,8 +425,7 @@ def test_sigterm_with_receiver_down_exits_0_and_keeps_the_spool(node: Node):
         port = s.getsockname()[1]
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     node.start_process(6001, "cryptominer", 1)
-    agent = AgentProcess(node, "--output", f"http://127.0.0.1:{port}/hook",
-                         "--drain-timeout", "1")
+    agent = AgentProcess(node, "--output", f"http://127.0.0.1:{port}/hook", "--drain-timeout", "1")
     try:
         wait_for(lambda: node.file_alerts(), "the alert", check=agent)
         assert agent.stop() == 0
@@ -366,7 +433,6 @@ def test_sigterm_with_receiver_down_exits_0_and_keeps_the_spool(node: Node):
         agent.kill()
     assert node.spooled() == [a["alert.id"] for a in node.file_alerts()]
     assert "1 alert(s) not delivered yet, kept in the spool" in agent.text()
-
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="fanotify needs root (CAP_SYS_ADMIN)")
@@ -382,14 +448,17 @@ assets:
     readers: {{users: [svc-train]}}
 """)
     (node.rules / "file.yml").write_text(
-        rule(RULE_A_ID, "weights.bin", category="file_access", field="file.name"))
+        rule(RULE_A_ID, "weights.bin", category="file_access", field="file.name")
+    )
     receiver = Receiver()
     # A long interval: the alert can only come from the stream, not from a sample.
-    agent = AgentProcess(node, "--output", receiver.url, "--interval", "3600",
-                         sensor="file_access", procfs="/proc")
+    agent = AgentProcess(
+        node, "--output", receiver.url, "--interval", "3600", sensor="file_access", procfs="/proc"
+    )
     try:
-        reader = subprocess.run(["cat", str(model / "weights.bin")], capture_output=True,
-                                check=True)
+        reader = subprocess.run(
+            ["cat", str(model / "weights.bin")], capture_output=True, check=True
+        )
         assert len(reader.stdout) == 4096
         wait_for(lambda: receiver.received, "the file access alert", check=agent)
         assert agent.stop() == 0
@@ -405,39 +474,70 @@ assets:
 
 # -- in-process: errors at start, the bounded queue --------------------------------------------
 
+
 def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path, capsys):
     config = tmp_path / "site.yml"
     config.write_text("agent:\n  interval_s: 10\n  colour: blue\n")
     assert cli.main(["agent", "--config", str(config), "--rules", str(node.rules)]) == 2
-    assert capsys.readouterr().err == (f"hpcsec: error: {config}:3: unknown key 'colour' "
-                                       "(expected one of: interval_s, metrics_address)\n")
+    assert capsys.readouterr().err == (
+        f"hpcsec: error: {config}:3: unknown key 'colour' "
+        "(expected one of: interval_s, metrics_address)\n"
+    )
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     assert cli.main(["agent", "--rules", str(node.rules), "--output", "gopher://x"]) == 2
     assert "unknown output type 'gopher://x'" in capsys.readouterr().err
-    assert cli.main(["agent", "--rules", str(node.rules), "--output", "http://127.0.0.1:9/h",
-                     "--webhook-secret-file", str(tmp_path / "missing"),
-                     "--spool", str(tmp_path / "spool")]) == 2
-    assert (f"cannot read webhook secret file {tmp_path / 'missing'}"
-            in capsys.readouterr().err)
+    assert (
+        cli.main(
+            [
+                "agent",
+                "--rules",
+                str(node.rules),
+                "--output",
+                "http://127.0.0.1:9/h",
+                "--webhook-secret-file",
+                str(tmp_path / "missing"),
+                "--spool",
+                str(tmp_path / "spool"),
+            ]
+        )
+        == 2
+    )
+    assert f"cannot read webhook secret file {tmp_path / 'missing'}" in capsys.readouterr().err
     assert cli.main(["agent", "--rules", str(node.rules), "--sensor", "nosuch"]) == 2
     assert capsys.readouterr().err == "hpcsec: error: unknown sensor nosuch\n"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         address = f"127.0.0.1:{taken.getsockname()[1]}"
-        assert cli.main(["agent", "--rules", str(node.rules), "--metrics-address", address,
-                         "--output", f"file://{tmp_path / 'a.jsonl'}"]) == 2
-    assert capsys.readouterr().err == (f"hpcsec: error: cannot serve metrics on {address}: "
-                                       "Address already in use\n")
+        assert (
+            cli.main(
+                [
+                    "agent",
+                    "--rules",
+                    str(node.rules),
+                    "--metrics-address",
+                    address,
+                    "--output",
+                    f"file://{tmp_path / 'a.jsonl'}",
+                ]
+            )
+            == 2
+        )
+    assert capsys.readouterr().err == (
+        f"hpcsec: error: cannot serve metrics on {address}: Address already in use\n"
+    )
     assert cli.main(["agent", "--rules", str(node.rules), "--metrics-address", "9817"]) == 2
-    assert capsys.readouterr().err == ("hpcsec: error: metrics address '9817': expected "
-                                       "HOST:PORT, e.g. 127.0.0.1:9817\n")
+    assert capsys.readouterr().err == (
+        "hpcsec: error: metrics address '9817': expected HOST:PORT, e.g. 127.0.0.1:9817\n"
+    )
 
 
 def test_queue_is_bounded_in_events_and_counts_drops(node: Node):
     ctx = live_context(None, etc_root=node.etc, host_name="n1")  # type: ignore[arg-type]
-    events = [new_event("process", "present", "process", "n1", ctx.timestamp,
-                        {"process.pid": i}) for i in range(5)]
+    events = [
+        new_event("process", "present", "process", "n1", ctx.timestamp, {"process.pid": i})
+        for i in range(5)
+    ]
     q = EventQueue(max_events=3)
     assert q.put(Chunk(ctx, events[:2]), "process") == 0
     assert q.put(Chunk(ctx, events[2:]), "process") == 2
@@ -453,37 +553,50 @@ def test_queue_is_bounded_in_events_and_counts_drops(node: Node):
 
 def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
     (node.rules / "drops.yml").write_text(
-        rule(RULE_A_ID, "dropped", category="sensor_status", field="event.action"))
+        rule(RULE_A_ID, "dropped", category="sensor_status", field="event.action")
+    )
     out = node.root / "drops.jsonl"
-    agent = Agent(AgentSettings(rule_paths=(str(node.rules),), outputs=(f"file://{out}",),
-                                etc_root=str(node.etc), host_name="n1"))
+    agent = Agent(
+        AgentSettings(
+            rule_paths=(str(node.rules),),
+            outputs=(f"file://{out}",),
+            etc_root=str(node.etc),
+            host_name="n1",
+        )
+    )
     agent.queue = EventQueue(max_events=1)
     ctx = agent._context()
-    events = [new_event("process", "present", "process", "n1", ctx.timestamp,
-                        {"process.pid": i}) for i in range(4)]
+    events = [
+        new_event("process", "present", "process", "n1", ctx.timestamp, {"process.pid": i})
+        for i in range(4)
+    ]
     agent.queue.put(Chunk(ctx, events), "process")
     agent._process(agent.queue.get(10, 0))
     assert agent.metrics.drops.labels("process")._value.get() == 3
     agent.sink.drain(0)
     agent._close_outputs()
     alerts = [orjson.loads(line) for line in out.read_bytes().splitlines()]
-    assert [(a["rule.id"], a["events"][0]["hpcsec.sensor"], a["events"][0]["hpcsec.dropped"])
-            for a in alerts] == [(RULE_A_ID, "process", 3)]
+    assert [
+        (a["rule.id"], a["events"][0]["hpcsec.sensor"], a["events"][0]["hpcsec.dropped"])
+        for a in alerts
+    ] == [(RULE_A_ID, "process", 3)]
     assert alerts[0]["events"][0]["message"] == "3 events dropped: the agent queue was full"
-
 
 
 def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     first, second = node.root / "first.jsonl", node.root / "second.jsonl"
     node.config.write_text(f"outputs: ['file://{first}']\n")
-    agent = Agent(AgentSettings(config_path=str(node.config), rule_paths=(str(node.rules),),
-                                host_name="n1"))
+    agent = Agent(
+        AgentSettings(config_path=str(node.config), rule_paths=(str(node.rules),), host_name="n1")
+    )
     try:
         missing = node.root / "no-such-secret"
-        node.config.write_text(f"outputs: ['file://{second}', 'http://127.0.0.1:9/hook']\n"
-                               f"webhook_secret_file: {missing}\n"
-                               f"spool: {{dir: {node.spool}}}\n")
+        node.config.write_text(
+            f"outputs: ['file://{second}', 'http://127.0.0.1:9/hook']\n"
+            f"webhook_secret_file: {missing}\n"
+            f"spool: {{dir: {node.spool}}}\n"
+        )
         assert agent.reload() is False
         node.config.write_text(f"outputs: ['file://{second}']\n")
         assert agent.reload() is True
@@ -496,22 +609,34 @@ def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
     assert failed["host.name"] == "n1"
     assert failed["alert.summary"] == (
         "Reload of rules and config failed, the previous ones keep running: "
-        f"cannot read webhook secret file {missing}: No such file or directory")
+        f"cannot read webhook secret file {missing}: No such file or directory"
+    )
     assert not second.exists()
 
 
 def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
-    from hpcsec.detector.agent_sinks import WindowedDedup
-    from hpcsec.detector.engine import Match
-    from hpcsec.detector.rules import load_rules
+    from hpcsec.detector.engine.evaluate import Match
+    from hpcsec.detector.engine.loader import load_rules
+    from hpcsec.detector.runtime.sink import WindowedDedup
 
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     (loaded,) = load_rules([node.rules]).rules
 
     def match(epoch: int) -> Match:
         ts = f"2026-11-30T00:00:{epoch:02d}.000Z"
-        return Match(loaded, (new_event("process", "present", "process", "n1", ts,
-                                        {"process.name": "cryptominer", "user.name": "u1"}),))
+        return Match(
+            loaded,
+            (
+                new_event(
+                    "process",
+                    "present",
+                    "process",
+                    "n1",
+                    ts,
+                    {"process.name": "cryptominer", "user.name": "u1"},
+                ),
+            ),
+        )
 
     now = [5.0]
     midnight = parse_time("2026-11-30T00:00:00Z").timestamp()
@@ -547,20 +672,34 @@ class _FakeStream:
         self.collects += 1
         with self.lock:
             pids, self.waiting = self.waiting, []
-        return [new_event("file_access", "open", "file_access", ctx.host_name, ctx.timestamp,
-                          {"process.pid": pid, "file.path": "/models/m/w.bin"}) for pid in pids]
+        return [
+            new_event(
+                "file_access",
+                "open",
+                "file_access",
+                ctx.host_name,
+                ctx.timestamp,
+                {"process.pid": pid, "file.path": "/models/m/w.bin"},
+            )
+            for pid in pids
+        ]
 
 
 def test_stream_source_collects_only_when_the_sensor_has_something(node: Node):
-    from hpcsec.detector.agent_sources import StreamSource
+    from hpcsec.detector.runtime.threads import StreamSource
     from hpcsec.sensors.base import SensorSpec
 
     fake = _FakeStream()
     spec = SensorSpec("file_access", lambda: fake, "fake stream")
     q = EventQueue(max_events=100)
     runs = []
-    source = StreamSource(spec, lambda: live_context(None, etc_root=node.etc, host_name="n1"),
-                          q, runs.append, poll_s=0.01)
+    source = StreamSource(
+        spec,
+        lambda: live_context(None, etc_root=node.etc, host_name="n1"),
+        q,
+        runs.append,
+        poll_s=0.01,
+    )
     assert source.open().ok and fake.collects == 1
     q.get(100, 0)  # the opening run's status
     source.start()

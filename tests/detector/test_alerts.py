@@ -1,8 +1,8 @@
 """Matches -> alerts: the alert schema, dedup by (rule, key, window), stable ids."""
 
-from hpcsec.detector.alerts import AlertBuilder, alert_id, sort_alerts, summarize
-from hpcsec.detector.engine import Engine
-from hpcsec.detector.rules import load_rules
+from hpcsec.detector.alerts.builder import AlertBuilder, alert_id, sort_alerts, summarize
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.loader import load_rules
 
 RULE = """
 title: Weights read by a copy tool
@@ -20,11 +20,22 @@ detection:
 
 
 def _event(n, user="mallory", job="881", ts="2026-11-30T01:00:00Z", **extra):
-    return {"@timestamp": ts, "event.id": f"e{n}", "event.category": "file_access",
-            "event.action": "open", "host.name": "gpu-017", "hpcsec.sensor": "file_access",
-            "process.name": "scp", "process.pid": 4000 + n, "user.name": user,
-            "slurm.job.id": job, "slurm.job.account": "vision",
-            "file.path": f"/models/m/{n}.bin", "gpu.index": 3, **extra}
+    return {
+        "@timestamp": ts,
+        "event.id": f"e{n}",
+        "event.category": "file_access",
+        "event.action": "open",
+        "host.name": "gpu-017",
+        "hpcsec.sensor": "file_access",
+        "process.name": "scp",
+        "process.pid": 4000 + n,
+        "user.name": user,
+        "slurm.job.id": job,
+        "slurm.job.account": "vision",
+        "file.path": f"/models/m/{n}.bin",
+        "gpu.index": 3,
+        **extra,
+    }
 
 
 def _matches(tmp_path, events):
@@ -56,14 +67,20 @@ def test_alert_schema_fields(tmp_path):
 
 
 def test_dedup_folds_same_key_in_one_window(tmp_path):
-    events = [_event(1), _event(2, ts="2026-11-30T01:01:00Z"),
-              _event(3, user="eve", job="882"),
-              _event(4, ts="2026-11-30T02:00:00Z")]  # another 5-minute window
+    events = [
+        _event(1),
+        _event(2, ts="2026-11-30T01:01:00Z"),
+        _event(3, user="eve", job="882"),
+        _event(4, ts="2026-11-30T02:00:00Z"),
+    ]  # another 5-minute window
     builder = AlertBuilder(window_s=300)
     builder.add(_matches(tmp_path, events))
     alerts = builder.alerts()
     assert [(a["user.name"], a["count"]) for a in alerts] == [
-        ("mallory", 2), ("eve", 1), ("mallory", 1)]
+        ("mallory", 2),
+        ("eve", 1),
+        ("mallory", 1),
+    ]
     first = alerts[0]
     assert [e["event.id"] for e in first["events"]] == ["e1", "e2"]
     assert first["alert.first_seen"] == "2026-11-30T01:00:00Z"
@@ -88,26 +105,36 @@ def test_no_dedup_gives_one_alert_per_match(tmp_path):
 
 def test_generic_summary_and_broken_template():
     event = _event(1)
-    assert summarize("T", event) == (
-        "T: user mallory, job 881, scp[4001], /models/m/1.bin, GPU 3")
+    assert summarize("T", event) == ("T: user mallory, job 881, scp[4001], /models/m/1.bin, GPU 3")
     assert summarize("T", event, "{oops").startswith("T: user mallory")
 
 
 def test_sort_puts_most_severe_first():
-    alerts = [{"rule.level": "low", "@timestamp": "1"}, {"rule.level": "critical",
-                                                         "@timestamp": "2"}]
+    alerts = [
+        {"rule.level": "low", "@timestamp": "1"},
+        {"rule.level": "critical", "@timestamp": "2"},
+    ]
     assert [a["rule.level"] for a in sort_alerts(alerts)] == ["critical", "low"]
 
 
 def test_correlation_firings_of_one_group_fold_within_the_dedup_window(tmp_path):
-    from hpcsec.detector.engine import Match
+    from hpcsec.detector.engine.evaluate import Match
 
     (match,) = _matches(tmp_path, [_event(1)])
     group = (("user.name", "mallory"),)
-    firings = [Match(match.rule, (_event(n, ts=f"2026-11-30T01:00:{n}0Z"),), group,
-                     f"2026-11-30T01:00:{n}0Z", 5.0) for n in range(4)]
-    later = Match(match.rule, (_event(9, ts="2026-11-30T03:00:00Z"),), group,
-                  "2026-11-30T03:00:00Z", 7.0)
+    firings = [
+        Match(
+            match.rule,
+            (_event(n, ts=f"2026-11-30T01:00:{n}0Z"),),
+            group,
+            f"2026-11-30T01:00:{n}0Z",
+            5.0,
+        )
+        for n in range(4)
+    ]
+    later = Match(
+        match.rule, (_event(9, ts="2026-11-30T03:00:00Z"),), group, "2026-11-30T03:00:00Z", 7.0
+    )
     builder = AlertBuilder(window_s=300)
     builder.add([*firings, later])
     alerts = builder.alerts()
@@ -127,11 +154,13 @@ def test_correlation_note_says_what_was_counted():
 
     from sigma.correlations import SigmaCorrelationType
 
-    from hpcsec.detector.alerts import correlation_note
+    from hpcsec.detector.alerts.builder import correlation_note
 
-    rule = SimpleNamespace(type=SigmaCorrelationType.VALUE_COUNT,
-                           condition=SimpleNamespace(fieldref="file.path"),
-                           timespan=SimpleNamespace(spec="5m"))
+    rule = SimpleNamespace(
+        type=SigmaCorrelationType.VALUE_COUNT,
+        condition=SimpleNamespace(fieldref="file.path"),
+        timespan=SimpleNamespace(spec="5m"),
+    )
     assert correlation_note(rule, 40.0) == " (40 distinct file.path in 5m)"
     rule.type = SigmaCorrelationType.EVENT_COUNT
     assert correlation_note(rule, 3.0) == " (3 events in 5m)"
@@ -140,15 +169,20 @@ def test_correlation_note_says_what_was_counted():
 
 
 def test_first_and_last_seen_follow_event_time_not_arrival_order(tmp_path):
-    from hpcsec.detector.engine import Match
+    from hpcsec.detector.engine.evaluate import Match
 
     (match,) = _matches(tmp_path, [_event(1)])
     group = (("user.name", "mallory"),)
-    late = Match(match.rule, (_event(1, ts="2026-11-30T01:02:00Z"),
-                              _event(2, ts="2026-11-30T01:04:00Z")), group,
-                 "2026-11-30T01:02:00Z", 2.0)
-    early = Match(match.rule, (_event(3, ts="2026-11-30T01:01:00Z"),), group,
-                  "2026-11-30T01:01:00Z", 1.0)
+    late = Match(
+        match.rule,
+        (_event(1, ts="2026-11-30T01:02:00Z"), _event(2, ts="2026-11-30T01:04:00Z")),
+        group,
+        "2026-11-30T01:02:00Z",
+        2.0,
+    )
+    early = Match(
+        match.rule, (_event(3, ts="2026-11-30T01:01:00Z"),), group, "2026-11-30T01:01:00Z", 1.0
+    )
     builder = AlertBuilder(window_s=300)
     builder.add([late, early])
     (alert,) = builder.alerts()

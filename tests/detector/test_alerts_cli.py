@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import duckdb
 
-from hpcsec.detector.cli import main
-from hpcsec.detector.store import Store
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.store.alert_store import Store
 
 
 def stamp(ago: timedelta) -> str:
@@ -16,22 +16,47 @@ def stamp(ago: timedelta) -> str:
 
 
 def alert(aid: str, ago: timedelta, **fields) -> dict:
-    return {"alert.id": aid, "@timestamp": stamp(ago), "rule.id": "r-gpu",
-            "rule.title": "GPU process outside any job", "rule.level": "high", "rule.tags": [],
-            "rule.vector": "gpu_hijack", "host.name": "gpu-007", "user.name": "mallory",
-            "events": [], "count": 2, "alert.first_seen": stamp(ago),
-            "alert.last_seen": stamp(ago), "alert.summary": f"miner {aid}", **fields}
+    return {
+        "alert.id": aid,
+        "@timestamp": stamp(ago),
+        "rule.id": "r-gpu",
+        "rule.title": "GPU process outside any job",
+        "rule.level": "high",
+        "rule.tags": [],
+        "rule.vector": "gpu_hijack",
+        "host.name": "gpu-007",
+        "user.name": "mallory",
+        "events": [],
+        "count": 2,
+        "alert.first_seen": stamp(ago),
+        "alert.last_seen": stamp(ago),
+        "alert.summary": f"miner {aid}",
+        **fields,
+    }
 
 
 def make_store(tmp_path) -> str:
     path = str(tmp_path / "alerts.duckdb")
     store = Store(path)
-    store.insert_alerts([alert("old", timedelta(hours=5)),
-                         alert("new", timedelta(minutes=5), **{"slurm.job.id": "77"})])
-    store.insert_alerts([alert("quiet", timedelta(minutes=1), **{"user.name": "svc"})],
-                        disposition="silenced")
-    store.insert_events([{"event.id": "e1", "@timestamp": stamp(timedelta(minutes=2)),
-                          "event.category": "gpu_process", "host.name": "gpu-007"}])
+    store.insert_alerts(
+        [
+            alert("old", timedelta(hours=5)),
+            alert("new", timedelta(minutes=5), **{"slurm.job.id": "77"}),
+        ]
+    )
+    store.insert_alerts(
+        [alert("quiet", timedelta(minutes=1), **{"user.name": "svc"})], disposition="silenced"
+    )
+    store.insert_events(
+        [
+            {
+                "event.id": "e1",
+                "@timestamp": stamp(timedelta(minutes=2)),
+                "event.category": "gpu_process",
+                "host.name": "gpu-007",
+            }
+        ]
+    )
     return path
 
 
@@ -44,8 +69,26 @@ def test_json_output_with_filters(tmp_path, capsys):
     assert out[1]["hpcsec.disposition"] == "silenced"
     assert main(["alerts", "--store", path, "--job", "77", "--format", "json"]) == 0
     assert [a["alert.id"] for a in json.loads(capsys.readouterr().out)] == ["new"]
-    assert main(["alerts", "--store", path, "--user", "mallory", "--rule", "r-gpu",
-                 "--vector", "gpu_hijack", "--state", "sent", "--format", "json"]) == 0
+    assert (
+        main(
+            [
+                "alerts",
+                "--store",
+                path,
+                "--user",
+                "mallory",
+                "--rule",
+                "r-gpu",
+                "--vector",
+                "gpu_hijack",
+                "--state",
+                "sent",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     assert [a["alert.id"] for a in json.loads(capsys.readouterr().out)] == ["old", "new"]
 
 
@@ -53,10 +96,28 @@ def test_table_output(tmp_path, capsys):
     path = make_store(tmp_path)
     assert main(["alerts", "--store", path, "--job", "77"]) == 0
     header, row = capsys.readouterr().out.splitlines()
-    assert header.split() == ["TIME", "LEVEL", "RULE", "HOST", "JOB", "USER", "COUNT", "STATE",
-                              "SUMMARY"]
-    assert row.split()[1:] == ["high", "r-gpu", "gpu-007", "77", "mallory", "2", "sent",
-                               "miner", "new"]
+    assert header.split() == [
+        "TIME",
+        "LEVEL",
+        "RULE",
+        "HOST",
+        "JOB",
+        "USER",
+        "COUNT",
+        "STATE",
+        "SUMMARY",
+    ]
+    assert row.split()[1:] == [
+        "high",
+        "r-gpu",
+        "gpu-007",
+        "77",
+        "mallory",
+        "2",
+        "sent",
+        "miner",
+        "new",
+    ]
     assert main(["alerts", "--store", path, "--user", "nobody"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == "no alerts match\n"
@@ -74,11 +135,13 @@ def test_store_path_from_the_config_and_export(tmp_path, capsys):
 
 def test_usage_errors_exit_2(tmp_path, capsys):
     assert main(["alerts"]) == 2
-    assert capsys.readouterr().err == ("hpcsec: error: no alert store: give --store FILE or "
-                                       "store.path in --config\n")
+    assert capsys.readouterr().err == (
+        "hpcsec: error: no alert store: give --store FILE or store.path in --config\n"
+    )
     path = make_store(tmp_path)
     assert main(["alerts", "--store", path, "--since", "soon"]) == 2
     assert "--since 'soon': expected a duration" in capsys.readouterr().err
     assert main(["alerts", "--store", str(tmp_path / "nope.duckdb")]) == 2
-    assert capsys.readouterr().err == (f"hpcsec: error: alert store {tmp_path}/nope.duckdb "
-                                       "does not exist\n")
+    assert capsys.readouterr().err == (
+        f"hpcsec: error: alert store {tmp_path}/nope.duckdb does not exist\n"
+    )

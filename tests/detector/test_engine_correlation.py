@@ -10,9 +10,9 @@ import pytest
 from sigma.collection import SigmaCollection
 from sigma.correlations import SigmaCorrelationRule
 
-from hpcsec.detector.engine import Engine
-from hpcsec.detector.errors import RuleError
-from hpcsec.detector.ruleset import LoadedRule, RuleSet
+from hpcsec.detector.core.errors import RuleError
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 BASE = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 
@@ -48,12 +48,20 @@ detection:
 
 def ruleset(correlation: str) -> RuleSet:
     text = RULES + "---\n" + correlation
-    return RuleSet([LoadedRule(item, "rules/c.yml", 1, "test")
-                    for item in SigmaCollection.from_yaml(text)])
+    return RuleSet(
+        [LoadedRule(item, "rules/c.yml", 1, "test") for item in SigmaCollection.from_yaml(text)]
+    )
 
 
-def correlation(kind: str, rules: str, condition: str, group_by: str = "[user.name]",
-                timespan: str = "5m", extra: str = "", name: str = "corr") -> str:
+def correlation(
+    kind: str,
+    rules: str,
+    condition: str,
+    group_by: str = "[user.name]",
+    timespan: str = "5m",
+    extra: str = "",
+    name: str = "corr",
+) -> str:
     return f"""\
 title: {name}
 id: 00000000-0000-4000-8000-{zlib.crc32(name.encode()):012d}
@@ -72,8 +80,7 @@ def at(seconds: float) -> str:
 
 
 def ev(category: str, action: str, seconds: float, **fields) -> dict:
-    return {"event.category": category, "event.action": action, "@timestamp": at(seconds),
-            **fields}
+    return {"event.category": category, "event.action": action, "@timestamp": at(seconds), **fields}
 
 
 def gpu(seconds: float, user: str = "bob", **fields) -> dict:
@@ -133,13 +140,19 @@ def test_event_count_lt_is_decided_when_the_window_closes():
 def test_value_count_distinct_values():
     rule = correlation("value_count", "[file_read]", "{gte: 3, field: file.path}")
     engine = Engine(ruleset(rule))
-    events = [read(0, **{"file.path": "/m/a"}), read(1, **{"file.path": "/m/a"}),
-              read(2, **{"file.path": "/m/b"}), read(3, "eve", **{"file.path": "/m/c"})]
+    events = [
+        read(0, **{"file.path": "/m/a"}),
+        read(1, **{"file.path": "/m/a"}),
+        read(2, **{"file.path": "/m/b"}),
+        read(3, "eve", **{"file.path": "/m/c"}),
+    ]
     assert engine.evaluate(events) == []
     (m,) = engine.evaluate([read(4, **{"file.path": "/m/c"})])
     assert (m.value, m.group) == (3.0, (("user.name", "bob"),))
-    assert engine.evaluate([read(400, **{"file.path": "/m/d"}),
-                            read(401, **{"file.path": "/m/e"})]) == []
+    assert (
+        engine.evaluate([read(400, **{"file.path": "/m/d"}), read(401, **{"file.path": "/m/e"})])
+        == []
+    )
 
 
 def test_value_count_window_slides():
@@ -175,19 +188,24 @@ def test_temporal_ordered_needs_the_order():
 
 
 def test_value_sum_and_value_avg():
-    flows = [ev("roce_flow", "flow", t, **{"source.ip": "10.0.0.1", "network.bytes": b})
-             for t, b in ((0, 400), (10, 500), (20, 200))]
-    total = correlation("value_sum", "[flow]", "{gte: 1000, field: network.bytes}",
-                        group_by="[source.ip]")
+    flows = [
+        ev("roce_flow", "flow", t, **{"source.ip": "10.0.0.1", "network.bytes": b})
+        for t, b in ((0, 400), (10, 500), (20, 200))
+    ]
+    total = correlation(
+        "value_sum", "[flow]", "{gte: 1000, field: network.bytes}", group_by="[source.ip]"
+    )
     engine = Engine(ruleset(total))
     matches = engine.evaluate(flows)
     assert [(m.value, m.group) for m in matches] == [(1100.0, (("source.ip", "10.0.0.1"),))]
-    average = correlation("value_avg", "[flow]", "{gt: 300, field: network.bytes}",
-                          group_by="[source.ip]")
+    average = correlation(
+        "value_avg", "[flow]", "{gt: 300, field: network.bytes}", group_by="[source.ip]"
+    )
     engine = Engine(ruleset(average))
     assert [m.value for m in engine.evaluate(flows[:1])] == [400.0]
-    low = correlation("value_avg", "[flow]", "{lt: 500, field: network.bytes}",
-                      group_by="[source.ip]")
+    low = correlation(
+        "value_avg", "[flow]", "{lt: 500, field: network.bytes}", group_by="[source.ip]"
+    )
     engine = Engine(ruleset(low))
     assert engine.evaluate(flows) == []
     assert [m.value for m in engine.flush()] == [pytest.approx(366.6666, rel=1e-4)]
@@ -195,17 +213,20 @@ def test_value_sum_and_value_avg():
 
 def test_aliases_join_differently_named_fields():
     aliases = "  aliases:\n    who:\n      gpu_proc: slurm.job.user\n      file_read: user.name\n"
-    rule = correlation("temporal", "[gpu_proc, file_read]", "{gte: 2}", group_by="[who]",
-                       extra=aliases)
+    rule = correlation(
+        "temporal", "[gpu_proc, file_read]", "{gte: 2}", group_by="[who]", extra=aliases
+    )
     engine = Engine(ruleset(rule))
-    matches = engine.evaluate([ev("gpu_process", "seen", 0, **{"slurm.job.user": "bob"}),
-                               read(5, "bob")])
+    matches = engine.evaluate(
+        [ev("gpu_process", "seen", 0, **{"slurm.job.user": "bob"}), read(5, "bob")]
+    )
     assert [m.group for m in matches] == [(("who", "bob"),)]
 
 
 def test_chained_correlations_and_generate():
-    inner = correlation("event_count", "[gpu_proc]", "{gte: 2}", name="burst",
-                        extra="  generate: true\n")
+    inner = correlation(
+        "event_count", "[gpu_proc]", "{gte: 2}", name="burst", extra="  generate: true\n"
+    )
     outer = correlation("event_count", "[burst]", "{gte: 2}", name="bursts", timespan="1h")
     engine = Engine(ruleset(inner + "---\n" + outer))
     out = engine.evaluate([gpu(0), gpu(1), gpu(100), gpu(101)])
@@ -236,8 +257,7 @@ def test_groups_expire_as_event_time_advances():
 
 
 def test_sample_of_evidence_is_bounded():
-    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 25}")),
-                    sample_size=10)
+    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 25}")), sample_size=10)
     events = [gpu(i) for i in range(25)]
     (m,) = engine.evaluate(events)
     assert m.value == 25.0
@@ -272,22 +292,27 @@ def test_correlation_chain_that_loops_is_a_rule_error():
     rules.rules += [LoadedRule(item, "rules/c.yml", 7, "test") for item in items]
     with pytest.raises(RuleError) as err:
         Engine(rules)
-    assert str(err.value).endswith("correlation chain refers to itself: "
-                                   f"{items[0].id} -> {items[1].id} -> {items[0].id}")
+    assert str(err.value).endswith(
+        f"correlation chain refers to itself: {items[0].id} -> {items[1].id} -> {items[0].id}"
+    )
 
 
 def test_group_values_may_be_lists_or_objects():
     rule = correlation("event_count", "[gpu_proc]", "{gte: 2}", group_by="[slurm.job.gpus]")
     engine = Engine(ruleset(rule))
-    events = [gpu(0, **{"slurm.job.gpus": [0, 1]}), gpu(1, **{"slurm.job.gpus": {"a": [1]}}),
-              gpu(2, **{"slurm.job.gpus": [0, 1]})]
+    events = [
+        gpu(0, **{"slurm.job.gpus": [0, 1]}),
+        gpu(1, **{"slurm.job.gpus": {"a": [1]}}),
+        gpu(2, **{"slurm.job.gpus": [0, 1]}),
+    ]
     (m,) = engine.evaluate(events)
     assert m.group == (("slurm.job.gpus", (0, 1)),)
 
 
 def test_temporal_extended_condition():
     both = correlation("temporal", "[gpu_proc, file_read]", "x").replace(
-        "  condition: x\n", "  condition: gpu_proc and file_read\n")
+        "  condition: x\n", "  condition: gpu_proc and file_read\n"
+    )
     engine = Engine(ruleset(both))
     assert engine.evaluate([gpu(0), gpu(5)]) == []
     assert len(engine.evaluate([read(10)])) == 1
@@ -308,32 +333,42 @@ def test_value_count_closing_window_state_is_capped():
     (group,) = state.groups.values()
     assert len(group.values) == 4  # enough to know the count is not below 3
     assert engine.flush() == []
-    assert [m.value for m in Engine(ruleset(rule)).evaluate(
-        [read(0, **{"file.path": "/a"}), read(1, **{"file.path": "/b"}),
-         read(500, "eve", **{"file.path": "/c"})])] == [2.0]
+    assert [
+        m.value
+        for m in Engine(ruleset(rule)).evaluate(
+            [
+                read(0, **{"file.path": "/a"}),
+                read(1, **{"file.path": "/b"}),
+                read(500, "eve", **{"file.path": "/c"}),
+            ]
+        )
+    ] == [2.0]
 
 
 def test_late_events_outside_the_window_are_counted_not_added():
-    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 3}",
-                                        timespan="1m")))
+    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 3}", timespan="1m")))
     # an hour, then events from long before: three events, but never three within a minute
     assert engine.evaluate([gpu(3600), gpu(0), gpu(600)]) == []
     assert engine.stats.late_events == 2
 
 
 def test_events_out_of_order_within_the_window_still_count():
-    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 3}",
-                                        timespan="1m")))
+    engine = Engine(ruleset(correlation("event_count", "[gpu_proc]", "{gte: 3}", timespan="1m")))
     (m,) = engine.evaluate([gpu(30), gpu(10), gpu(20)])
     assert m.value == 3.0 and m.window_start == "2026-12-01T10:00:10.000Z"
     assert engine.stats.late_events == 0
 
 
 def test_value_sum_ignores_an_event_from_long_before():
-    engine = Engine(ruleset(correlation(
-        "value_sum", "[flow]", "{field: network.bytes, gte: 100}", timespan="1m")))
-    flow = lambda s, n: ev("roce_flow", "flow", s, **{"user.name": "bob",  # noqa: E731
-                                                      "network.bytes": n})
+    engine = Engine(
+        ruleset(
+            correlation("value_sum", "[flow]", "{field: network.bytes, gte: 100}", timespan="1m")
+        )
+    )
+
+    def flow(s, n):
+        return ev("roce_flow", "flow", s, **{"user.name": "bob", "network.bytes": n})
+
     assert engine.evaluate([flow(7200, 60), flow(0, 60)]) == []
     assert engine.evaluate([flow(7210, 50)])[0].value == 110.0
 

@@ -33,14 +33,25 @@ from typing import Any
 from sigma.backends.sqlite import sqliteBackend
 from sigma.collection import SigmaCollection
 
-from hpcsec.detector.engine import Engine
-from hpcsec.detector.ruleset import LoadedRule, RuleSet
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 SEED = 20261201
 RULES = 300
 EVENTS = 500
-WORDS = ["alpha", "Beta", "gamma", "50%off", "a_b", "back\\slash", "x-ray", "x/ray", "EPS",
-         "nvidia-smi", "it's"]
+WORDS = [
+    "alpha",
+    "Beta",
+    "gamma",
+    "50%off",
+    "a_b",
+    "back\\slash",
+    "x-ray",
+    "x/ray",
+    "EPS",
+    "nvidia-smi",
+    "it's",
+]
 STRING_FIELDS = ["s.one", "s.two", "s.three"]
 NUMBER_FIELDS = ["n.one", "n.two"]
 TIME = "t.stamp"
@@ -77,8 +88,10 @@ def random_event(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.85:
             event[field] = rng.randint(-3, 12)
     if rng.random() < 0.9:
-        event[TIME] = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T" \
-                      f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z"
+        event[TIME] = (
+            f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T"
+            f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z"
+        )
     if rng.random() < 0.9:
         event[IP] = f"10.{rng.choice([0, 1, 64, 200])}.{rng.randint(0, 255)}.{rng.randint(0, 255)}"
     if rng.random() < 0.8:
@@ -95,11 +108,31 @@ def random_item(rng: random.Random) -> tuple[str, Any]:
     """One detection item: (field|modifiers, value) from one modifier family."""
     field = rng.choice(STRING_FIELDS)
     word = rng.choice(WORDS)
-    family = rng.choice([
-        "eq", "wildcard", "contains", "startswith", "endswith", "all", "re", "cidr", "exists",
-        "compare", "neq", "base64", "base64offset", "windash", "fieldref", "cased",
-        "null", "bool", "number", "time", "list",
-    ])
+    family = rng.choice(
+        [
+            "eq",
+            "wildcard",
+            "contains",
+            "startswith",
+            "endswith",
+            "all",
+            "re",
+            "cidr",
+            "exists",
+            "compare",
+            "neq",
+            "base64",
+            "base64offset",
+            "windash",
+            "fieldref",
+            "cased",
+            "null",
+            "bool",
+            "number",
+            "time",
+            "list",
+        ]
+    )
     if family == "eq":
         return field, quote(random_text(rng))
     if family == "wildcard":
@@ -112,16 +145,19 @@ def random_item(rng: random.Random) -> tuple[str, Any]:
         return f"{field}|contains|all", [quote(w) for w in rng.sample(WORDS, 2)]
     if family == "re":
         flags = "".join(f"|{f}" for f in ("i", "m", "s") if rng.random() < 0.4)
-        return f"{field}|re{flags}", rng.choice(["^al", "ta$", "x.ray", "[0-9]+%", "(?:EPS|Beta)",
-                                                 "a_b|gam+a", "^x"])
+        return f"{field}|re{flags}", rng.choice(
+            ["^al", "ta$", "x.ray", "[0-9]+%", "(?:EPS|Beta)", "a_b|gam+a", "^x"]
+        )
     if family == "cidr":
-        return f"{IP}|cidr", rng.choice(["10.0.0.0/8", "10.1.0.0/16", "10.64.0.0/16",
-                                         "10.1.7.0/24", "10.0.3.5/32"])
+        return f"{IP}|cidr", rng.choice(
+            ["10.0.0.0/8", "10.1.0.0/16", "10.64.0.0/16", "10.1.7.0/24", "10.0.3.5/32"]
+        )
     if family == "exists":
         return f"{rng.choice(STRING_FIELDS + NUMBER_FIELDS)}|exists", rng.random() < 0.5
     if family == "compare":
-        return f"{rng.choice(NUMBER_FIELDS)}|{rng.choice(['gt', 'gte', 'lt', 'lte'])}", \
-            rng.randint(-2, 10)
+        return f"{rng.choice(NUMBER_FIELDS)}|{rng.choice(['gt', 'gte', 'lt', 'lte'])}", rng.randint(
+            -2, 10
+        )
     if family == "neq":
         return f"{field}|neq", quote(random_text(rng))
     if family in ("base64", "base64offset"):
@@ -142,17 +178,27 @@ def random_item(rng: random.Random) -> tuple[str, Any]:
     if family == "number":
         return rng.choice(NUMBER_FIELDS), rng.randint(-3, 12)
     if family == "time":
-        part, top = rng.choice([("minute", 59), ("hour", 23), ("day", 28), ("month", 12),
-                                ("year", 2026)])
+        part, top = rng.choice(
+            [("minute", 59), ("hour", 23), ("day", 28), ("month", 12), ("year", 2026)]
+        )
         compare = rng.choice(["", "", "|gt", "|gte", "|lt", "|lte"])
-        return f"{TIME}|{part}{compare}", \
-            rng.randint(max(0, top - 24), top) if part != "year" else 2026
+        return f"{TIME}|{part}{compare}", rng.randint(
+            max(0, top - 24), top
+        ) if part != "year" else 2026
     return field, [quote(random_text(rng)) for _ in range(3)] + [quote(word)]
 
 
-CONDITIONS = ["sel1", "sel1 and not sel2", "sel1 or sel2", "1 of sel*", "all of them",
-              "(sel1 or sel2) and not sel3", "not sel1", "sel1 and sel2 or sel3",
-              "1 of them and not _aux"]
+CONDITIONS = [
+    "sel1",
+    "sel1 and not sel2",
+    "sel1 or sel2",
+    "1 of sel*",
+    "all of them",
+    "(sel1 or sel2) and not sel3",
+    "not sel1",
+    "sel1 and sel2 or sel3",
+    "1 of them and not _aux",
+]
 
 
 def random_rule(rng: random.Random, n: int) -> dict[str, Any]:
@@ -164,21 +210,32 @@ def random_rule(rng: random.Random, n: int) -> dict[str, Any]:
             detection[name] = [dict([random_item(rng)]) for _ in range(rng.randint(1, 2))]
         else:
             detection[name] = dict(random_item(rng) for _ in range(rng.randint(1, 3)))
-    return {"title": f"differential {n}", "id": f"00000000-0000-4000-9000-{n:012d}",
-            "logsource": {"product": "hpc", "category": "process"}, "detection": detection}
+    return {
+        "title": f"differential {n}",
+        "id": f"00000000-0000-4000-9000-{n:012d}",
+        "logsource": {"product": "hpc", "category": "process"},
+        "detection": detection,
+    }
 
 
 def sqlite_ids(events: list[dict[str, Any]], queries: list[str]) -> list[set[int]]:
     fields = sorted({f for e in events for f in e} | set(STRING_FIELDS + NUMBER_FIELDS))
     db = sqlite3.connect(":memory:")
-    db.create_function("REGEXP", 2, lambda pattern, value: value is not None and
-                       re.search(pattern, str(value)) is not None, deterministic=True)
+    db.create_function(
+        "REGEXP",
+        2,
+        lambda pattern, value: value is not None and re.search(pattern, str(value)) is not None,
+        deterministic=True,
+    )
     db.execute("CREATE TABLE logs (" + ", ".join(f'"{f}" COLLATE NOCASE' for f in fields) + ")")
-    db.executemany(f"INSERT INTO logs (rowid, {', '.join(repr(f) for f in fields)}) "
-                   f"VALUES (?, {', '.join('?' * len(fields))})",
-                   [(i, *(e.get(f) for f in fields)) for i, e in enumerate(events)])
-    return [{row[0] for row in db.execute(q.replace("SELECT *", "SELECT rowid", 1))}
-            for q in queries]
+    db.executemany(
+        f"INSERT INTO logs (rowid, {', '.join(repr(f) for f in fields)}) "
+        f"VALUES (?, {', '.join('?' * len(fields))})",
+        [(i, *(e.get(f) for f in fields)) for i, e in enumerate(events)],
+    )
+    return [
+        {row[0] for row in db.execute(q.replace("SELECT *", "SELECT rowid", 1))} for q in queries
+    ]
 
 
 def test_engine_agrees_with_sqlite_backend():
@@ -198,9 +255,15 @@ def test_engine_agrees_with_sqlite_backend():
         for match in engine.evaluate([event]):
             got[index[match.rule.id]].add(i)
 
-    mismatches = [(n, rules[n]["detection"], [(i, i in got[n], events[i])
-                                              for i in sorted(expected[n] ^ got[n])[:2]])
-                  for n in range(RULES) if expected[n] != got[n]]
+    mismatches = [
+        (
+            n,
+            rules[n]["detection"],
+            [(i, i in got[n], events[i]) for i in sorted(expected[n] ^ got[n])[:2]],
+        )
+        for n in range(RULES)
+        if expected[n] != got[n]
+    ]
     assert not mismatches, "\n\n".join(map(str, mismatches[:3]))
     # the generated cases must exercise both outcomes, or the comparison proves nothing
     assert sum(1 for ids in got if ids) > RULES // 3

@@ -2,8 +2,8 @@
 
 import json
 
-from hpcsec.detector.config import Principals, SiteConfig
-from hpcsec.detector.enrich import (
+from hpcsec.detector.config.site import Principals, SiteConfig
+from hpcsec.detector.enrich.enricher import (
     Enricher,
     fill_gpu_users,
     host_addresses,
@@ -12,26 +12,48 @@ from hpcsec.detector.enrich import (
 )
 from hpcsec.sensors.base import FsRoot, SensorContext
 
-SQUEUE = {"jobs": [{
-    "job_id": 77, "user_name": "alice", "user_id": 1001, "account": "llm-core",
-    "partition": "gpu", "nodes": "gpu-[017-018]", "job_state": "RUNNING",
-    "start_time": 1795000000, "name": "train", "gres_detail": ["gpu:2(IDX:0-1)"]}]}
+SQUEUE = {
+    "jobs": [
+        {
+            "job_id": 77,
+            "user_name": "alice",
+            "user_id": 1001,
+            "account": "llm-core",
+            "partition": "gpu",
+            "nodes": "gpu-[017-018]",
+            "job_state": "RUNNING",
+            "start_time": 1795000000,
+            "name": "train",
+            "gres_detail": ["gpu:2(IDX:0-1)"],
+        }
+    ]
+}
 
 
 def _ctx(tmp_path, jobs=SQUEUE):
     (tmp_path / "etc").mkdir(exist_ok=True)
     (tmp_path / "etc/hosts").write_text(
         "127.0.0.1 localhost\n10.0.0.17 gpu-017.cluster gpu-017\n"
-        "10.0.0.18 gpu-018  # peer\n10.0.0.99 storage-1\nnot-an-ip bogus\n")
-    return SensorContext("gpu-017", FsRoot("sys", tmp_path / "sys"),
-                         FsRoot("proc", tmp_path / "proc"), FsRoot("etc", tmp_path / "etc"),
-                         timestamp="2026-11-30T01:00:00.000Z",
-                         replay_inputs={"slurm-jobs.json": json.dumps(jobs)})
+        "10.0.0.18 gpu-018  # peer\n10.0.0.99 storage-1\nnot-an-ip bogus\n"
+    )
+    return SensorContext(
+        "gpu-017",
+        FsRoot("sys", tmp_path / "sys"),
+        FsRoot("proc", tmp_path / "proc"),
+        FsRoot("etc", tmp_path / "etc"),
+        timestamp="2026-11-30T01:00:00.000Z",
+        replay_inputs={"slurm-jobs.json": json.dumps(jobs)},
+    )
 
 
 def _flow(dest, **extra):
-    return {"event.category": "roce_flow", "host.name": "gpu-017", "source.ip": "10.0.0.17",
-            "destination.ip": dest, **extra}
+    return {
+        "event.category": "roce_flow",
+        "host.name": "gpu-017",
+        "source.ip": "10.0.0.17",
+        "destination.ip": dest,
+        **extra,
+    }
 
 
 def test_hosts_file_is_read_through_the_etc_root(tmp_path):
@@ -42,13 +64,19 @@ def test_hosts_file_is_read_through_the_etc_root(tmp_path):
 
 
 def test_flows_to_job_nodes_and_elsewhere(tmp_path):
-    events = [_flow("10.0.0.18"), _flow("10.0.0.99"), _flow("127.0.0.1"),
-              {"event.category": "network_socket", "destination.ip": "10.0.0.99",
-               "slurm.job.nodes": ["gpu-099"]},
-              {"event.category": "network_socket", "destination.ip": "0.0.0.0"}]
+    events = [
+        _flow("10.0.0.18"),
+        _flow("10.0.0.99"),
+        _flow("127.0.0.1"),
+        {
+            "event.category": "network_socket",
+            "destination.ip": "10.0.0.99",
+            "slurm.job.nodes": ["gpu-099"],
+        },
+        {"event.category": "network_socket", "destination.ip": "0.0.0.0"},
+    ]
     mark_job_peers(events, _ctx(tmp_path))
-    assert [e.get("destination.is_job_node") for e in events] == [True, False, None, False,
-                                                                   None]
+    assert [e.get("destination.is_job_node") for e in events] == [True, False, None, False, None]
 
 
 def test_no_job_on_the_node_means_no_job_peers(tmp_path):
@@ -59,16 +87,36 @@ def test_no_job_on_the_node_means_no_job_peers(tmp_path):
 
 def test_gpu_users_come_from_the_gpu_processes():
     events = [
-        {"event.category": "gpu_device", "host.name": "n", "gpu.uuid": "GPU-a",
-         "gpu.process_users": []},
-        {"event.category": "gpu_device", "host.name": "n", "gpu.uuid": "GPU-b",
-         "gpu.process_users": []},
-        {"event.category": "gpu_process", "host.name": "n", "gpu.uuid": "GPU-a",
-         "user.name": "alice"},
-        {"event.category": "gpu_process", "host.name": "n", "gpu.uuid": "GPU-a",
-         "user.name": "bob"},
-        {"event.category": "gpu_process", "host.name": "n", "gpu.uuid": "GPU-a",
-         "user.name": "alice"},
+        {
+            "event.category": "gpu_device",
+            "host.name": "n",
+            "gpu.uuid": "GPU-a",
+            "gpu.process_users": [],
+        },
+        {
+            "event.category": "gpu_device",
+            "host.name": "n",
+            "gpu.uuid": "GPU-b",
+            "gpu.process_users": [],
+        },
+        {
+            "event.category": "gpu_process",
+            "host.name": "n",
+            "gpu.uuid": "GPU-a",
+            "user.name": "alice",
+        },
+        {
+            "event.category": "gpu_process",
+            "host.name": "n",
+            "gpu.uuid": "GPU-a",
+            "user.name": "bob",
+        },
+        {
+            "event.category": "gpu_process",
+            "host.name": "n",
+            "gpu.uuid": "GPU-a",
+            "user.name": "alice",
+        },
     ]
     fill_gpu_users(events)
     assert events[0]["gpu.process_users"] == ["alice", "bob"]
@@ -78,8 +126,14 @@ def test_gpu_users_come_from_the_gpu_processes():
 
 def test_enricher_runs_job_then_policy(tmp_path):
     config = SiteConfig(admins=Principals(users=("adm-carol",)))
-    events = [{"event.category": "process", "host.name": "gpu-017", "user.name": "adm-carol",
-               "@timestamp": "2026-11-30T01:00:00.000Z"}]
+    events = [
+        {
+            "event.category": "process",
+            "host.name": "gpu-017",
+            "user.name": "adm-carol",
+            "@timestamp": "2026-11-30T01:00:00.000Z",
+        }
+    ]
     out = Enricher(config).enrich(events, _ctx(tmp_path))
     assert out[0]["user.is_admin"] is True
     assert out[0]["hpcsec.in_maintenance"] is False
@@ -90,8 +144,11 @@ def test_without_a_job_list_peers_and_job_counts_stay_undecided(tmp_path):
     ctx.replay_inputs = {}  # a sample recorded while Slurm did not answer
     flow = _flow("10.0.0.18")
     counters = {"event.category": "rdma_counters", "host.name": "gpu-017"}
-    job_socket = {"event.category": "network_socket", "destination.ip": "10.0.0.18",
-                  "slurm.job.id": "77"}  # job id from the cgroup, no details
+    job_socket = {
+        "event.category": "network_socket",
+        "destination.ip": "10.0.0.18",
+        "slurm.job.id": "77",
+    }  # job id from the cgroup, no details
     mark_job_peers([flow, job_socket], ctx)
     assert "destination.is_job_node" not in flow
     assert "destination.is_job_node" not in job_socket

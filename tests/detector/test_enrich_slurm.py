@@ -1,32 +1,47 @@
 from pathlib import Path
 
-from hpcsec.detector.enrich_slurm import SlurmEnricher
-from hpcsec.detector.jobs import JobContext, SlurmUnreachable
-from hpcsec.detector.schema import new_event
+from hpcsec.detector.core.schema import new_event
+from hpcsec.detector.enrich.slurm_job import SlurmEnricher
+from hpcsec.detector.slurm.jobs import JobContext, SlurmUnreachable
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
-REPLAY = {"slurm-jobs.json": (FIX / "squeue-22.05.json").read_text(),
-          "slurm-listpids.txt": (FIX / "listpids-1.txt").read_text() + "30001 3 batch 0 0\n"}
+REPLAY = {
+    "slurm-jobs.json": (FIX / "squeue-22.05.json").read_text(),
+    "slurm-listpids.txt": (FIX / "listpids-1.txt").read_text() + "30001 3 batch 0 0\n",
+}
 TS = "2026-11-30T01:33:00.000Z"
 
 
 def ctx_for(root: Path, replay=REPLAY) -> SensorContext:
     (root / "proc").mkdir(exist_ok=True)
-    return SensorContext("vm", FsRoot("sys", root), FsRoot("proc", root / "proc"),
-                         FsRoot("etc", root), timestamp=TS, replay_inputs=replay)
+    return SensorContext(
+        "vm",
+        FsRoot("sys", root),
+        FsRoot("proc", root / "proc"),
+        FsRoot("etc", root),
+        timestamp=TS,
+        replay_inputs=replay,
+    )
 
 
 def gpu_event(pid: int, index: int) -> dict:
-    return new_event("gpu_process", "sample", "gpu", "vm", TS,
-                     {"process.pid": pid, "gpu.index": index})
+    return new_event(
+        "gpu_process", "sample", "gpu", "vm", TS, {"process.pid": pid, "gpu.index": index}
+    )
 
 
 def test_events_get_their_jobs_fields(tmp_path):
     ctx = ctx_for(tmp_path)
     events = [
-        new_event("file_access", "open", "file_access", "vm", TS,
-                  {"process.pid": 19315, "file.path": "/models/x"}),
+        new_event(
+            "file_access",
+            "open",
+            "file_access",
+            "vm",
+            TS,
+            {"process.pid": 19315, "file.path": "/models/x"},
+        ),
         new_event("rdma_qp", "sample", "rdma_qp", "vm", TS, {"process.pid": 30001}),
         new_event("process", "sample", "process", "vm", TS, {"process.pid": 4242}),
         new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.component": "bios"}),
@@ -34,10 +49,17 @@ def test_events_get_their_jobs_fields(tmp_path):
     out = SlurmEnricher(JobContext()).enrich(events, ctx)
     assert out is events and len(out) == 4
     assert {k: v for k, v in out[0].items() if k.startswith("slurm.")} == {
-        "slurm.job.id": "1", "slurm.job.user": "alice", "slurm.job.partition": "debug",
-        "slurm.job.nodes": ["vm"], "slurm.job.gpus": [0, 1], "slurm.job.state": "RUNNING",
-        "slurm.job.start": "2026-11-30T01:32:33.000Z", "slurm.job.name": "wrap",
-        "slurm.job.id_source": "listpids", "slurm.job.step": "0"}
+        "slurm.job.id": "1",
+        "slurm.job.user": "alice",
+        "slurm.job.partition": "debug",
+        "slurm.job.nodes": ["vm"],
+        "slurm.job.gpus": [0, 1],
+        "slurm.job.state": "RUNNING",
+        "slurm.job.start": "2026-11-30T01:32:33.000Z",
+        "slurm.job.name": "wrap",
+        "slurm.job.id_source": "listpids",
+        "slurm.job.step": "0",
+    }
     assert (out[1]["slurm.job.id"], out[1]["slurm.job.user"]) == ("3", "bob")
     assert "slurm.job.id" not in out[2]  # no job: no field at all (rules test null)
     assert not any(k.startswith("slurm.") for k in out[3])
@@ -52,16 +74,23 @@ def test_gpu_allocated_to_job(tmp_path):
 
 def test_gpu_allocation_unknown_is_left_out(tmp_path):
     jobs = '{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "RUNNING"}]}'
-    ctx = ctx_for(tmp_path, {"slurm-jobs.json": jobs,
-                             "slurm-listpids.txt": "PID JOBID STEPID\n19315 1 0\n"})
+    ctx = ctx_for(
+        tmp_path, {"slurm-jobs.json": jobs, "slurm-listpids.txt": "PID JOBID STEPID\n19315 1 0\n"}
+    )
     [event] = SlurmEnricher(JobContext()).enrich([gpu_event(19315, 0)], ctx)
     assert event["slurm.job.id"] == "1" and "gpu.allocated_to_job" not in event
 
 
 def test_hook_events_keep_their_job(tmp_path):
     ctx = ctx_for(tmp_path)
-    event = new_event("slurm_job", "epilog_findings", "slurm_epilog", "vm", TS,
-                      {"process.pid": 19315, "slurm.job.id": "9"})
+    event = new_event(
+        "slurm_job",
+        "epilog_findings",
+        "slurm_epilog",
+        "vm",
+        TS,
+        {"process.pid": 19315, "slurm.job.id": "9"},
+    )
     SlurmEnricher(JobContext()).enrich([event], ctx)
     assert event["slurm.job.id"] == "9" and "slurm.job.user" not in event
 
@@ -71,8 +100,10 @@ class DownCommands:
         return True
 
     def jobs_json(self):
-        raise SlurmUnreachable("squeue --json exited 1: slurm_load_jobs error: "
-                               "Unable to contact slurm controller (connect failure)")
+        raise SlurmUnreachable(
+            "squeue --json exited 1: slurm_load_jobs error: "
+            "Unable to contact slurm controller (connect failure)"
+        )
 
     listpids = jobs_detail = jobs_json
 
@@ -92,23 +123,45 @@ def test_process_gone_uses_what_the_sensor_saw(tmp_path):
     ctx = ctx_for(tmp_path)
     cgroup = "6:freezer:/slurm_vm/uid_1002/job_3/step_0\n0::/"
     events = [
-        new_event("file_access", "read", "file_access", "vm", TS,
-                  {"process.pid": 5001, "process.cgroup": cgroup}),
-        new_event("file_access", "read", "file_access", "vm", TS,
-                  {"process.pid": 5002, "process.env.SLURM_JOB_ID": "1", "user.id": 1001}),
-        new_event("file_access", "read", "file_access", "vm", TS,
-                  {"process.pid": 5003, "process.env.SLURM_JOB_ID": "1", "user.id": 1002}),
+        new_event(
+            "file_access",
+            "read",
+            "file_access",
+            "vm",
+            TS,
+            {"process.pid": 5001, "process.cgroup": cgroup},
+        ),
+        new_event(
+            "file_access",
+            "read",
+            "file_access",
+            "vm",
+            TS,
+            {"process.pid": 5002, "process.env.SLURM_JOB_ID": "1", "user.id": 1001},
+        ),
+        new_event(
+            "file_access",
+            "read",
+            "file_access",
+            "vm",
+            TS,
+            {"process.pid": 5003, "process.env.SLURM_JOB_ID": "1", "user.id": 1002},
+        ),
     ]
     SlurmEnricher(JobContext()).enrich(events, ctx)
-    assert [(e.get("slurm.job.id"), e.get("slurm.job.id_source")) for e in events] == \
-        [("3", "cgroup"), ("1", "environ"), (None, None)]
+    assert [(e.get("slurm.job.id"), e.get("slurm.job.id_source")) for e in events] == [
+        ("3", "cgroup"),
+        ("1", "environ"),
+        (None, None),
+    ]
 
 
 def node_events() -> list[dict]:
-    return [new_event("rdma_counters", "sample", "rdma_counters", "vm", TS,
-                      {"rdma.device": "mlx5_0"}),
-            new_event("gpu_device", "sample", "gpu", "vm", TS, {"gpu.index": 0}),
-            new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.component": "bios"})]
+    return [
+        new_event("rdma_counters", "sample", "rdma_counters", "vm", TS, {"rdma.device": "mlx5_0"}),
+        new_event("gpu_device", "sample", "gpu", "vm", TS, {"gpu.index": 0}),
+        new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.component": "bios"}),
+    ]
 
 
 def test_node_events_get_the_running_job_count(tmp_path):
@@ -117,27 +170,45 @@ def test_node_events_get_the_running_job_count(tmp_path):
     assert [e.get("slurm.node.job_count") for e in events] == [2, 2, None]
     idle = '{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "COMPLETED"}]}'
     events = SlurmEnricher(JobContext()).enrich(
-        node_events(), ctx_for(tmp_path, {"slurm-jobs.json": idle}))
+        node_events(), ctx_for(tmp_path, {"slurm-jobs.json": idle})
+    )
     assert [e.get("slurm.node.job_count") for e in events] == [0, 0, None]
 
 
 def test_node_job_count_left_out_while_slurm_is_down(tmp_path):
     ctx = ctx_for(tmp_path, replay=None)
     events = SlurmEnricher(JobContext(DownCommands(), ttl_s=0)).enrich(node_events(), ctx)
-    assert [e["event.category"] for e in events] == \
-        ["rdma_counters", "gpu_device", "firmware", "sensor_status"]
+    assert [e["event.category"] for e in events] == [
+        "rdma_counters",
+        "gpu_device",
+        "firmware",
+        "sensor_status",
+    ]
     assert not any("slurm.node.job_count" in e for e in events)
 
 
 def test_user_has_job_on_node(tmp_path):
     """squeue-22.05.json: alice (1001) and bob (1002) have running jobs on vm."""
+
     def proc(uid, name):
-        return new_event("process", "present", "process", "vm", TS,
-                         {"process.pid": 4242, "user.id": uid, "user.name": name})
-    events = [proc(1001, "alice"), proc(1003, "carol"), proc(0, "root"),
-              new_event("file_access", "open", "file_access", "vm", TS,
-                        {"user.name": "bob", "file.path": "/x"}),
-              new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.device": "x"})]
+        return new_event(
+            "process",
+            "present",
+            "process",
+            "vm",
+            TS,
+            {"process.pid": 4242, "user.id": uid, "user.name": name},
+        )
+
+    events = [
+        proc(1001, "alice"),
+        proc(1003, "carol"),
+        proc(0, "root"),
+        new_event(
+            "file_access", "open", "file_access", "vm", TS, {"user.name": "bob", "file.path": "/x"}
+        ),
+        new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.device": "x"}),
+    ]
     SlurmEnricher(JobContext()).enrich(events, ctx_for(tmp_path))
     assert [e.get("slurm.node.user_has_job") for e in events] == [True, False, False, True, None]
     assert "slurm.job.id" not in events[0]  # alice has a job here, this process is not in it

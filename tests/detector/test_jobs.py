@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.jobs import (
+from hpcsec.detector.slurm.jobs import (
     STATE_KEY,
     JobContext,
     SlurmCommands,
@@ -11,7 +11,7 @@ from hpcsec.detector.jobs import (
     build_table,
     job_context,
 )
-from hpcsec.detector.slurm import PidJob
+from hpcsec.detector.slurm.parse import PidJob
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
@@ -19,29 +19,41 @@ JOBS_22 = (FIX / "squeue-22.05.json").read_text()
 LISTPIDS_1 = (FIX / "listpids-1.txt").read_text()
 
 
-def make_proc(root: Path, pid: int, uid: int, cgroup: str = "0::/\n",
-              environ: bytes = b"PATH=/bin\0", ppid: int = 1) -> None:
+def make_proc(
+    root: Path,
+    pid: int,
+    uid: int,
+    cgroup: str = "0::/\n",
+    environ: bytes = b"PATH=/bin\0",
+    ppid: int = 1,
+) -> None:
     d = root / "proc" / str(pid)
     d.mkdir(parents=True)
-    (d / "status").write_text(f"Name:\tsleep\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n"
-                              f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (d / "status").write_text(
+        f"Name:\tsleep\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t{ppid}\n"
+        f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+    )
     (d / "cgroup").write_text(cgroup)
     (d / "environ").write_bytes(environ)
 
 
 def make_ctx(root: Path, replay: dict | None = None, host: str = "vm") -> SensorContext:
     (root / "proc").mkdir(exist_ok=True)
-    return SensorContext(host, FsRoot("sys", root / "sys"), FsRoot("proc", root / "proc"),
-                         FsRoot("etc", root / "etc"), timestamp="2026-11-30T01:33:00.000Z",
-                         replay_inputs=replay)
+    return SensorContext(
+        host,
+        FsRoot("sys", root / "sys"),
+        FsRoot("proc", root / "proc"),
+        FsRoot("etc", root / "etc"),
+        timestamp="2026-11-30T01:33:00.000Z",
+        replay_inputs=replay,
+    )
 
 
 class FakeCommands(SlurmCommands):
     """Serves fixture text as if Slurm printed it; counts the calls."""
 
     def __init__(self, jobs=JOBS_22, listpids=LISTPIDS_1, detail="", fail=None):
-        object.__setattr__(self, "outputs", {"jobs": jobs, "listpids": listpids,
-                                             "detail": detail})
+        object.__setattr__(self, "outputs", {"jobs": jobs, "listpids": listpids, "detail": detail})
         object.__setattr__(self, "fail", fail)
         object.__setattr__(self, "calls", [])
 
@@ -95,17 +107,28 @@ def test_replay_listpids_gives_job_fields(tmp_path):
     jc = JobContext(FakeCommands())
     jc.refresh(ctx)
     assert jc.fields_for_pid(ctx, 19315) == {
-        "slurm.job.id": "1", "slurm.job.user": "alice", "slurm.job.partition": "debug",
-        "slurm.job.nodes": ["vm"], "slurm.job.gpus": [0, 1], "slurm.job.state": "RUNNING",
-        "slurm.job.start": "2026-11-30T01:32:33.000Z", "slurm.job.name": "wrap",
-        "slurm.job.id_source": "listpids", "slurm.job.step": "0"}
+        "slurm.job.id": "1",
+        "slurm.job.user": "alice",
+        "slurm.job.partition": "debug",
+        "slurm.job.nodes": ["vm"],
+        "slurm.job.gpus": [0, 1],
+        "slurm.job.state": "RUNNING",
+        "slurm.job.start": "2026-11-30T01:32:33.000Z",
+        "slurm.job.name": "wrap",
+        "slurm.job.id_source": "listpids",
+        "slurm.job.step": "0",
+    }
     assert jc.commands.calls == []  # replay never asks Slurm
 
 
 def test_cgroup_wins_over_listpids_and_environ(tmp_path):
-    make_proc(tmp_path, 19315, 1002,
-              cgroup="6:freezer:/slurm_vm/uid_1002/job_3/step_batch\n0::/\n",
-              environ=b"SLURM_JOB_ID=1\0")
+    make_proc(
+        tmp_path,
+        19315,
+        1002,
+        cgroup="6:freezer:/slurm_vm/uid_1002/job_3/step_batch\n0::/\n",
+        environ=b"SLURM_JOB_ID=1\0",
+    )
     ctx = make_ctx(tmp_path, REPLAY)
     jc = JobContext()
     jc.refresh(ctx)
@@ -116,7 +139,7 @@ def test_cgroup_wins_over_listpids_and_environ(tmp_path):
 
 def test_environ_is_last_and_only_for_the_jobs_owner(tmp_path):
     make_proc(tmp_path, 500, 1001, environ=b"SLURM_JOB_ID=1\0SLURM_STEP_ID=0\0")
-    make_proc(tmp_path, 501, 1002, environ=b"SLURM_JOB_ID=1\0")   # bob claims alice's job
+    make_proc(tmp_path, 501, 1002, environ=b"SLURM_JOB_ID=1\0")  # bob claims alice's job
     make_proc(tmp_path, 502, 1001, environ=b"SLURM_JOB_ID=99\0")  # no such job
     make_proc(tmp_path, 503, 1001)
     ctx = make_ctx(tmp_path, REPLAY)
@@ -132,19 +155,20 @@ def test_environ_is_last_and_only_for_the_jobs_owner(tmp_path):
 def test_unlisted_process_takes_the_job_of_its_listed_ancestor(tmp_path):
     """listpids ran before these started: a reader the job script spawned is found through
     its parent (live, or as the sensor saw it once the reader has exited)."""
-    make_proc(tmp_path, 800, 1001, ppid=19211)            # child of job 1's batch script
+    make_proc(tmp_path, 800, 1001, ppid=19211)  # child of job 1's batch script
     make_proc(tmp_path, 803, 1001, ppid=804)
-    make_proc(tmp_path, 804, 1001, ppid=19212)            # grandchild
-    make_proc(tmp_path, 805, 1001, ppid=1)                # left its job: re-parented to init
+    make_proc(tmp_path, 804, 1001, ppid=19212)  # grandchild
+    make_proc(tmp_path, 805, 1001, ppid=1)  # left its job: re-parented to init
     make_proc(tmp_path, 806, 1001, ppid=806 + 1)
-    make_proc(tmp_path, 807, 1001, ppid=806)              # a loop never ends the walk badly
+    make_proc(tmp_path, 807, 1001, ppid=806)  # a loop never ends the walk badly
     ctx = make_ctx(tmp_path, REPLAY)
     jc = JobContext()
     jc.refresh(ctx)
     assert jc.pid_job(ctx, 800) == PidJob("1", "batch", "listpids")
     assert jc.pid_job(ctx, 803) == PidJob("1", "batch", "listpids")
-    assert jc.pid_job(ctx, 801, seen={"process.parent.pid": 19211}) == \
-        PidJob("1", "batch", "listpids")  # exited: its parent as captured
+    assert jc.pid_job(ctx, 801, seen={"process.parent.pid": 19211}) == PidJob(
+        "1", "batch", "listpids"
+    )  # exited: its parent as captured
     for pid in (805, 806, 404):
         assert jc.pid_job(ctx, pid) is None
 
@@ -159,18 +183,27 @@ def test_no_ancestor_walk_without_listpids(tmp_path):
 
 def test_what_the_sensor_saw_wins_over_proc_now(tmp_path):
     """The pid was reused after the access: /proc now describes another process."""
-    make_proc(tmp_path, 900, 1002, cgroup="0::/system.slice/slurmstepd.scope/job_3/step_0\n",
-              environ=b"SLURM_JOB_ID=3\0")
+    make_proc(
+        tmp_path,
+        900,
+        1002,
+        cgroup="0::/system.slice/slurmstepd.scope/job_3/step_0\n",
+        environ=b"SLURM_JOB_ID=3\0",
+    )
     ctx = make_ctx(tmp_path, REPLAY)
     jc = JobContext()
     jc.refresh(ctx)
     seen_cgroup = {"process.cgroup": "0::/system.slice/slurmstepd.scope/job_1/step_batch"}
     assert jc.pid_job(ctx, 900, seen=seen_cgroup) == PidJob("1", "batch", "cgroup")
-    seen_env = {"process.cgroup": "0::/user.slice", "process.env.SLURM_JOB_ID": "1",
-                "user.id": 1001}
+    seen_env = {
+        "process.cgroup": "0::/user.slice",
+        "process.env.SLURM_JOB_ID": "1",
+        "user.id": 1001,
+    }
     assert jc.pid_job(ctx, 900, seen=seen_env) == PidJob("1", None, "environ")
-    assert jc.pid_job(ctx, 900, seen={"process.cgroup": "0::/user.slice"}) == \
-        PidJob("3", None, "environ")  # nothing captured from environ: /proc is all we have
+    assert jc.pid_job(ctx, 900, seen={"process.cgroup": "0::/user.slice"}) == PidJob(
+        "3", None, "environ"
+    )  # nothing captured from environ: /proc is all we have
 
 
 def test_job_unknown_to_the_table_still_named(tmp_path):
@@ -178,8 +211,11 @@ def test_job_unknown_to_the_table_still_named(tmp_path):
     ctx = make_ctx(tmp_path, REPLAY)
     jc = JobContext()
     jc.refresh(ctx)
-    assert jc.fields_for_pid(ctx, 700) == {"slurm.job.id": "77", "slurm.job.id_source": "cgroup",
-                                           "slurm.job.step": "0"}
+    assert jc.fields_for_pid(ctx, 700) == {
+        "slurm.job.id": "77",
+        "slurm.job.id_source": "cgroup",
+        "slurm.job.step": "0",
+    }
 
 
 def test_ttl_cache_and_recording(tmp_path):
@@ -231,10 +267,16 @@ def test_unreachable_gives_one_status_then_recovery(tmp_path):
     ctx = make_ctx(tmp_path)
     jc.refresh(ctx)
     status = jc.take_status()
-    assert [(s["event.category"], s["event.action"], s["hpcsec.sensor"], s["message"])
-            for s in status] == [("sensor_status", "unavailable", "slurm_context",
-                                  "Slurm unreachable, events carry no job: "
-                                  "squeue --json timed out after 3s")]
+    assert [
+        (s["event.category"], s["event.action"], s["hpcsec.sensor"], s["message"]) for s in status
+    ] == [
+        (
+            "sensor_status",
+            "unavailable",
+            "slurm_context",
+            "Slurm unreachable, events carry no job: squeue --json timed out after 3s",
+        )
+    ]
     assert jc.fields_for_pid(ctx, 19315) == {}
     for _ in range(3):
         clock.now += 31
@@ -250,8 +292,10 @@ def test_unreachable_gives_one_status_then_recovery(tmp_path):
 
 
 def test_detail_fetched_when_json_lacks_gres_detail(tmp_path):
-    jobs = ('{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "RUNNING", '
-            '"user_name": "alice", "user_id": 1001}]}')
+    jobs = (
+        '{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "RUNNING", '
+        '"user_name": "alice", "user_id": 1001}]}'
+    )
     detail = (FIX / "show-job-d-1.txt").read_text()
     cmds = FakeCommands(jobs=jobs, detail=detail)
     jc = JobContext(cmds)
@@ -271,9 +315,12 @@ def test_parse_problems_become_one_error_status(tmp_path):
 
 
 def test_build_table_merges_detail_only_where_json_has_none():
-    table = build_table({"slurm-jobs.json": JOBS_22,
-                         "slurm-jobs-detail.txt": "JobId=1 x\n     Nodes=vm CPU_IDs=0 Mem=0 "
-                                                  "GRES=gpu:1(IDX:3)\n"})
+    table = build_table(
+        {
+            "slurm-jobs.json": JOBS_22,
+            "slurm-jobs-detail.txt": "JobId=1 x\n     Nodes=vm CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:3)\n",
+        }
+    )
     assert table.jobs["1"].gpus_on("vm") == (0, 1)  # the JSON's own gres_detail is kept
 
 

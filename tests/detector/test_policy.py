@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.config import load_config
-from hpcsec.detector.policy import annotate_fleet_majority, apply_policy, policy_for
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.enrich.policy import annotate_fleet_majority, apply_policy, policy_for
 
 CONFIG = """\
 node_class: h100-8x
@@ -40,8 +40,14 @@ def config(tmp_path_factory):
 
 
 def file_event(path, user, account=None, action="open", ts="2026-11-30T10:00:00Z"):
-    event = {"@timestamp": ts, "event.category": "file_access", "event.action": action,
-             "host.name": "gpu-017", "file.path": path, "user.name": user}
+    event = {
+        "@timestamp": ts,
+        "event.category": "file_access",
+        "event.action": action,
+        "host.name": "gpu-017",
+        "file.path": path,
+        "user.name": user,
+    }
     if account:
         event["slurm.job.account"] = account
     return event
@@ -67,16 +73,24 @@ def test_writers_may_write_and_read(config):
     for e in (by_user, by_account, reader):
         apply_policy(e, config)
     assert (by_user["hpcsec.asset.read_allowed"], by_user["hpcsec.asset.write_allowed"]) == (
-        True, True)
+        True,
+        True,
+    )
     assert by_account["hpcsec.asset.write_allowed"] is True
     assert (reader["hpcsec.asset.read_allowed"], reader["hpcsec.asset.write_allowed"]) == (
-        True, False)
+        True,
+        False,
+    )
 
 
 def test_path_outside_assets_and_non_file_events_get_no_asset_fields(config):
     outside = file_event("/lustre/models/llama-70b-copy/w.bin", "alice", "llm-core")
-    process = {"@timestamp": "2026-11-30T10:00:00Z", "event.category": "process",
-               "host.name": "gpu-017", "file.path": "/lustre/models/llama-70b/w.bin"}
+    process = {
+        "@timestamp": "2026-11-30T10:00:00Z",
+        "event.category": "process",
+        "host.name": "gpu-017",
+        "file.path": "/lustre/models/llama-70b/w.bin",
+    }
     apply_policy(outside, config)
     apply_policy(process, config)
     assert not any(k.startswith("hpcsec.asset.") for k in outside)
@@ -84,12 +98,27 @@ def test_path_outside_assets_and_non_file_events_get_no_asset_fields(config):
 
 
 def test_users_admins_system_and_gpu_services(config):
-    admin = {"event.category": "process", "user.name": "adm-carol", "user.id": 1500,
-             "process.name": "flint", "@timestamp": "2026-11-30T10:00:00Z"}
-    system = {"event.category": "gpu_process", "user.name": "root", "user.id": 0,
-              "process.name": "nv-hostengine", "@timestamp": "2026-11-30T10:00:00Z"}
-    regular = {"event.category": "gpu_process", "user.name": "alice", "user.id": 1000,
-               "process.name": "python3", "@timestamp": "2026-11-30T10:00:00Z"}
+    admin = {
+        "event.category": "process",
+        "user.name": "adm-carol",
+        "user.id": 1500,
+        "process.name": "flint",
+        "@timestamp": "2026-11-30T10:00:00Z",
+    }
+    system = {
+        "event.category": "gpu_process",
+        "user.name": "root",
+        "user.id": 0,
+        "process.name": "nv-hostengine",
+        "@timestamp": "2026-11-30T10:00:00Z",
+    }
+    regular = {
+        "event.category": "gpu_process",
+        "user.name": "alice",
+        "user.id": 1000,
+        "process.name": "python3",
+        "@timestamp": "2026-11-30T10:00:00Z",
+    }
     for e in (admin, system, regular):
         apply_policy(e, config, host="gpu-017")
     assert (admin["user.is_admin"], admin["user.is_system"]) == (True, False)
@@ -103,19 +132,25 @@ def test_users_admins_system_and_gpu_services(config):
 def test_no_user_fields_invented():
     event = {"event.category": "rdma_counters", "@timestamp": "2026-11-30T10:00:00Z"}
     apply_policy(event, load_config(None))
-    assert event == {"event.category": "rdma_counters", "@timestamp": "2026-11-30T10:00:00Z",
-                     "hpcsec.in_maintenance": False}
+    assert event == {
+        "event.category": "rdma_counters",
+        "@timestamp": "2026-11-30T10:00:00Z",
+        "hpcsec.in_maintenance": False,
+    }
 
 
-@pytest.mark.parametrize(("host", "ts", "expected"), [
-    ("gpu-003", "2026-12-01T02:00:00Z", True),       # start is inside
-    ("gpu-003", "2026-12-01T05:59:59.999Z", True),
-    ("gpu-003", "2026-12-01T06:00:00Z", False),      # end is outside
-    ("gpu-003", "2026-12-01T01:59:59Z", False),
-    ("gpu-017", "2026-12-01T03:00:00Z", False),      # host not in the window's list
-    ("gpu-003", "2026-12-01T04:00:00+01:00", True),  # offsets are converted to UTC
-    ("gpu-003", "not a time", False),
-])
+@pytest.mark.parametrize(
+    ("host", "ts", "expected"),
+    [
+        ("gpu-003", "2026-12-01T02:00:00Z", True),  # start is inside
+        ("gpu-003", "2026-12-01T05:59:59.999Z", True),
+        ("gpu-003", "2026-12-01T06:00:00Z", False),  # end is outside
+        ("gpu-003", "2026-12-01T01:59:59Z", False),
+        ("gpu-017", "2026-12-01T03:00:00Z", False),  # host not in the window's list
+        ("gpu-003", "2026-12-01T04:00:00+01:00", True),  # offsets are converted to UTC
+        ("gpu-003", "not a time", False),
+    ],
+)
 def test_maintenance_window_by_host_and_time(config, host, ts, expected):
     event = {"event.category": "firmware", "host.name": host, "@timestamp": ts}
     apply_policy(event, config)
@@ -129,19 +164,26 @@ def test_host_argument_overrides_missing_host_name(config):
 
 
 def firmware(component, version, **extra):
-    return {"event.category": "firmware", "host.name": "gpu-017",
-            "@timestamp": "2026-11-30T10:00:00Z", "firmware.component": component,
-            "firmware.version": version, **extra}
+    return {
+        "event.category": "firmware",
+        "host.name": "gpu-017",
+        "@timestamp": "2026-11-30T10:00:00Z",
+        "firmware.component": component,
+        "firmware.version": version,
+        **extra,
+    }
 
 
 def test_firmware_baseline_drift_and_vulnerable(config):
     same, drift, vulnerable, unknown = (
-        firmware("gpu_vbios", "96.00.99.00.01"), firmware("hca", "28.37.1014"),
-        firmware("hca", "28.33.2028"), firmware("bios", "2.1.7"))
+        firmware("gpu_vbios", "96.00.99.00.01"),
+        firmware("hca", "28.37.1014"),
+        firmware("hca", "28.33.2028"),
+        firmware("bios", "2.1.7"),
+    )
     for e in (same, drift, vulnerable, unknown):
         apply_policy(e, config)
-    assert (same["firmware.baseline_version"], same["firmware.drift"]) == (
-        "96.00.99.00.01", False)
+    assert (same["firmware.baseline_version"], same["firmware.drift"]) == ("96.00.99.00.01", False)
     assert same["firmware.known_vulnerable"] is False
     assert (drift["firmware.drift"], drift["firmware.known_vulnerable"]) == (True, False)
     assert (vulnerable["firmware.drift"], vulnerable["firmware.known_vulnerable"]) == (True, True)
@@ -151,12 +193,21 @@ def test_firmware_baseline_drift_and_vulnerable(config):
 
 
 def test_firmware_fields_from_the_sensor_are_kept(config):
-    event = firmware("hca", "28.37.1014", **{"firmware.baseline_version": "28.37.1014",
-                                             "firmware.drift": False,
-                                             "firmware.known_vulnerable": True})
+    event = firmware(
+        "hca",
+        "28.37.1014",
+        **{
+            "firmware.baseline_version": "28.37.1014",
+            "firmware.drift": False,
+            "firmware.known_vulnerable": True,
+        },
+    )
     apply_policy(event, config)
-    assert (event["firmware.baseline_version"], event["firmware.drift"],
-            event["firmware.known_vulnerable"]) == ("28.37.1014", False, True)
+    assert (
+        event["firmware.baseline_version"],
+        event["firmware.drift"],
+        event["firmware.known_vulnerable"],
+    ) == ("28.37.1014", False, True)
 
 
 def test_policy_is_prepared_once_per_config(config):
@@ -166,44 +217,61 @@ def test_policy_is_prepared_once_per_config(config):
 
 
 def fleet_event(host, component, version, device="system"):
-    return {"event.category": "firmware", "host.name": host, "firmware.component": component,
-            "firmware.device": device, "firmware.version": version}
+    return {
+        "event.category": "firmware",
+        "host.name": host,
+        "firmware.component": component,
+        "firmware.device": device,
+        "firmware.version": version,
+    }
 
 
 def test_fleet_majority_per_component_counts_hosts_once():
     events = [fleet_event(f"gpu-{i:03d}", "bios", "2.3.1") for i in range(1, 5)]
     events.append(fleet_event("gpu-005", "bios", "2.1.7"))
     # one host with 8 GPUs on an odd VBIOS does not outvote three hosts
-    events += [fleet_event("gpu-009", "gpu_vbios", "96.00.61.00.01", f"GPU-{n}")
-               for n in range(8)]
-    events += [fleet_event(f"gpu-00{i}", "gpu_vbios", "96.00.99.00.01", "GPU-0")
-               for i in (1, 2, 3)]
+    events += [fleet_event("gpu-009", "gpu_vbios", "96.00.61.00.01", f"GPU-{n}") for n in range(8)]
+    events += [fleet_event(f"gpu-00{i}", "gpu_vbios", "96.00.99.00.01", "GPU-0") for i in (1, 2, 3)]
     assert annotate_fleet_majority(events) == len(events)
-    assert {e["firmware.fleet_majority_version"] for e in events
-            if e["firmware.component"] == "bios"} == {"2.3.1"}
-    assert {e["firmware.fleet_majority_version"] for e in events
-            if e["firmware.component"] == "gpu_vbios"} == {"96.00.99.00.01"}
+    assert {
+        e["firmware.fleet_majority_version"] for e in events if e["firmware.component"] == "bios"
+    } == {"2.3.1"}
+    assert {
+        e["firmware.fleet_majority_version"]
+        for e in events
+        if e["firmware.component"] == "gpu_vbios"
+    } == {"96.00.99.00.01"}
 
 
 def test_fleet_majority_needs_three_hosts_and_a_strict_majority():
-    two_hosts = [fleet_event("gpu-001", "hca", "28.39.1002"),
-                 fleet_event("gpu-002", "hca", "28.37.1014")]
-    split = [fleet_event(f"gpu-00{i}", "hca", v) for i, v in
-             enumerate(("a", "a", "b", "b"), 1)]
+    two_hosts = [
+        fleet_event("gpu-001", "hca", "28.39.1002"),
+        fleet_event("gpu-002", "hca", "28.37.1014"),
+    ]
+    split = [fleet_event(f"gpu-00{i}", "hca", v) for i, v in enumerate(("a", "a", "b", "b"), 1)]
     assert annotate_fleet_majority(two_hosts) == 0
     assert annotate_fleet_majority(split) == 0
     assert not any("firmware.fleet_majority_version" in e for e in two_hosts + split)
 
 
 def test_a_job_without_known_account_leaves_access_undecided():
-    from hpcsec.detector.config import Asset, Principals, SiteConfig
-    from hpcsec.detector.policy import Policy
+    from hpcsec.detector.config.site import Asset, Principals, SiteConfig
+    from hpcsec.detector.enrich.policy import Policy
 
-    asset = Asset("ckpt", "checkpoint", ("/ckpt/**",), readers=Principals(accounts=("llm",)),
-                  writers=Principals(accounts=("llm",)))
+    asset = Asset(
+        "ckpt",
+        "checkpoint",
+        ("/ckpt/**",),
+        readers=Principals(accounts=("llm",)),
+        writers=Principals(accounts=("llm",)),
+    )
     policy = Policy(SiteConfig(assets=(asset,)))
-    unknown = {"event.category": "file_access", "file.path": "/ckpt/a", "user.name": "alice",
-               "slurm.job.id": "42"}
+    unknown = {
+        "event.category": "file_access",
+        "file.path": "/ckpt/a",
+        "user.name": "alice",
+        "slurm.job.id": "42",
+    }
     policy.apply(unknown)
     assert "hpcsec.asset.read_allowed" not in unknown
     assert "hpcsec.asset.write_allowed" not in unknown
@@ -216,11 +284,16 @@ def test_a_job_without_known_account_leaves_access_undecided():
 
 
 def test_a_known_job_without_an_account_is_decided_by_its_user():
-    from hpcsec.detector.config import Asset, Principals, SiteConfig
-    from hpcsec.detector.policy import Policy
+    from hpcsec.detector.config.site import Asset, Principals, SiteConfig
+    from hpcsec.detector.enrich.policy import Policy
 
     asset = Asset("m", "model", ("/m/**",), readers=Principals(accounts=("llm",)))
-    event = {"event.category": "file_access", "file.path": "/m/w", "user.name": "bob",
-             "slurm.job.id": "7", "slurm.job.user": "bob"}  # Slurm without accounting
+    event = {
+        "event.category": "file_access",
+        "file.path": "/m/w",
+        "user.name": "bob",
+        "slurm.job.id": "7",
+        "slurm.job.user": "bob",
+    }  # Slurm without accounting
     Policy(SiteConfig(assets=(asset,))).apply(event)
     assert event["hpcsec.asset.read_allowed"] is False

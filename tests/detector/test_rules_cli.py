@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.cli import main
-from hpcsec.detector.rules import bundled_rules_dir, load_rules
-from hpcsec.detector.ruletests import run_tests
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
+from hpcsec.detector.engine.ruletests import run_tests
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rules"
 VALID, LINT, FAILING = FIXTURES / "valid", FIXTURES / "lint", FIXTURES / "failing"
@@ -43,8 +43,12 @@ def test_list_json(capsys):
     assert rows[3] == {
         "id": "5f6a7b8c-9d0e-4f1a-8b2c-3d4e5f6a7b04",
         "title": "Repeated GPU processes outside jobs on one host",
-        "level": "high", "vector": "sample", "status": "experimental", "kind": "correlation",
-        "file": f"{VALID / 'sample.yml'}:65"}
+        "level": "high",
+        "vector": "sample",
+        "status": "experimental",
+        "kind": "correlation",
+        "file": f"{VALID / 'sample.yml'}:65",
+    }
     assert [r["kind"] for r in rows] == ["detection", "detection", "filter", "correlation"]
 
 
@@ -85,13 +89,18 @@ def test_check_runs_pysigma_validators(tmp_path, capsys):
         "description: d\ntags: [attack.execution, attack.execution]\nlevel: low\n"
         "logsource: {product: hpc, category: process}\n"
         "detection:\n  selection:\n    process.name: x\n  unused:\n    process.name: y\n"
-        "  condition: selection\n")
+        "  condition: selection\n"
+    )
     code, out, _ = run(capsys, "check", str(path))
     assert code == 2  # a dangling detection is a high-severity pySigma issue
-    assert f"{path}:11: error: Rule defines detection that is not referenced from condition " \
-           "(detection_name=unused) [sigma:DanglingDetectionIssue]" in out.splitlines()
-    assert f"{path}:5: warning: The same tag appears multiple times (tag=attack.execution) " \
-           "[sigma:DuplicateTagIssue]" in out.splitlines()
+    assert (
+        f"{path}:11: error: Rule defines detection that is not referenced from condition "
+        "(detection_name=unused) [sigma:DanglingDetectionIssue]" in out.splitlines()
+    )
+    assert (
+        f"{path}:5: warning: The same tag appears multiple times (tag=attack.execution) "
+        "[sigma:DuplicateTagIssue]" in out.splitlines()
+    )
 
 
 def test_warnings_fail_only_with_strict(tmp_path, capsys):
@@ -103,8 +112,11 @@ def test_warnings_fail_only_with_strict(tmp_path, capsys):
 
 
 def test_rules_test_passes_on_valid_rules(capsys):
-    assert run(capsys, "test", str(VALID)) == (0, "", "9 passed, 0 failed, 0 rule(s) missing "
-                                                      "test events\n")
+    assert run(capsys, "test", str(VALID)) == (
+        0,
+        "",
+        "9 passed, 0 failed, 0 rule(s) missing test events\n",
+    )
 
 
 def test_rules_test_names_rule_file_line_and_event(capsys):
@@ -139,20 +151,34 @@ def test_filter_is_part_of_each_test(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "sample.yml").write_text(text.split("---\ntitle: Ignore")[0])
     (tmp_path / "tests" / "sample.yaml").write_text(
-        (VALID / "tests" / "sample.yaml").read_text().split(
-            "- rule: gpu_process_without_job_repeated")[0])
+        (VALID / "tests" / "sample.yaml")
+        .read_text()
+        .split("- rule: gpu_process_without_job_repeated")[0]
+    )
     passed, failures = run_tests(load_rules([tmp_path]))
     assert passed == 6
     assert [(f.line, f.expected_match, f.events[0]["process.name"]) for f in failures] == [
-        (13, False, "gpu-burn")]
+        (13, False, "gpu-burn")
+    ]
 
 
 def sigma_check(directory: Path) -> subprocess.CompletedProcess:
     assert SIGMA_CLI.exists(), f"sigma-cli is not installed ({SIGMA_CLI})"
     # attacktag and d3_fendtag download MITRE data at first use; tests run offline.
     return subprocess.run(
-        [str(SIGMA_CLI), "check", "--exclude", "attacktag", "--exclude", "d3_fendtag",
-         str(directory)], capture_output=True, text=True, timeout=300)
+        [
+            str(SIGMA_CLI),
+            "check",
+            "--exclude",
+            "attacktag",
+            "--exclude",
+            "d3_fendtag",
+            str(directory),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_sigma_cli_reads_our_files_as_plain_sigma():
@@ -171,16 +197,21 @@ def test_sigma_check_passes_on_bundled_rules():
 
 
 def test_runner_takes_tests_built_in_code():
-    from hpcsec.detector.ruleset import RuleTest
+    from hpcsec.detector.engine.ruleset import RuleTest
 
     ruleset = load_rules([VALID])
     miner = "0b7e51a4-6d43-4a43-8f1a-6c2f3c3d8a01"
-    ruleset.tests = [RuleTest(miner, ({"event.category": "gpu_process", "process.name": "ls"},),
-                              (), "made-in-code", 7)]
+    ruleset.tests = [
+        RuleTest(
+            miner, ({"event.category": "gpu_process", "process.name": "ls"},), (), "made-in-code", 7
+        )
+    ]
     passed, (failure,) = run_tests(ruleset)
     assert passed == 0
-    assert str(failure).startswith(f"made-in-code:7: rule {miner} (Crypto miner running on a "
-                                   'GPU) should fire on event {"event.category":"gpu_process"')
+    assert str(failure).startswith(
+        f"made-in-code:7: rule {miner} (Crypto miner running on a "
+        'GPU) should fire on event {"event.category":"gpu_process"'
+    )
 
 
 def test_check_knows_field_names_in_values_and_aliases(tmp_path, capsys):
@@ -189,14 +220,15 @@ def test_check_knows_field_names_in_values_and_aliases(tmp_path, capsys):
         "title: Reads as someone else\nid: 1f0e0d0c-0000-4000-8000-0000000000e1\n"
         "name: reads_as_other\nstatus: test\ndescription: d\ntags: [attack.collection]\n"
         "level: low\nlogsource: {product: hpc, category: file_access}\n"
-        "detection:\n  selection:\n    user.name|fieldref|neq: slurm.job.usr\n"   # 11
+        "detection:\n  selection:\n    user.name|fieldref|neq: slurm.job.usr\n"  # 11
         "  condition: selection\n"
         "---\n"
         "title: Many reads\nid: 1f0e0d0c-0000-4000-8000-0000000000e2\nstatus: test\n"
         "description: d\ntags: [attack.collection]\nlevel: low\n"
         "correlation:\n  type: event_count\n  rules: [reads_as_other]\n"
-        "  aliases:\n    who:\n      reads_as_other: usr.name\n"                     # 25
-        "  group-by: [who, hst.name]\n  timespan: 1h\n  condition: {gte: 2}\n")        # 26
+        "  aliases:\n    who:\n      reads_as_other: usr.name\n"  # 25
+        "  group-by: [who, hst.name]\n  timespan: 1h\n  condition: {gte: 2}\n"
+    )  # 26
     code, out, _ = run(capsys, "check", str(path))
     assert code == 0
     assert [line for line in out.splitlines() if "[unknown-field]" in line] == [
@@ -214,11 +246,14 @@ def test_validator_that_cannot_read_a_rule_is_a_finding_not_a_crash(tmp_path, ca
         "description: d\ntags: [attack.execution]\nlevel: low\n"
         "references:\n  - {url: https://example.org}\n"
         "logsource: {product: hpc, category: process}\n"
-        "detection:\n  selection:\n    process.name: x\n  condition: selection\n")
+        "detection:\n  selection:\n    process.name: x\n  condition: selection\n"
+    )
     code, out, _ = run(capsys, "check", str(path))
     assert code == 2
-    assert f"{path}:1: error: pySigma validator duplicate_references cannot check this rule: " \
-           "TypeError: unhashable type: 'dict' [sigma:validator-failed]" in out.splitlines()
+    assert (
+        f"{path}:1: error: pySigma validator duplicate_references cannot check this rule: "
+        "TypeError: unhashable type: 'dict' [sigma:validator-failed]" in out.splitlines()
+    )
 
 
 def test_failure_shows_events_json_cannot_hold_in_64_bits(tmp_path, capsys):
@@ -226,23 +261,31 @@ def test_failure_shows_events_json_cannot_hold_in_64_bits(tmp_path, capsys):
     (tmp_path / "big.yml").write_text(
         "title: Big file\nid: 1f0e0d0c-0000-4000-8000-0000000000c9\n"
         "logsource: {product: hpc, category: file_access}\n"
-        "detection:\n  sel: {file.size|gt: 5}\n  condition: sel\n")
+        "detection:\n  sel: {file.size|gt: 5}\n  condition: sel\n"
+    )
     (tmp_path / "tests" / "big.yaml").write_text(
         "- rule: 1f0e0d0c-0000-4000-8000-0000000000c9\n  match: [{file.size: 6}]\n"
-        "  nomatch:\n    - {file.size: 99999999999999999999999999}\n")
+        "  nomatch:\n    - {file.size: 99999999999999999999999999}\n"
+    )
     code, out, err = run(capsys, "test", str(tmp_path))
     assert (code, err) == (1, "1 passed, 1 failed, 0 rule(s) missing test events\n")
-    assert out == (f"FAIL {tmp_path / 'tests' / 'big.yaml'}:4: rule 1f0e0d0c-0000-4000-8000-"
-                   "0000000000c9 (Big file) should not fire on event "
-                   '{"file.size":99999999999999999999999999,"event.category":"file_access"}\n')
+    assert out == (
+        f"FAIL {tmp_path / 'tests' / 'big.yaml'}:4: rule 1f0e0d0c-0000-4000-8000-"
+        "0000000000c9 (Big file) should not fire on event "
+        '{"file.size":99999999999999999999999999,"event.category":"file_access"}\n'
+    )
 
 
 def test_check_rule_without_category(tmp_path, capsys):
     path = tmp_path / "nocat.yml"
-    path.write_text("title: No category\nid: 1f0e0d0c-0000-4000-8000-0000000000f8\n"
-                    "logsource:\n  product: hpc\n"
-                    "detection:\n  sel: {process.name: x}\n  condition: sel\n")
+    path.write_text(
+        "title: No category\nid: 1f0e0d0c-0000-4000-8000-0000000000f8\n"
+        "logsource:\n  product: hpc\n"
+        "detection:\n  sel: {process.name: x}\n  condition: sel\n"
+    )
     code, out, _ = run(capsys, "check", str(path))
     assert code == 0
-    assert f"{path}:3: warning: logsource has no category: the rule sees the events of every " \
-           "category (rdma_counters, " in out
+    assert (
+        f"{path}:3: warning: logsource has no category: the rule sees the events of every "
+        "category (rdma_counters, " in out
+    )

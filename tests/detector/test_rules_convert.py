@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.cli import main
-from hpcsec.detector.config import load_config
-from hpcsec.detector.engine import Engine
-from hpcsec.detector.rules import load_rules
-from hpcsec.detector.ruleset import RuleSet
-from hpcsec.detector.sigma_pipeline import convert_rules
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.engine.convert import convert_rules
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.ruleset import RuleSet
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rules"
 VALID, CONVERT = FIXTURES / "valid", FIXTURES / "convert"
@@ -22,11 +22,13 @@ COPY_TOOLS, SITE = CONVERT / "copy_tools.yml", CONVERT / "site.yml"
 MINER_SQL = (
     "SELECT * FROM events WHERE `event.category` LIKE 'gpu\\_process' ESCAPE '\\' AND "
     "((`process.name` LIKE '%xmrig%' ESCAPE '\\' OR `process.name` LIKE '%t-rex%' ESCAPE '\\') "
-    "OR `process.command_line` LIKE '%stratum+tcp://%' ESCAPE '\\')")
+    "OR `process.command_line` LIKE '%stratum+tcp://%' ESCAPE '\\')"
+)
 COPY_SQL = (
     "SELECT * FROM events WHERE `event.category` LIKE 'file\\_access' ESCAPE '\\' AND "
     "((`process.name`='rsync' OR `process.name`='scp') AND `hpcsec.asset.kind`='model' AND "
-    "`file.size` >= 1048576)")
+    "`file.size` >= 1048576)"
+)
 
 
 def convert(capsys, *args: str) -> tuple[int, list[str], str]:
@@ -49,14 +51,26 @@ def test_detection_rule_to_sql(capsys):
 
 def events_db() -> sqlite3.Connection:
     db = sqlite3.connect(":memory:")
-    columns = ["@timestamp", "event.category", "process.name", "process.command_line",
-               "hpcsec.asset.kind", "file.size"]
+    columns = [
+        "@timestamp",
+        "event.category",
+        "process.name",
+        "process.command_line",
+        "hpcsec.asset.kind",
+        "file.size",
+    ]
     quoted = ", ".join(f'"{c}"' for c in columns)
     db.execute(f"CREATE TABLE events ({quoted})")
     rows = [
         ("2026-11-30T01:00:00Z", "gpu_process", "xmrig-6.21", None, None, None),
-        ("2026-11-30T01:00:01Z", "gpu_process", "bash", "./m -o stratum+tcp://pool:3333",
-         None, None),
+        (
+            "2026-11-30T01:00:01Z",
+            "gpu_process",
+            "bash",
+            "./m -o stratum+tcp://pool:3333",
+            None,
+            None,
+        ),
         ("2026-11-30T01:00:02Z", "gpu_process", "python3", "train.py", None, None),
         ("2026-11-30T01:00:03Z", "process", "xmrig", None, None, None),  # other category
         ("2026-11-30T01:00:04Z", "file_access", "scp", None, "model", 5_000_000),
@@ -82,44 +96,61 @@ def test_placeholders_filled_from_the_site_config(capsys):
 def test_placeholder_without_value_names_the_line(capsys):
     code, queries, err = convert(capsys, str(COPY_TOOLS))
     assert (code, queries) == (2, [])
-    assert err == (f"hpcsec: error: {COPY_TOOLS}:12: placeholder %model_copy_tools% has no "
-                   "value: set it in the site config (lists or thresholds, --config) or give "
-                   "--placeholder-expression\n")
+    assert err == (
+        f"hpcsec: error: {COPY_TOOLS}:12: placeholder %model_copy_tools% has no "
+        "value: set it in the site config (lists or thresholds, --config) or give "
+        "--placeholder-expression\n"
+    )
 
 
 def test_placeholder_as_lookup_expression(capsys):
-    code, queries, _ = convert(capsys, "--placeholder-expression",
-                               "{field} IN (SELECT value FROM {id})", str(COPY_TOOLS))
+    code, queries, _ = convert(
+        capsys, "--placeholder-expression", "{field} IN (SELECT value FROM {id})", str(COPY_TOOLS)
+    )
     assert code == 0
     assert queries == [
         "SELECT * FROM events WHERE `event.category` LIKE 'file\\_access' ESCAPE '\\' AND "
         "(`process.name` IN (SELECT value FROM model_copy_tools) AND "
-        "`hpcsec.asset.kind`='model' AND `file.size` >= 1048576)"]
+        "`hpcsec.asset.kind`='model' AND `file.size` >= 1048576)"
+    ]
 
 
 def test_site_pipeline_file_runs_after_ours(capsys):
-    code, queries, _ = convert(capsys, "-p", str(CONVERT / "rename.yml"), "--config", str(SITE),
-                               str(COPY_TOOLS))
+    code, queries, _ = convert(
+        capsys, "-p", str(CONVERT / "rename.yml"), "--config", str(SITE), str(COPY_TOOLS)
+    )
     assert code == 0
     assert queries == [COPY_SQL.replace("`process.name`", "proc_name")]
 
 
 def test_backend_option_and_api():
     ruleset = load_rules([COPY_TOOLS])
-    (query,) = convert_rules(ruleset, "sqlite", placeholders={"model_copy_tools": ["rsync"]},
-                             backend_options={"table": "hpc_events"})
+    (query,) = convert_rules(
+        ruleset,
+        "sqlite",
+        placeholders={"model_copy_tools": ["rsync"]},
+        backend_options={"table": "hpc_events"},
+    )
     assert query.startswith("SELECT * FROM hpc_events WHERE ")
     assert "(`process.name`='rsync' AND" in query
     # conversion works on copies: the loaded rule keeps its placeholder for the engine
     assert "%model_copy_tools%" in str(ruleset.rules[0].sigma.to_dict()["detection"])
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["-t", "no-such-backend"], "unknown target 'no-such-backend' (installed pySigma backends: "),
-    (["-t", "sqlite", "-p", "no-such-pipeline"],
-     "pipeline 'no-such-pipeline' is neither an installed pySigma pipeline"),
-    (["-t", "sqlite", "-O", "table"], "backend option 'table' is not KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["-t", "no-such-backend"],
+            "unknown target 'no-such-backend' (installed pySigma backends: ",
+        ),
+        (
+            ["-t", "sqlite", "-p", "no-such-pipeline"],
+            "pipeline 'no-such-pipeline' is neither an installed pySigma pipeline",
+        ),
+        (["-t", "sqlite", "-O", "table"], "backend option 'table' is not KEY=VALUE"),
+    ],
+)
 def test_usage_errors(capsys, args, message):
     assert main(["rules", "convert", *args, "--config", str(SITE), str(COPY_TOOLS)]) == 2
     out, err = capsys.readouterr()
@@ -130,29 +161,46 @@ def test_usage_errors(capsys, args, message):
 
 def test_malformed_rule_is_reported_not_converted(tmp_path, capsys):
     bad = tmp_path / "bad.yml"
-    bad.write_text("title: x\nlogsource: {product: hpc, category: process}\n"
-                   "detection:\n  sel:\n    process.name|re: '('\n  condition: sel\n")
+    bad.write_text(
+        "title: x\nlogsource: {product: hpc, category: process}\n"
+        "detection:\n  sel:\n    process.name|re: '('\n  condition: sel\n"
+    )
     code, queries, err = convert(capsys, str(bad))
     assert (code, queries) == (2, [])
-    assert err == (f"hpcsec: error: {bad}:5: process.name|re: Regular expression '(' is "
-                   "invalid: missing ), unterminated subpattern at position 0\n")
+    assert err == (
+        f"hpcsec: error: {bad}:5: process.name|re: Regular expression '(' is "
+        "invalid: missing ), unterminated subpattern at position 0\n"
+    )
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("just text\n", "pipeline '{p}' is not a pySigma pipeline: AttributeError: 'str' object has "
-     "no attribute 'keys'"),
-    ("name: x\ntransformations: [\n", "pipeline '{p}': Error in parsing of a Sigma processing "
-     "pipeline"),
-    ("name: x\ntransformations:\n  - type: nosuch\n",
-     "pipeline '{p}': Error in processing rule 1: Unknown transformation type 'nosuch'"),
-    ("name: x\ntransformations:\n  - type: field_name_mapping\n    mapping: 5\n",
-     "sqlite: cannot apply the processing pipelines: 'int' object has no attribute 'get'"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "just text\n",
+            "pipeline '{p}' is not a pySigma pipeline: AttributeError: 'str' object has "
+            "no attribute 'keys'",
+        ),
+        (
+            "name: x\ntransformations: [\n",
+            "pipeline '{p}': Error in parsing of a Sigma processing pipeline",
+        ),
+        (
+            "name: x\ntransformations:\n  - type: nosuch\n",
+            "pipeline '{p}': Error in processing rule 1: Unknown transformation type 'nosuch'",
+        ),
+        (
+            "name: x\ntransformations:\n  - type: field_name_mapping\n    mapping: 5\n",
+            "sqlite: cannot apply the processing pipelines: 'int' object has no attribute 'get'",
+        ),
+    ],
+)
 def test_broken_pipeline_file_is_a_usage_error(tmp_path, capsys, text, message):
     pipeline = tmp_path / "site.yml"
     pipeline.write_text(text)
-    code, queries, err = convert(capsys, "-p", str(pipeline), "--config", str(SITE),
-                                 str(COPY_TOOLS))
+    code, queries, err = convert(
+        capsys, "-p", str(pipeline), "--config", str(SITE), str(COPY_TOOLS)
+    )
     assert (code, queries) == (2, [])
     assert err.startswith("hpcsec: error: " + message.format(p=pipeline))
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -164,9 +212,13 @@ def sql_selects(query: str, events: list[dict]) -> list[str]:
     db = sqlite3.connect(":memory:")
     columns = sorted({k for e in events for k in e})
     db.execute(f"CREATE TABLE events ({', '.join(f'{c!r} COLLATE NOCASE' for c in columns)})")
-    db.executemany(f"INSERT INTO events VALUES ({', '.join('?' * len(columns))})",
-                   [[json.dumps(e[c]) if isinstance(e.get(c), list) else e.get(c)
-                     for c in columns] for e in events])
+    db.executemany(
+        f"INSERT INTO events VALUES ({', '.join('?' * len(columns))})",
+        [
+            [json.dumps(e[c]) if isinstance(e.get(c), list) else e.get(c) for c in columns]
+            for e in events
+        ],
+    )
     query = query.replace("SELECT *", 'SELECT "event.id"', 1)
     while True:  # a field no test event has is a column of NULLs
         try:
@@ -198,9 +250,13 @@ def test_bundled_rules_as_sql_select_what_the_engine_fires_on():
         if not queries:  # the base of a `generate: false` correlation has no query of its own
             continue
         (query,) = queries
-        fired = sorted({m.events[0]["event.id"]
-                        for m in Engine(subset, placeholders=values).evaluate(events)
-                        if m.rule is rule})
+        fired = sorted(
+            {
+                m.events[0]["event.id"]
+                for m in Engine(subset, placeholders=values).evaluate(events)
+                if m.rule is rule
+            }
+        )
         assert sql_selects(query, events) == fired, f"{test.path}:{test.line} {rule.sigma.title}"
         compared += 1
     assert compared >= 6  # at least one rule of each bundled ruleset

@@ -6,10 +6,12 @@ import sys
 
 import pytest
 
-from hpcsec.detector.cli import main
+from hpcsec.detector.cli.main import main
 from tests.rule_texts import MINER_RULE
 
-RULES = MINER_RULE + """---
+RULES = (
+    MINER_RULE
+    + """---
 title: Copy tool on weights
 id: 7b2e3d4c-5f6a-4b7c-9d8e-0f1a2b3c4d5e
 status: test
@@ -20,12 +22,21 @@ detection:
     process.name: scp
   condition: sel
 """
+)
 
 
 def _ev(category, name, pid, ts="2026-11-30T01:00:00Z"):
-    return {"@timestamp": ts, "event.id": f"{name}{pid}", "event.category": category,
-            "event.action": "sample", "host.name": "n1", "hpcsec.sensor": "t",
-            "process.name": name, "process.pid": pid, "user.name": "mallory"}
+    return {
+        "@timestamp": ts,
+        "event.id": f"{name}{pid}",
+        "event.category": category,
+        "event.action": "sample",
+        "host.name": "n1",
+        "hpcsec.sensor": "t",
+        "process.name": name,
+        "process.pid": pid,
+        "user.name": "mallory",
+    }
 
 
 @pytest.fixture
@@ -33,9 +44,14 @@ def setup(tmp_path):
     rules = tmp_path / "gpu_hijack.yml"
     rules.write_text(RULES)
     events = tmp_path / "events.jsonl"
-    lines = [json.dumps(_ev("process", "xmrig", 1)), "{broken", json.dumps([1]),
-             json.dumps(_ev("file_access", "scp", 2)), json.dumps(_ev("process", "bash", 3)),
-             json.dumps(_ev("process", "xmrig", 4))]
+    lines = [
+        json.dumps(_ev("process", "xmrig", 1)),
+        "{broken",
+        json.dumps([1]),
+        json.dumps(_ev("file_access", "scp", 2)),
+        json.dumps(_ev("process", "bash", 3)),
+        json.dumps(_ev("process", "xmrig", 4)),
+    ]
     events.write_text("\n".join(lines) + "\n")
     return rules, events
 
@@ -47,7 +63,9 @@ def test_alerts_exit_1_and_json_output(setup, capsys):
     assert rc == 1
     alerts = json.loads(out)
     assert [(a["rule.title"], a["count"]) for a in alerts] == [
-        ("Miner process", 2), ("Copy tool on weights", 1)]
+        ("Miner process", 2),
+        ("Copy tool on weights", 1),
+    ]
     assert "skipped 2 malformed line(s) of 6 (line 2: not JSON" in err
     assert "line 3: not an object but list" in err
 
@@ -55,10 +73,38 @@ def test_alerts_exit_1_and_json_output(setup, capsys):
 def test_fail_on_level(setup, capsys):
     rules, events = setup
     events.write_text(json.dumps(_ev("file_access", "scp", 2)) + "\n")
-    assert main(["scan", "--events", str(events), "--rules", str(rules),
-                 "--fail-on", "high", "--format", "jsonl"]) == 0
-    assert main(["scan", "--events", str(events), "--rules", str(rules),
-                 "--fail-on", "low", "--format", "jsonl"]) == 1
+    assert (
+        main(
+            [
+                "scan",
+                "--events",
+                str(events),
+                "--rules",
+                str(rules),
+                "--fail-on",
+                "high",
+                "--format",
+                "jsonl",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "scan",
+                "--events",
+                str(events),
+                "--rules",
+                str(rules),
+                "--fail-on",
+                "low",
+                "--format",
+                "jsonl",
+            ]
+        )
+        == 1
+    )
 
 
 def test_no_alert_exits_0(setup, capsys):
@@ -69,8 +115,9 @@ def test_no_alert_exits_0(setup, capsys):
 
 def test_no_dedup_and_jsonl(setup, capsys):
     rules, events = setup
-    main(["scan", "--events", str(events), "--rules", str(rules), "--no-dedup",
-          "--format", "jsonl"])
+    main(
+        ["scan", "--events", str(events), "--rules", str(rules), "--no-dedup", "--format", "jsonl"]
+    )
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(x)["process.pid"] for x in lines] == [1, 4, 2]
 
@@ -86,33 +133,50 @@ def test_stdin_and_table(setup, monkeypatch, capsys):
 def test_errors_exit_2_without_traceback(setup, tmp_path):
     rules, events = setup
     bad = tmp_path / "bad.yml"
-    bad.write_text("title: x\nlogsource: {product: hpc, category: process}\n"
-                   "detection:\n  sel:\n    process.name|nosuchmod: x\n  condition: sel\n")
-    for args in (["--rules", str(bad)], ["--rules", str(rules), "--config",
-                                         str(tmp_path / "missing.yml")],
-                 ["--rules", str(rules), "--events", str(tmp_path / "none.jsonl")]):
+    bad.write_text(
+        "title: x\nlogsource: {product: hpc, category: process}\n"
+        "detection:\n  sel:\n    process.name|nosuchmod: x\n  condition: sel\n"
+    )
+    for args in (
+        ["--rules", str(bad)],
+        ["--rules", str(rules), "--config", str(tmp_path / "missing.yml")],
+        ["--rules", str(rules), "--events", str(tmp_path / "none.jsonl")],
+    ):
         cmd = [sys.executable, "-m", "hpcsec.detector", "scan", "--events", str(events), *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr
         assert proc.stderr.startswith("hpcsec: error: ")
-    proc = subprocess.run([sys.executable, "-m", "hpcsec.detector", "scan", "--events",
-                           str(events), "--rules", str(bad)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcsec.detector",
+            "scan",
+            "--events",
+            str(events),
+            "--rules",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert f"{bad}:5" in proc.stderr
 
 
 def test_report_counts_every_sample_and_shows_problems_of_later_ones():
     import io
 
-    from hpcsec.detector.pipeline import ScanReport
-    from hpcsec.detector.schema import status_event
+    from hpcsec.detector.core.schema import status_event
+    from hpcsec.detector.runtime.sources import ScanReport
     from hpcsec.sensors.base import SensorRun
 
     def run(n_events, status="ok", inner=None):
         events = [{"event.category": "rdma_counters"}] * n_events + (inner or [])
-        return SensorRun("rdma_counters", events,
-                         status_event("rdma_counters", status, "m", "h", "t"))
+        return SensorRun(
+            "rdma_counters", events, status_event("rdma_counters", status, "m", "h", "t")
+        )
 
     bad = status_event("rdma_counters", "malformed", "port_rcv_data: not a number", "h", "t")
     report = ScanReport(sensor_runs=[run(4), run(4, inner=[bad]), run(4, inner=[bad])])
@@ -120,4 +184,5 @@ def test_report_counts_every_sample_and_shows_problems_of_later_ones():
     report.print(out)
     assert out.getvalue().splitlines()[:2] == [
         "hpcsec: sensor rdma_counters: malformed: 12 events in 3 samples",
-        "hpcsec:   malformed: port_rcv_data: not a number (x2)"]
+        "hpcsec:   malformed: port_rcv_data: not a number (x2)",
+    ]

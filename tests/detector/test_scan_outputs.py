@@ -5,7 +5,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from hpcsec.detector.cli import main
+from hpcsec.detector.cli.main import main
 from tests.rule_texts import MINER_RULE
 
 RULE = MINER_RULE
@@ -36,13 +36,33 @@ def test_undelivered_alerts_wait_in_the_spool_for_the_next_scan(tmp_path, capsys
     secret = tmp_path / "secret"
     secret.write_text("s3cret\n")
     events = tmp_path / "e.jsonl"
-    events.write_text(json.dumps({
-        "@timestamp": "2026-11-30T01:00:00Z", "event.category": "process", "host.name": "n1",
-        "process.name": "xmrig", "process.pid": 7, "user.name": "mallory"}) + "\n")
+    events.write_text(
+        json.dumps(
+            {
+                "@timestamp": "2026-11-30T01:00:00Z",
+                "event.category": "process",
+                "host.name": "n1",
+                "process.name": "xmrig",
+                "process.pid": 7,
+                "user.name": "mallory",
+            }
+        )
+        + "\n"
+    )
     port = _free_port()
     url = f"http://127.0.0.1:{port}/hook"
-    common = ["--rules", str(rules), "--output", url, "--webhook-secret-file", str(secret),
-              "--spool", str(tmp_path / "spool"), "--store", str(tmp_path / "a.duckdb")]
+    common = [
+        "--rules",
+        str(rules),
+        "--output",
+        url,
+        "--webhook-secret-file",
+        str(secret),
+        "--spool",
+        str(tmp_path / "spool"),
+        "--store",
+        str(tmp_path / "a.duckdb"),
+    ]
     assert main(["scan", "--events", str(events), *common]) == 1
     err = capsys.readouterr().err
     assert "1 alert(s) not delivered yet, kept in the spool" in err
@@ -63,8 +83,10 @@ def test_undelivered_alerts_wait_in_the_spool_for_the_next_scan(tmp_path, capsys
     stored = json.loads(capsys.readouterr().out)
     assert [a["alert.id"] for a in stored] == _Receiver.received
     parquet = tmp_path / "events.parquet"
-    assert main(["alerts", "--store", str(tmp_path / "a.duckdb"), "--export-events",
-                 str(parquet)]) == 0
+    assert (
+        main(["alerts", "--store", str(tmp_path / "a.duckdb"), "--export-events", str(parquet)])
+        == 0
+    )
     import duckdb
 
     ((count,),) = duckdb.sql(f"select count(*) from '{parquet}'").fetchall()

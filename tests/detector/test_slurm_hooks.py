@@ -3,13 +3,19 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from hpcsec.detector import cli
-from hpcsec.detector.commands import slurm as hooks
-from hpcsec.detector.jobs import SlurmCommands, SlurmUnreachable
+from hpcsec.detector.cli import main as cli
+from hpcsec.detector.cli import slurm as hooks
+from hpcsec.detector.slurm.jobs import SlurmCommands, SlurmUnreachable
 from tests.fakes.nvml import FakeNvml, h100_node, installed
 
-ENV = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice",
-       "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_ACCOUNT": "llm-core", "SLURM_JOB_PARTITION": "gpu"}
+ENV = {
+    "SLURM_JOB_ID": "5",
+    "SLURM_JOB_UID": "1001",
+    "SLURM_JOB_USER": "alice",
+    "SLURM_JOB_GPUS": "0,1",
+    "SLURM_JOB_ACCOUNT": "llm-core",
+    "SLURM_JOB_PARTITION": "gpu",
+}
 
 
 class Listpids(SlurmCommands):
@@ -23,17 +29,31 @@ class Listpids(SlurmCommands):
 
 
 def args_for(tmp_path: Path, hook: str, nvml_json: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(hook=hook, state_dir=str(tmp_path / "state"),
-                              procfs_root=str(tmp_path / "proc"), etc_root=str(tmp_path / "etc"),
-                              host_name="gpu017", nvml_json=nvml_json, slurm_timeout=2.0)
+    return argparse.Namespace(
+        hook=hook,
+        state_dir=str(tmp_path / "state"),
+        procfs_root=str(tmp_path / "proc"),
+        etc_root=str(tmp_path / "etc"),
+        host_name="gpu017",
+        nvml_json=nvml_json,
+        slurm_timeout=2.0,
+    )
 
 
-def make_proc(tmp_path: Path, pid: int, uid: int, comm: str = "sleep", state: str = "S",
-              cgroup: str = "0::/\n", environ: bytes = b"") -> None:
+def make_proc(
+    tmp_path: Path,
+    pid: int,
+    uid: int,
+    comm: str = "sleep",
+    state: str = "S",
+    cgroup: str = "0::/\n",
+    environ: bytes = b"",
+) -> None:
     d = tmp_path / "proc" / str(pid)
     d.mkdir(parents=True)
-    (d / "status").write_text(f"Name:\t{comm}\nState:\t{state} (x)\nPPid:\t1\n"
-                              f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (d / "status").write_text(
+        f"Name:\t{comm}\nState:\t{state} (x)\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+    )
     (d / "comm").write_text(comm + "\n")
     (d / "cmdline").write_bytes(comm.encode() + b"\x00171\x00")
     (d / "cgroup").write_text(cgroup)
@@ -46,15 +66,15 @@ def events(tmp_path: Path) -> list[dict]:
 
 
 def idle(fake: FakeNvml) -> FakeNvml:
-    gpus = [replace(g, compute=(), graphics=(), mps=(), memory_used=568852480)
-            for g in fake.gpus]
+    gpus = [replace(g, compute=(), graphics=(), mps=(), memory_used=568852480) for g in fake.gpus]
     return replace(fake, gpus=gpus)
 
 
 def setup_node(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "passwd").write_text("alice:x:1001:1001::/home/alice:/bin/bash\n"
-                                             "bob:x:1002:1002::/home/bob:/bin/bash\n")
+    (tmp_path / "etc" / "passwd").write_text(
+        "alice:x:1001:1001::/home/alice:/bin/bash\nbob:x:1002:1002::/home/bob:/bin/bash\n"
+    )
     make_proc(tmp_path, 100, 1001, cgroup="4:memory:/slurm/uid_1001/job_9/step_0\n")
     make_proc(tmp_path, 101, 1001, environ=b"SLURM_JOB_ID=5\0")  # escaped the job
     make_proc(tmp_path, 102, 1001, state="Z")
@@ -68,25 +88,37 @@ def test_prolog_then_epilog_with_findings(tmp_path):
     with installed(idle(h100_node())):
         hooks.Hook(args_for(tmp_path, "prolog"), ENV, Listpids("")).prolog()
     state = json.loads((tmp_path / "state" / "jobs" / "5.json").read_text())
-    assert (state["gpus"], state["gpu_memory_used"]) == ([0, 1], {"0": 568852480,
-                                                                   "1": 568852480})
+    assert (state["gpus"], state["gpu_memory_used"]) == ([0, 1], {"0": 568852480, "1": 568852480})
     with installed(h100_node()):  # the job's processes still hold GPUs 0 and 1
-        hooks.Hook(args_for(tmp_path, "epilog"), ENV,
-                   Listpids("PID JOBID STEPID\n104 9 batch\n")).epilog()
+        hooks.Hook(
+            args_for(tmp_path, "epilog"), ENV, Listpids("PID JOBID STEPID\n104 9 batch\n")
+        ).epilog()
     prolog, epilog, *findings = events(tmp_path)
-    assert (prolog["event.action"], prolog["hpcsec.sensor"], prolog["host.name"]) == \
-        ("prolog", "slurm_prolog", "gpu017")
+    assert (prolog["event.action"], prolog["hpcsec.sensor"], prolog["host.name"]) == (
+        "prolog",
+        "slurm_prolog",
+        "gpu017",
+    )
     assert {k: v for k, v in prolog.items() if k.startswith("slurm.")} == {
-        "slurm.job.id": "5", "slurm.job.user": "alice", "slurm.job.account": "llm-core",
-        "slurm.job.partition": "gpu", "slurm.job.gpus": [0, 1], "slurm.job.id_source": "slurmd",
-        "slurm.job.state": "RUNNING", "slurm.job.start": prolog["@timestamp"]}
+        "slurm.job.id": "5",
+        "slurm.job.user": "alice",
+        "slurm.job.account": "llm-core",
+        "slurm.job.partition": "gpu",
+        "slurm.job.gpus": [0, 1],
+        "slurm.job.id_source": "slurmd",
+        "slurm.job.state": "RUNNING",
+        "slurm.job.start": prolog["@timestamp"],
+    }
     assert epilog["event.action"] == "epilog"
     assert epilog["slurm.job.start"] == prolog["slurm.job.start"]
     assert "hpcsec.findings" not in epilog
-    assert epilog["message"] == ("5 findings: gpu_memory_not_released, gpu_process_after_job, "
-                                 "lingering_process")
-    assert [(f["event.action"], f["hpcsec.findings"], f.get("process.pid"), f.get("gpu.index"))
-            for f in findings] == [
+    assert epilog["message"] == (
+        "5 findings: gpu_memory_not_released, gpu_process_after_job, lingering_process"
+    )
+    assert [
+        (f["event.action"], f["hpcsec.findings"], f.get("process.pid"), f.get("gpu.index"))
+        for f in findings
+    ] == [
         ("epilog_findings", ["lingering_process"], 101, None),
         ("epilog_findings", ["gpu_process_after_job"], 41000, 0),
         ("epilog_findings", ["gpu_memory_not_released"], None, 0),
@@ -94,10 +126,15 @@ def test_prolog_then_epilog_with_findings(tmp_path):
         ("epilog_findings", ["gpu_memory_not_released"], None, 1),
     ]
     lingering = findings[0]
-    assert (lingering["user.name"], lingering["process.name"], lingering["process.command_line"],
-            lingering["process.env.SLURM_JOB_ID"]) == ("alice", "sleep", "sleep 171", "5")
-    assert lingering["message"] == ("process 101 (sleep) of alice still running after job 5 "
-                                    "and in no other job on this node")
+    assert (
+        lingering["user.name"],
+        lingering["process.name"],
+        lingering["process.command_line"],
+        lingering["process.env.SLURM_JOB_ID"],
+    ) == ("alice", "sleep", "sleep 171", "5")
+    assert lingering["message"] == (
+        "process 101 (sleep) of alice still running after job 5 and in no other job on this node"
+    )
     # 62 GiB now, 568852480 bytes at the prolog
     assert findings[2]["message"] == "GPU 0 holds 66003140608 bytes more than before job 5"
     assert findings[1]["gpu.uuid"] == "GPU-3a4b5c6d-0e1f-4a2b-8c3d-4e5f6a7b8c90"
@@ -120,27 +157,47 @@ def test_epilog_without_nvml_or_slurm_still_reports(tmp_path, capsys):
 def test_gpu_state_from_a_dump(tmp_path):
     setup_node(tmp_path)
     dump = tmp_path / "nvml.json"
-    dump.write_text(json.dumps({"devices": [
-        {"index": 1, "uuid": "GPU-x", "memory_used_bytes": 1, "processes": [
-            {"pid": 777, "type": "compute", "used_gpu_memory_bytes": 5}]},
-        {"index": 2, "uuid": "GPU-y", "memory_used_bytes": 1, "processes": [
-            {"pid": 778, "type": "compute", "used_gpu_memory_bytes": 5}]}]}))
+    dump.write_text(
+        json.dumps(
+            {
+                "devices": [
+                    {
+                        "index": 1,
+                        "uuid": "GPU-x",
+                        "memory_used_bytes": 1,
+                        "processes": [{"pid": 777, "type": "compute", "used_gpu_memory_bytes": 5}],
+                    },
+                    {
+                        "index": 2,
+                        "uuid": "GPU-y",
+                        "memory_used_bytes": 1,
+                        "processes": [{"pid": 778, "type": "compute", "used_gpu_memory_bytes": 5}],
+                    },
+                ]
+            }
+        )
+    )
     env = {**ENV, "SLURM_JOB_UID": "0"}  # root's job: no lingering-process check
     hooks.Hook(args_for(tmp_path, "epilog", str(dump)), env, Listpids("")).epilog()
     [_, finding] = events(tmp_path)
-    assert (finding["process.pid"], finding["gpu.index"], finding["gpu.memory_used_bytes"]) == \
-        (777, 1, 5)
+    assert (finding["process.pid"], finding["gpu.index"], finding["gpu.memory_used_bytes"]) == (
+        777,
+        1,
+        5,
+    )
 
 
 def test_always_exit_zero(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert cli.main(["slurm", "prolog", "--state-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().err == ("hpcsec slurm prolog: "
-                                       "SLURM_JOB_ID is not set: not run by slurmd?\n")
+    assert capsys.readouterr().err == (
+        "hpcsec slurm prolog: SLURM_JOB_ID is not set: not run by slurmd?\n"
+    )
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("SLURM_JOB_ID", "12")
-    assert hooks.main(["epilog", "--state-dir", str(blocker / "sub"),
-                       "--slurm-timeout", "0.5"]) == 0
+    assert (
+        hooks.main(["epilog", "--state-dir", str(blocker / "sub"), "--slurm-timeout", "0.5"]) == 0
+    )
     assert "hpcsec slurm epilog: internal error: NotADirectoryError" in capsys.readouterr().err
     assert hooks.main(["nonsense"]) == 0

@@ -11,22 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.config import load_config
-from hpcsec.detector.enrich_slurm import SlurmEnricher
-from hpcsec.detector.jobs import STATE_KEY, JobContext, SlurmCommands
-from hpcsec.detector.nodectx import live_context
-from hpcsec.detector.schema import new_event
-from hpcsec.sensors import registry
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.schema import new_event
+from hpcsec.detector.enrich.slurm_job import SlurmEnricher
+from hpcsec.detector.runtime import registry
+from hpcsec.detector.runtime.node import live_context
+from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, SlurmCommands
+from hpcsec.detector.slurm.sensor import SlurmJobsSensor
 from hpcsec.sensors.base import run_sensor
-from hpcsec.sensors.slurm_jobs import SlurmJobsSensor
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root]
 
 
 def context(cluster, **options):
     ctx = live_context(load_config(None), host_name=cluster.node, options=options)
-    ctx.state[STATE_KEY] = JobContext(SlurmCommands(env={"SLURM_CONF": str(cluster.conf)}),
-                                      ttl_s=0)
+    ctx.state[STATE_KEY] = JobContext(SlurmCommands(env={"SLURM_CONF": str(cluster.conf)}), ttl_s=0)
     return ctx
 
 
@@ -61,11 +60,21 @@ def two_jobs(slurm_cluster, work):
     """alice: 2 GPUs, account llm-core, holding a weights file open; bob: 1 GPU."""
     weights = slurm_cluster.kit_dir / "weights" / "llama-70b" / "model.safetensors"
     alice = slurm_cluster.sbatch(
-        "alice", "--gres=gpu:2", "-A", "llm-core", "-J", "train",
-        "--wrap", f"echo $SLURM_JOB_GPUS > {work}/$SLURM_JOB_ID.gpus; "
-                  f"exec 3< {weights}; sleep 60")
-    bob = slurm_cluster.sbatch("bob", "--gres=gpu:1", "--wrap",
-                               f"echo $SLURM_JOB_GPUS > {work}/$SLURM_JOB_ID.gpus; sleep 60")
+        "alice",
+        "--gres=gpu:2",
+        "-A",
+        "llm-core",
+        "-J",
+        "train",
+        "--wrap",
+        f"echo $SLURM_JOB_GPUS > {work}/$SLURM_JOB_ID.gpus; exec 3< {weights}; sleep 60",
+    )
+    bob = slurm_cluster.sbatch(
+        "bob",
+        "--gres=gpu:1",
+        "--wrap",
+        f"echo $SLURM_JOB_GPUS > {work}/$SLURM_JOB_ID.gpus; sleep 60",
+    )
     jobs = {}
     for user, job_id in (("alice", alice), ("bob", bob)):
         slurm_cluster.wait_state(job_id, ("RUNNING",))
@@ -95,15 +104,24 @@ def test_pid_to_job_with_fields_and_gpus(slurm_cluster, two_jobs):
         start = fields.pop("slurm.job.start")
         assert start.endswith("Z")
         assert fields == {
-            "slurm.job.id": alice["id"], "slurm.job.user": "alice",
-            "slurm.job.account": "llm-core", "slurm.job.partition": "debug",
-            "slurm.job.nodes": [slurm_cluster.node], "slurm.job.gpus": alice["gpus"],
-            "slurm.job.state": "RUNNING", "slurm.job.name": "train",
-            "slurm.job.step": "batch", "slurm.job.id_source": "listpids"}
+            "slurm.job.id": alice["id"],
+            "slurm.job.user": "alice",
+            "slurm.job.account": "llm-core",
+            "slurm.job.partition": "debug",
+            "slurm.job.nodes": [slurm_cluster.node],
+            "slurm.job.gpus": alice["gpus"],
+            "slurm.job.state": "RUNNING",
+            "slurm.job.name": "train",
+            "slurm.job.step": "batch",
+            "slurm.job.id_source": "listpids",
+        }
     for pid in bob["pids"]:
         fields = jc.fields_for_pid(ctx, pid)
-        assert (fields["slurm.job.id"], fields["slurm.job.user"], fields["slurm.job.gpus"]) == \
-            (bob["id"], "bob", bob["gpus"])
+        assert (fields["slurm.job.id"], fields["slurm.job.user"], fields["slurm.job.gpus"]) == (
+            bob["id"],
+            "bob",
+            bob["gpus"],
+        )
         assert "slurm.job.account" not in fields  # no account given, no accounting
     assert jc.fields_for_pid(ctx, os.getpid()) == {}
 
@@ -111,17 +129,33 @@ def test_pid_to_job_with_fields_and_gpus(slurm_cluster, two_jobs):
 def test_prolog_recorded_the_allocation(slurm_cluster, two_jobs):
     alice = two_jobs["alice"]
     [prolog] = slurm_cluster.wait_hook_event(alice["id"], "prolog")
-    assert (prolog["slurm.job.user"], prolog["user.id"], prolog["slurm.job.gpus"],
-            prolog["slurm.job.account"], prolog["slurm.job.partition"]) == \
-        ("alice", uid_of(next(iter(alice["pids"]))), alice["gpus"], "llm-core", "debug")
+    assert (
+        prolog["slurm.job.user"],
+        prolog["user.id"],
+        prolog["slurm.job.gpus"],
+        prolog["slurm.job.account"],
+        prolog["slurm.job.partition"],
+    ) == ("alice", uid_of(next(iter(alice["pids"]))), alice["gpus"], "llm-core", "debug")
     assert (slurm_cluster.state_dir / "jobs" / f"{alice['id']}.json").exists()
 
 
 def test_environ_claims(slurm_cluster, two_jobs):
     alice_job = two_jobs["alice"]["id"]
-    procs = [subprocess.Popen(["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
-                               "env", f"SLURM_JOB_ID={alice_job}", "sleep", "29"])
-             for user in ("alice", "bob")]
+    procs = [
+        subprocess.Popen(
+            [
+                "setpriv",
+                f"--reuid={user}",
+                f"--regid={user}",
+                "--init-groups",
+                "env",
+                f"SLURM_JOB_ID={alice_job}",
+                "sleep",
+                "29",
+            ]
+        )
+        for user in ("alice", "bob")
+    ]
     try:
         ctx = context(slurm_cluster)
         jc = ctx.state[STATE_KEY]
@@ -157,8 +191,9 @@ def test_file_access_of_alices_job_carries_her_job(slurm_cluster, two_jobs):
     """End to end: fd walk of the file_access sensor, then Slurm enrichment."""
     weights = slurm_cluster.kit_dir / "weights"
     ctx = context(slurm_cluster, watch=[str(weights)])
-    run = run_sensor(registry.by_name()["file_access"],
-                     registry.by_name()["file_access"].factory(), ctx)
+    run = run_sensor(
+        registry.by_name()["file_access"], registry.by_name()["file_access"].factory(), ctx
+    )
     assert run.ok, run.status["message"]
     events = SlurmEnricher().enrich(run.events, ctx)
     alice = two_jobs["alice"]
@@ -166,9 +201,13 @@ def test_file_access_of_alices_job_carries_her_job(slurm_cluster, two_jobs):
     assert hits, events
     for event in hits:
         assert event["file.path"] == str(weights / "llama-70b" / "model.safetensors")
-        assert (event["user.name"], event["slurm.job.id"], event["slurm.job.account"],
-                event["slurm.job.partition"], event["slurm.job.user"]) == \
-            ("alice", alice["id"], "llm-core", "debug", "alice")
+        assert (
+            event["user.name"],
+            event["slurm.job.id"],
+            event["slurm.job.account"],
+            event["slurm.job.partition"],
+            event["slurm.job.user"],
+        ) == ("alice", alice["id"], "llm-core", "debug", "alice")
 
 
 def test_epilog_reports_lingering_process(slurm_cluster, two_jobs):
@@ -177,8 +216,9 @@ def test_epilog_reports_lingering_process(slurm_cluster, two_jobs):
     where another test cluster runs alice's jobs too, it rightly reports those as well, so the
     escapee is picked by its own command line.)"""
     marker = f"sleep 171.{os.getpid()}"  # GNU sleep takes a fraction: unique on the host
-    job = slurm_cluster.sbatch("alice", "--wrap",
-                               f"setsid nohup {marker} >/dev/null 2>&1 </dev/null & sleep 1")
+    job = slurm_cluster.sbatch(
+        "alice", "--wrap", f"setsid nohup {marker} >/dev/null 2>&1 </dev/null & sleep 1"
+    )
     alice_uid = uid_of(next(iter(two_jobs["alice"]["pids"])))
     try:
         [epilog] = slurm_cluster.wait_hook_event(job, "epilog", timeout=60)
@@ -187,11 +227,11 @@ def test_epilog_reports_lingering_process(slurm_cluster, two_jobs):
         count = int(epilog["message"].split()[0])
         assert epilog["message"] == f"{count} findings: lingering_process"
         ours = [f for f in findings if f["process.command_line"] == marker]
-        assert [(f["process.name"], f["user.name"], f["hpcsec.findings"],
-                 f["process.env.SLURM_JOB_ID"]) for f in ours] == \
-            [("sleep", "alice", ["lingering_process"], job)]
-        listed = {pid for j in (two_jobs["alice"]["id"], job)
-                  for pid in slurm_cluster.pids(j)}
+        assert [
+            (f["process.name"], f["user.name"], f["hpcsec.findings"], f["process.env.SLURM_JOB_ID"])
+            for f in ours
+        ] == [("sleep", "alice", ["lingering_process"], job)]
+        listed = {pid for j in (two_jobs["alice"]["id"], job) for pid in slurm_cluster.pids(j)}
         assert not {f["process.pid"] for f in findings} & (listed | set(two_jobs["alice"]["pids"]))
         assert not (slurm_cluster.state_dir / "jobs" / f"{job}.json").exists()
         [prolog] = slurm_cluster.wait_hook_event(job, "prolog")
@@ -204,52 +244,94 @@ def test_epilog_reports_lingering_process(slurm_cluster, two_jobs):
 
 def test_unreachable_slurm_is_one_status(tmp_path, slurm_cluster):
     ctx = context(slurm_cluster)
-    jc = JobContext(SlurmCommands(timeout_s=1, env={"SLURM_CONF": str(tmp_path / "none")}),
-                    ttl_s=0)
+    jc = JobContext(SlurmCommands(timeout_s=1, env={"SLURM_CONF": str(tmp_path / "none")}), ttl_s=0)
     ctx.state[STATE_KEY] = jc
-    batches = [SlurmEnricher().enrich([new_event("process", "sample", "process", "vm",
-                                                 ctx.timestamp, {"process.pid": os.getpid()})],
-                                      ctx) for _ in range(2)]
-    assert [[e["event.category"] for e in b] for b in batches] == \
-        [["process", "sensor_status"], ["process"]]
+    batches = [
+        SlurmEnricher().enrich(
+            [
+                new_event(
+                    "process",
+                    "sample",
+                    "process",
+                    "vm",
+                    ctx.timestamp,
+                    {"process.pid": os.getpid()},
+                )
+            ],
+            ctx,
+        )
+        for _ in range(2)
+    ]
+    assert [[e["event.category"] for e in b] for b in batches] == [
+        ["process", "sensor_status"],
+        ["process"],
+    ]
     # without a config, squeue either fails or hangs looking for a controller: both are bounded
-    assert re.match(r"Slurm unreachable, events carry no job: squeue --json "
-                    r"(exited 1: .+|timed out after 1s)$", batches[0][1]["message"])
+    assert re.match(
+        r"Slurm unreachable, events carry no job: squeue --json "
+        r"(exited 1: .+|timed out after 1s)$",
+        batches[0][1]["message"],
+    )
 
 
 def test_snapshot_replays_the_slurm_inputs(slurm_cluster, two_jobs, tmp_path):
     """`collect --snapshot` keeps squeue/listpids output; replaying it needs no Slurm."""
     snap = tmp_path / "snap"
-    hpcsec = [sys.executable, "-m", "hpcsec.detector.cli", "collect", "--sensor", "slurm_jobs",
-              "--host-name", slurm_cluster.node]
-    live = subprocess.run([*hpcsec, "--snapshot", str(snap)], env=slurm_cluster.env,
-                          capture_output=True, text=True, timeout=60)
+    hpcsec = [
+        sys.executable,
+        "-m",
+        "hpcsec.detector.cli.main",
+        "collect",
+        "--sensor",
+        "slurm_jobs",
+        "--host-name",
+        slurm_cluster.node,
+    ]
+    live = subprocess.run(
+        [*hpcsec, "--snapshot", str(snap)],
+        env=slurm_cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert live.returncode == 0, live.stderr
     sample = snap / "0"
     assert {"slurm-jobs.json", "slurm-listpids.txt"} <= {p.name for p in sample.iterdir()}
-    replay = subprocess.run([*hpcsec, "--from-snapshot", str(snap)],
-                            env={**slurm_cluster.env, "SLURM_CONF": "/nonexistent"},
-                            capture_output=True, text=True, timeout=60)
+    replay = subprocess.run(
+        [*hpcsec, "--from-snapshot", str(snap)],
+        env={**slurm_cluster.env, "SLURM_CONF": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert replay.returncode == 0, replay.stderr
     events = [json.loads(line) for line in replay.stdout.splitlines()]
-    present = {e["slurm.job.id"]: e["slurm.job.user"] for e in events
-               if e["event.action"] == "present"}
+    present = {
+        e["slurm.job.id"]: e["slurm.job.user"] for e in events if e["event.action"] == "present"
+    }
     assert present[two_jobs["alice"]["id"]] == "alice"
     assert present[two_jobs["bob"]["id"]] == "bob"
 
 
 def site_config(path: Path, weights: Path) -> Path:
-    path.write_text("assets:\n"
-                    "  - name: llama-70b\n"
-                    "    kind: model\n"
-                    f"    paths: [\"{weights}/llama-70b/**\"]\n"
-                    "    readers: {accounts: [llm-core]}\n")
+    path.write_text(
+        "assets:\n"
+        "  - name: llama-70b\n"
+        "    kind: model\n"
+        f'    paths: ["{weights}/llama-70b/**"]\n'
+        "    readers: {accounts: [llm-core]}\n"
+    )
     return path
 
 
 def hpcsec(cluster, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcsec.detector.cli", *argv],
-                          env=cluster.env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcsec.detector.cli.main", *argv],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_cli_collect_attributes_readers_that_exit_at_once(slurm_cluster, work, tmp_path):
@@ -259,30 +341,64 @@ def test_cli_collect_attributes_readers_that_exit_at_once(slurm_cluster, work, t
     weights = slurm_cluster.kit_dir / "weights"
     model = weights / "llama-70b" / "model.safetensors"
     job = slurm_cluster.sbatch(
-        "alice", "-A", "llm-core", "-J", "reader",
-        "--wrap", f"while :; do cat {model} >/dev/null; sleep 0.1; done")
+        "alice",
+        "-A",
+        "llm-core",
+        "-J",
+        "reader",
+        "--wrap",
+        f"while :; do cat {model} >/dev/null; sleep 0.1; done",
+    )
     try:
         slurm_cluster.wait_state(job, ("RUNNING",))
         script = slurm_cluster.wait_pids(job)
-        out = hpcsec(slurm_cluster, "collect", "--sensor", "file_access", "--config",
-                     str(site_config(tmp_path / "site.yml", weights)), "--duration", "1.5",
-                     "--host-name", slurm_cluster.node)
+        out = hpcsec(
+            slurm_cluster,
+            "collect",
+            "--sensor",
+            "file_access",
+            "--config",
+            str(site_config(tmp_path / "site.yml", weights)),
+            "--duration",
+            "1.5",
+            "--host-name",
+            slurm_cluster.node,
+        )
         assert out.returncode == 0, out.stderr
         events = [json.loads(line) for line in out.stdout.splitlines()]
-        reads = [e for e in events if e["event.category"] == "file_access"
-                 and e.get("process.name") == "cat"]
+        reads = [
+            e
+            for e in events
+            if e["event.category"] == "file_access" and e.get("process.name") == "cat"
+        ]
         assert reads, out.stdout + out.stderr
         # the readers had exited when collect enriched their events (a reused pid aside)
         assert any(not Path(f"/proc/{e['process.pid']}").exists() for e in reads)
         for event in reads:
             assert event["process.pid"] not in script  # a reader, not the script listpids saw
-            assert (event["file.path"], event["user.name"], event["slurm.job.id"],
-                    event["slurm.job.user"], event["slurm.job.account"],
-                    event["slurm.job.partition"], event["slurm.job.id_source"],
-                    event["slurm.job.step"], event["hpcsec.asset.name"],
-                    event["hpcsec.asset.read_allowed"]) == \
-                (str(model), "alice", job, "alice", "llm-core", "debug", "listpids", "batch",
-                 "llama-70b", True)
+            assert (
+                event["file.path"],
+                event["user.name"],
+                event["slurm.job.id"],
+                event["slurm.job.user"],
+                event["slurm.job.account"],
+                event["slurm.job.partition"],
+                event["slurm.job.id_source"],
+                event["slurm.job.step"],
+                event["hpcsec.asset.name"],
+                event["hpcsec.asset.read_allowed"],
+            ) == (
+                str(model),
+                "alice",
+                job,
+                "alice",
+                "llm-core",
+                "debug",
+                "listpids",
+                "batch",
+                "llama-70b",
+                True,
+            )
     finally:
         slurm_cluster.run(["scancel", job], check=False)
 
@@ -296,18 +412,29 @@ def test_cli_scan_alerts_with_the_readers_job(slurm_cluster, two_jobs, work, tmp
     try:
         slurm_cluster.wait_state(job, ("RUNNING",))
         slurm_cluster.wait_pids(job)
-        out = hpcsec(slurm_cluster, "scan", "--sensor", "file_access", "--config",
-                     str(site_config(tmp_path / "site.yml", weights)), "--format", "json",
-                     "--no-dedup")
+        out = hpcsec(
+            slurm_cluster,
+            "scan",
+            "--sensor",
+            "file_access",
+            "--config",
+            str(site_config(tmp_path / "site.yml", weights)),
+            "--format",
+            "json",
+            "--no-dedup",
+        )
         assert out.returncode == 1, out.stderr
         alerts = json.loads(out.stdout)
-        denied = [a for a in alerts
-                  if a["rule.title"] == "Model weights read by an account not allowed for "
-                                        "that model"]
+        denied = [
+            a
+            for a in alerts
+            if a["rule.title"] == "Model weights read by an account not allowed for that model"
+        ]
         # the job script holds the descriptor and hands it down to sleep
-        assert sorted((a["slurm.job.id"], a["slurm.job.user"], a["user.name"],
-                       a["process.name"]) for a in denied) == \
-            [(job, "bob", "bob", "sleep"), (job, "bob", "bob", "slurm_script")]
+        assert sorted(
+            (a["slurm.job.id"], a["slurm.job.user"], a["user.name"], a["process.name"])
+            for a in denied
+        ) == [(job, "bob", "bob", "sleep"), (job, "bob", "bob", "slurm_script")]
         assert not any(a.get("slurm.job.id") == two_jobs["alice"]["id"] for a in denied)
     finally:
         slurm_cluster.run(["scancel", job], check=False)
@@ -315,28 +442,40 @@ def test_cli_scan_alerts_with_the_readers_job(slurm_cluster, two_jobs, work, tmp
 
 def test_srun_step_gets_its_job_step_and_gpu(slurm_cluster, two_jobs):
     """An interactive `srun --gres=gpu:1` of bob: its task is step 0 of its own job."""
-    srun = subprocess.Popen(["runuser", "-u", "bob", "--", "srun", "--gres=gpu:1", "-J",
-                             "interactive", "sleep", "37"], env=slurm_cluster.env, cwd="/tmp",
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    srun = subprocess.Popen(
+        ["runuser", "-u", "bob", "--", "srun", "--gres=gpu:1", "-J", "interactive", "sleep", "37"],
+        env=slurm_cluster.env,
+        cwd="/tmp",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         job = ""
         for _ in range(150):
-            job = slurm_cluster.run(["squeue", "-h", "-u", "bob", "-n", "interactive", "-o",
-                                     "%i"]).stdout.strip()
+            job = slurm_cluster.run(
+                ["squeue", "-h", "-u", "bob", "-n", "interactive", "-o", "%i"]
+            ).stdout.strip()
             if job:
                 break
             subprocess.run(["sleep", "0.2"])
         assert job, "srun job never showed in squeue"
         pids = slurm_cluster.wait_pids(job, step="0")
-        [task] = [p for p, step in pids.items() if step == "0"
-                  and Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+        [task] = [
+            p
+            for p, step in pids.items()
+            if step == "0" and Path(f"/proc/{p}/comm").read_text().strip() == "sleep"
+        ]
         ctx = context(slurm_cluster)
         jc = ctx.state[STATE_KEY]
         jc.refresh(ctx)
         fields = jc.fields_for_pid(ctx, task)
-        assert (fields["slurm.job.id"], fields["slurm.job.user"], fields["slurm.job.name"],
-                fields["slurm.job.step"], fields["slurm.job.id_source"]) == \
-            (job, "bob", "interactive", "0", "listpids")
+        assert (
+            fields["slurm.job.id"],
+            fields["slurm.job.user"],
+            fields["slurm.job.name"],
+            fields["slurm.job.step"],
+            fields["slurm.job.id_source"],
+        ) == (job, "bob", "interactive", "0", "listpids")
         [gpu] = fields["slurm.job.gpus"]
         taken = set(two_jobs["alice"]["gpus"]) | set(two_jobs["bob"]["gpus"])
         assert gpu not in taken and 0 <= gpu < slurm_cluster.fake_gpus
@@ -350,8 +489,11 @@ def test_srun_step_gets_its_job_step_and_gpu(slurm_cluster, two_jobs):
 def test_cache_refreshed_by_job_start_and_end(slurm_cluster, two_jobs):
     """A long TTL: the job table is still re-read when the prolog/epilog record a job."""
     ctx = context(slurm_cluster)
-    jc = JobContext(SlurmCommands(env={"SLURM_CONF": str(slurm_cluster.conf)}), ttl_s=3600,
-                    events_file=str(slurm_cluster.state_dir / "slurm-events.jsonl"))
+    jc = JobContext(
+        SlurmCommands(env={"SLURM_CONF": str(slurm_cluster.conf)}),
+        ttl_s=3600,
+        events_file=str(slurm_cluster.state_dir / "slurm-events.jsonl"),
+    )
     jc.refresh(ctx)
     before = jc.refreshes
     job = slurm_cluster.sbatch("alice", "-J", "late", "--wrap", "sleep 45")

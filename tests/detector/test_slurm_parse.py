@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector import slurm
-from hpcsec.detector.slurm import JobRecord, PidJob
+from hpcsec.detector.slurm import parse as slurm
+from hpcsec.detector.slurm.parse import JobRecord, PidJob
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 
@@ -23,14 +23,27 @@ def test_squeue_22_05_shape():
     jobs = by_id(parsed)
     assert sorted(jobs) == ["1", "2", "3", "4"]
     assert jobs["1"] == JobRecord(
-        job_id="1", user="alice", user_id=1001, account=None, partition="debug",
-        nodes=("vm",), state="RUNNING", start="2026-11-30T01:32:33.000Z",
-        end="2027-11-30T01:32:33.000Z", name="wrap", gpus_by_node=(("vm", (0, 1)),))
+        job_id="1",
+        user="alice",
+        user_id=1001,
+        account=None,
+        partition="debug",
+        nodes=("vm",),
+        state="RUNNING",
+        start="2026-11-30T01:32:33.000Z",
+        end="2027-11-30T01:32:33.000Z",
+        name="wrap",
+        gpus_by_node=(("vm", (0, 1)),),
+    )
     assert jobs["3"].gpus_on("vm") == (2, 3)
     assert jobs["2"].state == "COMPLETED" and jobs["2"].gpus_on("vm") == ()
     pending = jobs["4"]
-    assert (pending.state, pending.nodes, pending.start, pending.gpus_by_node) == \
-        ("PENDING", (), None, None)
+    assert (pending.state, pending.nodes, pending.start, pending.gpus_by_node) == (
+        "PENDING",
+        (),
+        None,
+        None,
+    )
 
 
 def test_squeue_23_11_shape_matches_22_05():
@@ -50,10 +63,16 @@ def test_multi_node_job_gpus_per_node():
     assert job.gpus_on("gpu002.cluster.example") == (0, 2)  # short-name match
     assert job.gpus_on("gpu003") == ()
     assert job.fields("gpu002") == {
-        "slurm.job.id": "5", "slurm.job.user": "alice", "slurm.job.account": "llm-core",
-        "slurm.job.partition": "gpu", "slurm.job.nodes": ["gpu001", "gpu002"],
-        "slurm.job.gpus": [0, 2], "slurm.job.state": "RUNNING",
-        "slurm.job.start": "2026-11-30T01:32:33.000Z", "slurm.job.name": "train-70b"}
+        "slurm.job.id": "5",
+        "slurm.job.user": "alice",
+        "slurm.job.account": "llm-core",
+        "slurm.job.partition": "gpu",
+        "slurm.job.nodes": ["gpu001", "gpu002"],
+        "slurm.job.gpus": [0, 2],
+        "slurm.job.state": "RUNNING",
+        "slurm.job.start": "2026-11-30T01:32:33.000Z",
+        "slurm.job.name": "train-70b",
+    }
 
 
 def test_slurmrestd_v0038_job():
@@ -70,20 +89,28 @@ def test_cgroup_variant_squeue():
     assert jobs["7"].gpus_on("vm") == (2, 3)
 
 
-@pytest.mark.parametrize(("text", "error"), [
-    ("{", "job JSON is not JSON: Expecting property name enclosed in double quotes: "
-          "line 1 column 2 (char 1)"),
-    ("[]", "job JSON has no 'jobs' list"),
-    ('{"jobs": 3}', "job JSON has no 'jobs' list"),
-])
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "{",
+            "job JSON is not JSON: Expecting property name enclosed in double quotes: "
+            "line 1 column 2 (char 1)",
+        ),
+        ("[]", "job JSON has no 'jobs' list"),
+        ('{"jobs": 3}', "job JSON has no 'jobs' list"),
+    ],
+)
 def test_bad_json_documents(text, error):
     assert slurm.parse_jobs_json(text).errors == (error,)
 
 
 def test_bad_records_are_counted_and_good_ones_kept():
-    text = ('{"jobs": [7, {"job_id": "x"}, {"job_id": 9, "nodes": "n[1-2]", '
-            '"gres_detail": ["gpu:1(IDX:5-3)"]}, {"job_id": 10, "job_state": []}],'
-            ' "errors": [{"error": "Unable to contact slurm controller"}]}')
+    text = (
+        '{"jobs": [7, {"job_id": "x"}, {"job_id": 9, "nodes": "n[1-2]", '
+        '"gres_detail": ["gpu:1(IDX:5-3)"]}, {"job_id": 10, "job_state": []}],'
+        ' "errors": [{"error": "Unable to contact slurm controller"}]}'
+    )
     parsed = slurm.parse_jobs_json(text)
     assert [j.job_id for j in parsed.jobs] == ["10"]
     assert parsed.jobs[0].state is None
@@ -104,16 +131,19 @@ def test_number_objects():
     assert slurm._number("3") is None
 
 
-@pytest.mark.parametrize(("gres", "gpus"), [
-    ("gpu:2(IDX:0-1)", (0, 1)),
-    ("gpu:a100:3(IDX:0,2-3)", (0, 2, 3)),
-    ("gpu:0(IDX:N/A)", ()),
-    ("gpu:a100:1(IDX:7),shard:a100:2(0/8)", (7,)),
-    ("mps:100(0/100),gpu:1(IDX:1)", (1,)),
-    ("gpu:h100:2(IDX:0-1),gpu:a100:1(IDX:4)", (0, 1, 4)),
-    ("tmpdisk:100", ()),
-    ("", ()),
-])
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [
+        ("gpu:2(IDX:0-1)", (0, 1)),
+        ("gpu:a100:3(IDX:0,2-3)", (0, 2, 3)),
+        ("gpu:0(IDX:N/A)", ()),
+        ("gpu:a100:1(IDX:7),shard:a100:2(0/8)", (7,)),
+        ("mps:100(0/100),gpu:1(IDX:1)", (1,)),
+        ("gpu:h100:2(IDX:0-1),gpu:a100:1(IDX:4)", (0, 1, 4)),
+        ("tmpdisk:100", ()),
+        ("", ()),
+    ],
+)
 def test_gres_gpu_indices(gres, gpus):
     assert slurm.gres_gpu_indices(gres) == gpus
 
@@ -131,23 +161,28 @@ def test_show_job_detail_all_jobs():
 
 
 def test_show_job_detail_multi_node_lines():
-    text = ("JobId=77 JobName=x\n   JOB_GRES=gpu:8\n"
-            "     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)\n"
-            "     Nodes=gpu003 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:4,6)\n"
-            "JobId=78 JobName=y\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:zz)\n")
+    text = (
+        "JobId=77 JobName=x\n   JOB_GRES=gpu:8\n"
+        "     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)\n"
+        "     Nodes=gpu003 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:4,6)\n"
+        "JobId=78 JobName=y\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:zz)\n"
+    )
     detail, errors = slurm.parse_show_job_detail(text)
-    assert detail == {"77": (("gpu001", (0, 1, 2, 3)), ("gpu002", (0, 1, 2, 3)),
-                             ("gpu003", (4, 6)))}
+    assert detail == {
+        "77": (("gpu001", (0, 1, 2, 3)), ("gpu002", (0, 1, 2, 3)), ("gpu003", (4, 6)))
+    }
     assert errors == ("job 78: bad GPU index 'zz' in GRES 'gpu:1(IDX:zz)'",)
 
 
 def test_listpids_all_jobs():
     parsed = slurm.parse_listpids(read("listpids-all.txt"))
     assert parsed.errors == ()
-    assert parsed.pids == {10899: PidJob("2", "batch", "listpids"),
-                           10900: PidJob("2", "batch", "listpids"),
-                           10901: PidJob("1", "batch", "listpids"),
-                           10902: PidJob("1", "batch", "listpids")}
+    assert parsed.pids == {
+        10899: PidJob("2", "batch", "listpids"),
+        10900: PidJob("2", "batch", "listpids"),
+        10901: PidJob("1", "batch", "listpids"),
+        10902: PidJob("1", "batch", "listpids"),
+    }
 
 
 def test_listpids_step_and_garbage():
@@ -168,14 +203,16 @@ def test_cgroup_v1_real():
 
 
 def test_cgroup_linuxproc_has_no_job():
-    assert [slurm.job_from_cgroup(b) for b in _cgroup_blocks(
-        "proc-cgroup-linuxproc-job-1.txt")] == [None] * 4
+    assert [
+        slurm.job_from_cgroup(b) for b in _cgroup_blocks("proc-cgroup-linuxproc-job-1.txt")
+    ] == [None] * 4
 
 
 def test_cgroup_v2_layouts():
     lines = read("proc-cgroup-v2-samples.txt").splitlines()
     assert [slurm.job_from_cgroup(line) for line in lines] == [
-        PidJob("42", "0", "cgroup"), PidJob("43", "batch", "cgroup"),
+        PidJob("42", "0", "cgroup"),
+        PidJob("43", "batch", "cgroup"),
         PidJob("44", "extern", "cgroup"),
         None,  # the same names inside a user's delegated subtree are not Slurm's
         None,  # slurmstepd's own cgroup
@@ -183,10 +220,12 @@ def test_cgroup_v2_layouts():
 
 
 def test_cgroup_v1_debian_and_upstream_names():
-    assert slurm.job_from_cgroup("4:memory:/slurm/uid_1001/job_9/step_extern/task_0") == \
-        PidJob("9", "extern", "cgroup")
-    assert slurm.job_from_cgroup("4:memory:/slurm_gpu017/uid_1001/job_9") == \
-        PidJob("9", None, "cgroup")
+    assert slurm.job_from_cgroup("4:memory:/slurm/uid_1001/job_9/step_extern/task_0") == PidJob(
+        "9", "extern", "cgroup"
+    )
+    assert slurm.job_from_cgroup("4:memory:/slurm_gpu017/uid_1001/job_9") == PidJob(
+        "9", None, "cgroup"
+    )
     assert slurm.job_from_cgroup("4:memory:/user/slurm/uid_1/job_9") is None
     assert slurm.job_from_cgroup("garbage\n") is None
 
@@ -198,16 +237,19 @@ def test_environ():
     assert slurm.job_from_environ(b"SLURM_JOBID=12\0") is None
 
 
-@pytest.mark.parametrize(("state", "word"), [
-    ("RUNNING", "RUNNING"),
-    (["RUNNING"], "RUNNING"),
-    (["RUNNING", "CONFIGURING"], "CONFIGURING"),
-    (["CANCELLED", "COMPLETING"], "COMPLETING"),
-    (["PENDING", "REQUEUED"], "REQUEUED"),
-    (["COMPLETED", "UNKNOWN_FLAG"], "COMPLETED"),
-    ([], None),
-    ("", None),
-    (7, None),
-])
+@pytest.mark.parametrize(
+    ("state", "word"),
+    [
+        ("RUNNING", "RUNNING"),
+        (["RUNNING"], "RUNNING"),
+        (["RUNNING", "CONFIGURING"], "CONFIGURING"),
+        (["CANCELLED", "COMPLETING"], "COMPLETING"),
+        (["PENDING", "REQUEUED"], "REQUEUED"),
+        (["COMPLETED", "UNKNOWN_FLAG"], "COMPLETED"),
+        ([], None),
+        ("", None),
+        (7, None),
+    ],
+)
 def test_state_word_is_the_same_in_both_shapes(state, word):
     assert slurm._state(state) == word

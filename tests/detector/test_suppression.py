@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from hpcsec.detector.config import Silence, SiteConfig
-from hpcsec.detector.suppression import RATE_LIMIT_RULE_ID, Suppressor
+from hpcsec.detector.alerts.suppression import RATE_LIMIT_RULE_ID, Suppressor
+from hpcsec.detector.config.site import Silence, SiteConfig
 
 T0 = datetime(2026, 11, 30, 1, 0, 10, tzinfo=UTC)
 
@@ -19,9 +19,17 @@ class Clock:
 
 
 def alert(n: int, rule: str = "r1", level: str = "medium", **fields) -> dict:
-    return {"alert.id": f"a{n}", "rule.id": rule, "rule.title": f"Title {rule}",
-            "rule.level": level, "rule.tags": ["attack.t1020"], "rule.vector": "model_theft",
-            "host.name": "gpu-001", "@timestamp": "2026-11-30T01:00:05.000Z", **fields}
+    return {
+        "alert.id": f"a{n}",
+        "rule.id": rule,
+        "rule.title": f"Title {rule}",
+        "rule.level": level,
+        "rule.tags": ["attack.t1020"],
+        "rule.vector": "model_theft",
+        "host.name": "gpu-001",
+        "@timestamp": "2026-11-30T01:00:05.000Z",
+        **fields,
+    }
 
 
 def test_silences_match_every_given_field_and_expire():
@@ -31,12 +39,15 @@ def test_silences_match_every_given_field_and_expire():
         Silence(host="gpu-00*", user="alice"),
     )
     sup = Suppressor(silences, clock=clock)
-    batch = [alert(1, **{"slurm.job.id": "42"}), alert(2, **{"slurm.job.id": "43"}),
-             alert(3, rule="r2", **{"user.name": "alice"}), alert(4, **{"user.name": "bob"})]
+    batch = [
+        alert(1, **{"slurm.job.id": "42"}),
+        alert(2, **{"slurm.job.id": "43"}),
+        alert(3, rule="r2", **{"user.name": "alice"}),
+        alert(4, **{"user.name": "bob"}),
+    ]
     d = sup.apply(batch)
     assert [a["alert.id"] for a in d.send] == ["a2", "a4"]
-    assert [(a["alert.id"], s.comment) for a, s in d.silenced] == [("a1", "known job"),
-                                                                  ("a3", "")]
+    assert [(a["alert.id"], s.comment) for a, s in d.silenced] == [("a1", "known job"), ("a3", "")]
     clock.now = T0 + timedelta(hours=1)  # the first silence has expired
     d = sup.apply(batch)
     assert [a["alert.id"] for a in d.send] == ["a1", "a2", "a4"]
@@ -66,7 +77,8 @@ def test_rate_limit_sends_a_summary_when_the_minute_is_over():
     assert summary["host.name"] == "gpu-001"
     assert summary["alert.summary"] == (
         "4 alerts suppressed by the rate limit of rule r1 (Title r1) in the minute from "
-        "2026-11-30T01:00:00.000Z; they are in the alert store")
+        "2026-11-30T01:00:00.000Z; they are in the alert store"
+    )
     assert summary["events"] == [] and len(summary["alert.id"]) == 32
 
 

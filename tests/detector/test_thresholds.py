@@ -2,8 +2,8 @@
 
 import pytest
 
-from hpcsec.detector import thresholds
-from hpcsec.detector.yamlsrc import load_text_documents
+from hpcsec.detector.core.yamlsrc import load_text_documents
+from hpcsec.detector.engine import thresholds
 
 RULE = """\
 title: READ surge
@@ -30,7 +30,8 @@ def test_declared_paths_point_at_numbers():
     assert errors == []
     assert paths == {
         "read_requests_per_s": ("detection", "selection", "rdma.per_s.hw.rx_read_requests|gte"),
-        "errors_per_minute": ("correlation", "condition", "gte")}
+        "errors_per_minute": ("correlation", "condition", "gte"),
+    }
 
 
 def test_config_values_replace_the_defaults():
@@ -40,16 +41,27 @@ def test_config_values_replace_the_defaults():
     assert doc.data["correlation"]["condition"]["gte"] == 60  # not in the config: default
 
 
-@pytest.mark.parametrize(("declaration", "message"), [
-    ("  bad: [detection, nothing]\n", "r.yml:4: threshold 'bad': ['detection', 'nothing'] "
-     "points at nothing, not a number"),
-    ("  bad: [detection, condition]\n", "r.yml:4: threshold 'bad': ['detection', 'condition'] "
-     "points at 'selection', not a number"),
-    ("  bad: detection.selection\n", "r.yml:4: threshold 'bad': the path must be a list of "
-     "keys, e.g. [detection, selection, 'field|gte']"),
-])
+@pytest.mark.parametrize(
+    ("declaration", "message"),
+    [
+        (
+            "  bad: [detection, nothing]\n",
+            "r.yml:4: threshold 'bad': ['detection', 'nothing'] points at nothing, not a number",
+        ),
+        (
+            "  bad: [detection, condition]\n",
+            "r.yml:4: threshold 'bad': ['detection', 'condition'] "
+            "points at 'selection', not a number",
+        ),
+        (
+            "  bad: detection.selection\n",
+            "r.yml:4: threshold 'bad': the path must be a list of "
+            "keys, e.g. [detection, selection, 'field|gte']",
+        ),
+    ],
+)
 def test_malformed_declarations_name_the_line(declaration, message):
-    text = RULE.replace('  errors_per_minute: [correlation, condition, gte]\n', declaration)
+    text = RULE.replace("  errors_per_minute: [correlation, condition, gte]\n", declaration)
     _, errors = thresholds.declared(_doc(text))
     assert [str(e) for e in errors] == [message]
 
@@ -57,7 +69,8 @@ def test_malformed_declarations_name_the_line(declaration, message):
 def test_a_config_value_that_is_not_a_number():
     errors = thresholds.apply(_doc(), {"errors_per_minute": "lots"})
     assert [str(e) for e in errors] == [
-        "r.yml:11: threshold 'errors_per_minute': the config gives 'lots', not a number"]
+        "r.yml:11: threshold 'errors_per_minute': the config gives 'lots', not a number"
+    ]
 
 
 SURGE = """\
@@ -76,15 +89,19 @@ detection:
 
 
 def _surge_event(rate):
-    return {"@timestamp": "2026-11-30T01:00:00Z", "event.category": "rdma_counters",
-            "host.name": "gpu-017", "rdma.device": "mlx5_1",
-            "rdma.per_s.hw.rx_read_requests": rate}
+    return {
+        "@timestamp": "2026-11-30T01:00:00Z",
+        "event.category": "rdma_counters",
+        "host.name": "gpu-017",
+        "rdma.device": "mlx5_1",
+        "rdma.per_s.hw.rx_read_requests": rate,
+    }
 
 
 def test_the_site_config_tunes_a_rule_through_scan(tmp_path, capsys):
     import json
 
-    from hpcsec.detector.cli import main
+    from hpcsec.detector.cli.main import main
 
     rules = tmp_path / "rdma_abuse.yml"
     rules.write_text(SURGE)
@@ -93,20 +110,23 @@ def test_the_site_config_tunes_a_rule_through_scan(tmp_path, capsys):
     config = tmp_path / "site.yml"
     assert main(["scan", "--events", str(events), "--rules", str(rules)]) == 1
     config.write_text("thresholds: {rdma_read_requests_per_s: 500000}\n")
-    assert main(["scan", "--events", str(events), "--rules", str(rules),
-                 "--config", str(config)]) == 0
+    assert (
+        main(["scan", "--events", str(events), "--rules", str(rules), "--config", str(config)]) == 0
+    )
     config.write_text("thresholds: {rdma_read_requests_per_s: 250000}\n")
-    assert main(["scan", "--events", str(events), "--rules", str(rules),
-                 "--config", str(config)]) == 1
+    assert (
+        main(["scan", "--events", str(events), "--rules", str(rules), "--config", str(config)]) == 1
+    )
     capsys.readouterr()
 
 
 def test_rules_check_reports_a_broken_declaration(tmp_path, capsys):
-    from hpcsec.detector.cli import main
+    from hpcsec.detector.cli.main import main
 
     rules = tmp_path / "rdma_abuse.yml"
-    rules.write_text(SURGE.replace('"rdma.per_s.hw.rx_read_requests|gte"]',
-                                   '"rdma.per_s.hw.rx_read_requests"]'))
+    rules.write_text(
+        SURGE.replace('"rdma.per_s.hw.rx_read_requests|gte"]', '"rdma.per_s.hw.rx_read_requests"]')
+    )
     assert main(["rules", "check", str(rules)]) == 2
     out = capsys.readouterr()
     err = out.out + out.err
@@ -117,8 +137,8 @@ def test_rules_check_reports_a_broken_declaration(tmp_path, capsys):
 def test_bundled_rules_declare_the_documented_thresholds():
     from pathlib import Path
 
-    from hpcsec.detector.rules import bundled_rules_dir
-    from hpcsec.detector.yamlsrc import load_documents
+    from hpcsec.detector.core.yamlsrc import load_documents
+    from hpcsec.detector.engine.loader import bundled_rules_dir
 
     names = set()
     for path in sorted(Path(bundled_rules_dir()).glob("*.yml")):
@@ -127,8 +147,12 @@ def test_bundled_rules_declare_the_documented_thresholds():
             assert errors == []
             names |= set(paths)
     docs = (Path(__file__).parents[2] / "docs" / "rules.md").read_text()
-    assert names >= {"rkey_errors_per_minute", "rdma_read_requests_per_s",
-                     "weight_files_per_user_10m", "dataset_modifications_per_5m"}
+    assert names >= {
+        "rkey_errors_per_minute",
+        "rdma_read_requests_per_s",
+        "weight_files_per_user_10m",
+        "dataset_modifications_per_5m",
+    }
     for name in names:
         assert f"`{name}`" in docs, f"docs/rules.md does not list threshold {name}"
 
@@ -136,7 +160,7 @@ def test_bundled_rules_declare_the_documented_thresholds():
 def test_scan_warns_about_a_threshold_no_rule_knows(tmp_path, capsys):
     import json
 
-    from hpcsec.detector.cli import main
+    from hpcsec.detector.cli.main import main
 
     rules = tmp_path / "rdma_abuse.yml"
     rules.write_text(SURGE)

@@ -1,7 +1,7 @@
 import pytest
 
-from hpcsec.detector.errors import SourceError
-from hpcsec.detector.yamlsrc import decode_source, load_documents, load_text_documents
+from hpcsec.detector.core.errors import SourceError
+from hpcsec.detector.core.yamlsrc import decode_source, load_documents, load_text_documents
 
 
 def test_documents_keep_lines_of_keys_and_items():
@@ -21,11 +21,15 @@ def test_documents_keep_lines_of_keys_and_items():
         ("a:\n\t- b\n", "f.yml:2:1: YAML syntax error: tab character where YAML expects spaces"),
         ("a: [1\n", "f.yml:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'"),
         ("<<: {a: 1}\n", "f.yml:1: YAML merge keys (<<) are not supported"),
-        ("a: !!python/object/apply:os.system [touch x]\n",
-         "f.yml:1: YAML tag tag:yaml.org,2002:python/object/apply:os.system is not supported"),
+        (
+            "a: !!python/object/apply:os.system [touch x]\n",
+            "f.yml:1: YAML tag tag:yaml.org,2002:python/object/apply:os.system is not supported",
+        ),
         ("a:\n  b: !!set {x, y}\n", "f.yml:2: YAML tag tag:yaml.org,2002:set is not supported"),
-        ("a: !custom x\n", "f.yml:1:4: YAML syntax error: could not determine a constructor for "
-         "the tag '!custom'"),
+        (
+            "a: !custom x\n",
+            "f.yml:1:4: YAML syntax error: could not determine a constructor for the tag '!custom'",
+        ),
     ],
 )
 def test_malformed_yaml_names_file_and_line(text, message):
@@ -37,7 +41,8 @@ def test_malformed_yaml_names_file_and_line(text, message):
 def test_alias_bomb_is_refused_quickly():
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
-        for i in range(9))
+        for i in range(9)
+    )
     with pytest.raises(SourceError, match="aliases"):
         load_text_documents(bomb, "bomb.yml")
 
@@ -64,7 +69,7 @@ def test_deep_nesting_is_an_error_not_a_crash():
 
 
 def test_oversized_file_is_refused_before_parsing(tmp_path):
-    from hpcsec.detector import yamlsrc
+    from hpcsec.detector.core import yamlsrc
 
     path = tmp_path / "big.yml"
     path.write_bytes(b"# " + b"x" * yamlsrc.MAX_FILE_BYTES + b"\n")
@@ -74,7 +79,7 @@ def test_oversized_file_is_refused_before_parsing(tmp_path):
 
 
 def test_node_count_is_bounded(monkeypatch):
-    from hpcsec.detector import yamlsrc
+    from hpcsec.detector.core import yamlsrc
 
     monkeypatch.setattr(yamlsrc, "MAX_NODES", 5)
     assert load_text_documents("a: [1, 2]\n", "f.yml")[0].data == {"a": [1, 2]}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import pynvml
 
-from hpcsec.sensors import nvml_dump
+from hpcsec.sensors.gpu import nvml_dump
 
 NOT_AVAILABLE_U64 = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 NOT_AVAILABLE_U32 = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value
@@ -111,6 +111,7 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable]:
         def register(fn: Callable) -> Callable:
             table[name] = CFUNCTYPE(c_int, *argtypes)(fn)
             return fn
+
         return register
 
     @c("nvmlInitWithFlags", c_uint)
@@ -260,8 +261,9 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable]:
                     array = (PROCESS_INFO * asked).from_address(infos)
                     for slot, proc in zip(array, procs, strict=False):
                         slot.pid = proc.pid
-                        slot.usedGpuMemory = (NOT_AVAILABLE_U64 if proc.used_memory is None
-                                              else proc.used_memory)
+                        slot.usedGpuMemory = (
+                            NOT_AVAILABLE_U64 if proc.used_memory is None else proc.used_memory
+                        )
                         slot.gpuInstanceId = _or_na(proc.gpu_instance_id)
                         slot.computeInstanceId = _or_na(proc.compute_instance_id)
                     count[0], rc = len(procs), ok
@@ -292,8 +294,12 @@ class _FakeLibrary:
 @contextlib.contextmanager
 def installed(fake: FakeNvml) -> Iterator[FakeNvml]:
     """pynvml talks to `fake` inside the block; the real loader is back afterwards."""
-    saved = (pynvml._LoadNvmlLibrary, pynvml._nvmlGetFunctionPointer, pynvml.nvmlLib,
-             dict(pynvml._nvmlGetFunctionPointer_cache))
+    saved = (
+        pynvml._LoadNvmlLibrary,
+        pynvml._nvmlGetFunctionPointer,
+        pynvml.nvmlLib,
+        dict(pynvml._nvmlGetFunctionPointer_cache),
+    )
     library = _FakeLibrary(fake)
 
     def load() -> None:
@@ -327,13 +333,18 @@ def installed(fake: FakeNvml) -> Iterator[FakeNvml]:
 BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 MINORS = (2, 3, 0, 1, 6, 7, 4, 5)
 UUIDS = (
-    "GPU-3a4b5c6d-0e1f-4a2b-8c3d-4e5f6a7b8c90", "GPU-7f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0",
-    "GPU-0c9b8a7f-6e5d-4c3b-9a2f-1e0d9c8b7a65", "GPU-d1c2b3a4-9584-4736-a251-f4e3d2c1b0a9",
-    "GPU-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9", "GPU-a0b1c2d3-e4f5-4061-b2c3-d4e5f6071829",
-    "GPU-1f2e3d4c-5b6a-4798-a6b5-c4d3e2f1a0b9", "GPU-9d8c7b6a-5f4e-4d3c-b2a1-0f9e8d7c6b5a",
+    "GPU-3a4b5c6d-0e1f-4a2b-8c3d-4e5f6a7b8c90",
+    "GPU-7f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0",
+    "GPU-0c9b8a7f-6e5d-4c3b-9a2f-1e0d9c8b7a65",
+    "GPU-d1c2b3a4-9584-4736-a251-f4e3d2c1b0a9",
+    "GPU-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
+    "GPU-a0b1c2d3-e4f5-4061-b2c3-d4e5f6071829",
+    "GPU-1f2e3d4c-5b6a-4798-a6b5-c4d3e2f1a0b9",
+    "GPU-9d8c7b6a-5f4e-4d3c-b2a1-0f9e8d7c6b5a",
 )
-SERIALS = tuple(f"16549230{n:05d}" for n in (10841, 10857, 10862, 10903, 11015, 11022, 11040,
-                                              11067))
+SERIALS = tuple(
+    f"16549230{n:05d}" for n in (10841, 10857, 10862, 10903, 11015, 11022, 11040, 11067)
+)
 GIB = 1 << 30
 
 
@@ -343,24 +354,51 @@ def h100_node() -> FakeNvml:
     GPU 3 runs MIG with two instances (NVML reports no utilisation there, and one process's
     memory as not available); GPU 5 has ECC turned off.
     """
-    gpus = [FakeGpu(uuid=UUIDS[i], serial=SERIALS[i], bus_id=f"00000000:{BUS_IDS[i]}:00.0",
-                    minor=MINORS[i]) for i in range(8)]
-    gpus[0] = replace(gpus[0], memory_used=62 * GIB, utilization=97,
-                      compute=(FakeProcess(41000, 61 * GIB),))
-    gpus[1] = replace(gpus[1], memory_used=62 * GIB, utilization=96,
-                      compute=(FakeProcess(41001, 61 * GIB),))
-    gpus[2] = replace(gpus[2], memory_used=40 * GIB, utilization=88,
-                      compute=(FakeProcess(41002, 20 * GIB), FakeProcess(41003, 19 * GIB)))
-    gpus[3] = replace(gpus[3], mig_mode=1, memory_used=30 * GIB, compute=(
-        FakeProcess(42000, 9 * GIB, gpu_instance_id=1, compute_instance_id=0),
-        FakeProcess(42001, None, gpu_instance_id=2, compute_instance_id=0)))
-    gpus[4] = replace(gpus[4], memory_used=21 * GIB, utilization=55,
-                      compute=(FakeProcess(41002, 20 * GIB),))
-    gpus[5] = replace(gpus[5], ecc_mode=0, memory_used=3 * GIB, utilization=12,
-                      graphics=(FakeProcess(43000, 2 * GIB),))
-    gpus[6] = replace(gpus[6], memory_used=12 * GIB, utilization=40,
-                      compute=(FakeProcess(44000, 32 * (1 << 20)),),
-                      mps=(FakeProcess(44100, 5 * GIB), FakeProcess(44101, 6 * GIB)))
-    gpus[7] = replace(gpus[7], memory_used=8 * GIB, utilization=100,
-                      compute=(FakeProcess(45000, 7 * GIB),))
+    gpus = [
+        FakeGpu(
+            uuid=UUIDS[i], serial=SERIALS[i], bus_id=f"00000000:{BUS_IDS[i]}:00.0", minor=MINORS[i]
+        )
+        for i in range(8)
+    ]
+    gpus[0] = replace(
+        gpus[0], memory_used=62 * GIB, utilization=97, compute=(FakeProcess(41000, 61 * GIB),)
+    )
+    gpus[1] = replace(
+        gpus[1], memory_used=62 * GIB, utilization=96, compute=(FakeProcess(41001, 61 * GIB),)
+    )
+    gpus[2] = replace(
+        gpus[2],
+        memory_used=40 * GIB,
+        utilization=88,
+        compute=(FakeProcess(41002, 20 * GIB), FakeProcess(41003, 19 * GIB)),
+    )
+    gpus[3] = replace(
+        gpus[3],
+        mig_mode=1,
+        memory_used=30 * GIB,
+        compute=(
+            FakeProcess(42000, 9 * GIB, gpu_instance_id=1, compute_instance_id=0),
+            FakeProcess(42001, None, gpu_instance_id=2, compute_instance_id=0),
+        ),
+    )
+    gpus[4] = replace(
+        gpus[4], memory_used=21 * GIB, utilization=55, compute=(FakeProcess(41002, 20 * GIB),)
+    )
+    gpus[5] = replace(
+        gpus[5],
+        ecc_mode=0,
+        memory_used=3 * GIB,
+        utilization=12,
+        graphics=(FakeProcess(43000, 2 * GIB),),
+    )
+    gpus[6] = replace(
+        gpus[6],
+        memory_used=12 * GIB,
+        utilization=40,
+        compute=(FakeProcess(44000, 32 * (1 << 20)),),
+        mps=(FakeProcess(44100, 5 * GIB), FakeProcess(44101, 6 * GIB)),
+    )
+    gpus[7] = replace(
+        gpus[7], memory_used=8 * GIB, utilization=100, compute=(FakeProcess(45000, 7 * GIB),)
+    )
     return FakeNvml(gpus)

@@ -9,17 +9,23 @@ from pathlib import Path
 import pytest
 from sigma.correlations import SigmaCorrelationRule
 
-from hpcsec.detector.cli import main
-from hpcsec.detector.config import SiteConfig, load_config
-from hpcsec.detector.lint import check_paths
-from hpcsec.detector.rules import load_rules
-from hpcsec.detector.ruleset import RuleSet, RuleTest
-from hpcsec.detector.ruletests import run_tests
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.config.site import SiteConfig, load_config
+from hpcsec.detector.engine.lint import check_paths
+from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.ruleset import RuleSet, RuleTest
+from hpcsec.detector.engine.ruletests import run_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "rules"
-VECTORS = ("rdma_abuse", "gpu_hijack", "model_theft", "data_poisoning", "firmware_drift",
-           "isolation_escape")
+VECTORS = (
+    "rdma_abuse",
+    "gpu_hijack",
+    "model_theft",
+    "data_poisoning",
+    "firmware_drift",
+    "isolation_escape",
+)
 TAG = re.compile(r"(attack\.(t\d{4}(\.\d{3})?|[a-z_]+)|atlas\.aml\.t\d{4}(\.\d{3})?)")
 
 
@@ -36,14 +42,18 @@ def alerting(ruleset: RuleSet, vector: str):
         corr = rule.sigma
         if isinstance(corr, SigmaCorrelationRule) and not corr.generate:
             consumed |= {ref.reference for ref in corr.rules}
-    return [r for r in ruleset.rules if r.vector == vector
-            and r.id not in consumed and (r.sigma.name or "") not in consumed]
+    return [
+        r
+        for r in ruleset.rules
+        if r.vector == vector and r.id not in consumed and (r.sigma.name or "") not in consumed
+    ]
 
 
 def test_the_six_rulesets_and_nothing_else():
     assert sorted(p.stem for p in RULES.glob("*.yml")) == sorted(VECTORS)
     assert sorted(p.name for p in (RULES / "tests").glob("*.yaml")) == sorted(
-        f"{v}.yaml" for v in VECTORS)
+        f"{v}.yaml" for v in VECTORS
+    )
 
 
 def test_rulesets_load_without_errors_and_check_clean():
@@ -71,8 +81,9 @@ def test_rules_carry_analyst_metadata(ruleset, vector):
         assert s.status is not None and s.level is not None, where
         # intent plus tuning advice: a real paragraph, not a one-liner (base rules that only
         # feed correlations say what they select and that they do not alert)
-        assert s.description and len(s.description.split()) >= (
-            25 if rule.id in alerts else 12), where
+        assert s.description and len(s.description.split()) >= (25 if rule.id in alerts else 12), (
+            where
+        )
         assert s.references and all(str(r).startswith("https://") for r in s.references), where
         assert s.author == "hpcsec project" and s.date is not None, where
         assert s.falsepositives, where
@@ -109,37 +120,53 @@ def test_rule_tests_pass_with_the_default_placeholders(ruleset):
 def test_rule_tests_can_fail(ruleset):
     """A match event turned into a non-matching one must be reported as a failure."""
     test = next(t for t in ruleset.tests if t.rule_id == "494c85a1-d78e-43c8-9518-d117a318f4cd")
-    broken = RuleTest(test.rule_id, ({**test.match[0], "gpu.ecc_mode": 1},), (), test.path,
-                      test.line, match_lines=(test.match_lines[0],))
-    passed, failures = run_tests(RuleSet(rules=ruleset.rules, tests=[broken]),
-                                 SiteConfig().placeholders())
+    broken = RuleTest(
+        test.rule_id,
+        ({**test.match[0], "gpu.ecc_mode": 1},),
+        (),
+        test.path,
+        test.line,
+        match_lines=(test.match_lines[0],),
+    )
+    passed, failures = run_tests(
+        RuleSet(rules=ruleset.rules, tests=[broken]), SiteConfig().placeholders()
+    )
     assert (passed, len(failures)) == (0, 1)
 
 
 def test_rules_test_command_passes_with_the_example_config(capsys):
-    assert main(["rules", "test", str(RULES), "--config",
-                 str(ROOT / "examples" / "site-config.yml")]) == 0
+    assert (
+        main(["rules", "test", str(RULES), "--config", str(ROOT / "examples" / "site-config.yml")])
+        == 0
+    )
     assert "0 failed" in capsys.readouterr().err
 
 
 def test_site_lists_reach_the_rules(ruleset):
     """`copy_tools` from the site config replaces the default list in the copy-tool rule."""
-    from hpcsec.detector.engine import Engine
+    from hpcsec.detector.engine.evaluate import Engine
 
     rule = ruleset.find("2bfe7e5b-9535-4165-b5f8-2deff1e79153")
-    event = {"event.category": "file_access", "@timestamp": "2026-11-30T01:00:00Z",
-             "host.name": "gpu-017", "event.action": "read", "process.name": "bbcp",
-             "hpcsec.asset.kind": "model", "file.path": "/lustre/models/m/w.safetensors"}
+    event = {
+        "event.category": "file_access",
+        "@timestamp": "2026-11-30T01:00:00Z",
+        "host.name": "gpu-017",
+        "event.action": "read",
+        "process.name": "bbcp",
+        "hpcsec.asset.kind": "model",
+        "file.path": "/lustre/models/m/w.safetensors",
+    }
     subset = RuleSet(rules=[rule])
     default = Engine(subset, SiteConfig().placeholders())
     assert default.evaluate([dict(event)]) == []
     site = SiteConfig(lists={"copy_tools": ("bbcp",)})
     assert [m.rule.id for m in Engine(subset, site.placeholders()).evaluate([dict(event)])] == [
-        rule.id]
+        rule.id
+    ]
 
 
 def test_example_config_placeholders_cover_every_rule(ruleset):
-    from hpcsec.detector.engine import Engine
+    from hpcsec.detector.engine.evaluate import Engine
 
     # building the engine fills every placeholder; a missing one is a RuleError
     Engine(ruleset, load_config(ROOT / "examples" / "site-config.yml").placeholders())

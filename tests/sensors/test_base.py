@@ -16,11 +16,15 @@ class _Rec:
 
 
 def _ctx(tmp_path, recorder=None, replay=None):
-    return SensorContext("n1", FsRoot("sys", tmp_path / "sys", recorder),
-                         FsRoot("proc", tmp_path / "proc", recorder),
-                         FsRoot("etc", tmp_path / "etc", recorder),
-                         timestamp="2026-11-30T00:00:00.000Z", recorder=recorder,
-                         replay_inputs=replay)
+    return SensorContext(
+        "n1",
+        FsRoot("sys", tmp_path / "sys", recorder),
+        FsRoot("proc", tmp_path / "proc", recorder),
+        FsRoot("etc", tmp_path / "etc", recorder),
+        timestamp="2026-11-30T00:00:00.000Z",
+        recorder=recorder,
+        replay_inputs=replay,
+    )
 
 
 def test_fsroot_reads_through_root_and_records(tmp_path):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hpcsec.sensors import fanotify as fan
+from hpcsec.sensors.file_access import fanotify as fan
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="fanotify needs root (CAP_SYS_ADMIN)")
 
@@ -33,8 +33,9 @@ def test_parses_fd_events_in_one_read():
 
 
 def test_parses_rename_info_records():
-    info = (dfid_name(fan.INFO_OLD_DFID_NAME, 42, b"\x01" * 8, "a.bin")
-            + dfid_name(fan.INFO_NEW_DFID_NAME, 42, b"\x02" * 8, "b.bin"))
+    info = dfid_name(fan.INFO_OLD_DFID_NAME, 42, b"\x01" * 8, "a.bin") + dfid_name(
+        fan.INFO_NEW_DFID_NAME, 42, b"\x02" * 8, "b.bin"
+    )
     (event,) = fan.parse_events(metadata(fan.FAN_RENAME, fan.FAN_NOFD, 55, info))
     assert event.pid == 55 and event.fd == -1
     assert [(i.info_type, i.fsid, i.handle_type, i.handle, i.name) for i in event.ids] == [

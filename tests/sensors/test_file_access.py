@@ -17,7 +17,7 @@ import pytest
 from snapshot_builder import NodeTree
 
 from hpcsec.sensors.base import SensorUnavailable
-from hpcsec.sensors.file_access import FileAccessSensor, Folder, parse_records
+from hpcsec.sensors.file_access.sensor import FileAccessSensor, Folder, parse_records
 from hpcsec.sensors.snapshot import SnapshotWriter
 
 TEST_USER = "hpcsec-test"
@@ -50,13 +50,15 @@ def test_folder_is_bounded_and_counts_what_it_drops():
 
 
 def test_parse_records_reports_each_bad_line():
-    text = "\n".join([
-        json.dumps({"time": T0, "pid": 1, "path": "/a", "actions": ["read"], "count": 3}),
-        "{oops",
-        json.dumps({"time": T0, "pid": "1", "path": "/a", "actions": ["read"]}),
-        json.dumps({"time": T0, "pid": 1, "path": "/a", "actions": ["chmod"]}),
-        json.dumps({"time": T0, "pid": 1, "path": "/a", "actions": ["read"], "count": 0}),
-    ])
+    text = "\n".join(
+        [
+            json.dumps({"time": T0, "pid": 1, "path": "/a", "actions": ["read"], "count": 3}),
+            "{oops",
+            json.dumps({"time": T0, "pid": "1", "path": "/a", "actions": ["read"]}),
+            json.dumps({"time": T0, "pid": 1, "path": "/a", "actions": ["chmod"]}),
+            json.dumps({"time": T0, "pid": 1, "path": "/a", "actions": ["read"], "count": 0}),
+        ]
+    )
     records, problems = parse_records(text)
     assert [(r.pid, r.count) for r in records] == [(1, 3)]
     assert problems == [
@@ -77,16 +79,35 @@ def replay_node(tmp_path) -> NodeTree:
 
 def test_replay_turns_each_record_into_one_event_per_action(tmp_path):
     ctx = replay_node(tmp_path).context()
-    ctx.replay_inputs = {"file-events.jsonl": json.dumps({
-        "time": "2026-11-30T09:59:58.120Z", "pid": 31337,
-        "path": "/lustre/models/llama/w.safetensors", "actions": ["read", "open"],
-        "count": 4096}) + "\n" + json.dumps({
-        "time": "2026-11-30T09:59:59.000Z", "pid": 999, "path": "/lustre/models/llama/x",
-        "actions": ["rename"], "count": 1, "target": "/scratch/x"}) + "\n"}
+    ctx.replay_inputs = {
+        "file-events.jsonl": json.dumps(
+            {
+                "time": "2026-11-30T09:59:58.120Z",
+                "pid": 31337,
+                "path": "/lustre/models/llama/w.safetensors",
+                "actions": ["read", "open"],
+                "count": 4096,
+            }
+        )
+        + "\n"
+        + json.dumps(
+            {
+                "time": "2026-11-30T09:59:59.000Z",
+                "pid": 999,
+                "path": "/lustre/models/llama/x",
+                "actions": ["rename"],
+                "count": 1,
+                "target": "/scratch/x",
+            }
+        )
+        + "\n"
+    }
     events = list(FileAccessSensor().collect(ctx))
     assert [(e["event.action"], e["@timestamp"]) for e in events] == [
-        ("open", "2026-11-30T09:59:58.120Z"), ("read", "2026-11-30T09:59:58.120Z"),
-        ("rename", "2026-11-30T09:59:59.000Z")]
+        ("open", "2026-11-30T09:59:58.120Z"),
+        ("read", "2026-11-30T09:59:58.120Z"),
+        ("rename", "2026-11-30T09:59:59.000Z"),
+    ]
     read = events[1]
     assert read["event.category"] == "file_access"
     assert read["file.path"] == "/lustre/models/llama/w.safetensors"
@@ -121,14 +142,26 @@ def test_live_without_protected_paths_is_unavailable(tmp_path):
 
 def test_fd_walk_finds_open_files_under_protected_paths(tmp_path):
     node = replay_node(tmp_path)
-    node.process(4000, "python3", ["python3", "load.py"], uid=1666,
-                 fds={0: "/dev/null", 3: "/lustre/models/llama/w.safetensors",
-                      4: "/lustre/models/llama/w.safetensors", 5: "socket:[123]",
-                      6: "/lustre/models/llamas-not/x", 7: "/lustre/models/llama/old (deleted)"})
+    node.process(
+        4000,
+        "python3",
+        ["python3", "load.py"],
+        uid=1666,
+        fds={
+            0: "/dev/null",
+            3: "/lustre/models/llama/w.safetensors",
+            4: "/lustre/models/llama/w.safetensors",
+            5: "socket:[123]",
+            6: "/lustre/models/llamas-not/x",
+            7: "/lustre/models/llama/old (deleted)",
+        },
+    )
     ctx = node.context(watch=["/lustre/models/llama"])
     events = list(FileAccessSensor().collect(ctx))
-    assert [(e["event.action"], e["process.pid"], e["file.path"], e.get("file.access_count"))
-            for e in events] == [
+    assert [
+        (e["event.action"], e["process.pid"], e["file.path"], e.get("file.access_count"))
+        for e in events
+    ] == [
         ("open", 4000, "/lustre/models/llama/old", None),
         ("open", 4000, "/lustre/models/llama/w.safetensors", 2),
     ]
@@ -145,8 +178,11 @@ def test_fd_walk_live_sees_a_child_holding_a_file(tmp_path):
         ctx = node.context(watch=[str(tmp_path)])
         ctx.proc.path, ctx.etc.path = Path("/proc"), Path("/etc")
         for _ in range(100):  # until the shell has opened it and exec'd sleep
-            events = [e for e in FileAccessSensor().collect(ctx)
-                      if e.get("process.pid") == child.pid and e.get("process.name") == "sleep"]
+            events = [
+                e
+                for e in FileAccessSensor().collect(ctx)
+                if e.get("process.pid") == child.pid and e.get("process.name") == "sleep"
+            ]
             if events:
                 break
             time.sleep(0.05)
@@ -165,8 +201,10 @@ def unprivileged_user() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(TEST_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", TEST_USER], check=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
+            check=True,
+        )
         return pwd.getpwnam(TEST_USER)
 
 
@@ -210,7 +248,8 @@ def test_short_lived_processes_of_an_unprivileged_user_are_attributed(shared_dir
     weights.parent.chmod(0o777)
     weights.write_bytes(b"w" * 4096)
     ctx = NodeTree(shared_dir / ".." / f"{shared_dir.name}-ctx").context(
-        watch=[str(shared_dir / "model")], stream=True)
+        watch=[str(shared_dir / "model")], stream=True
+    )
     ctx.proc.path, ctx.etc.path = Path("/proc"), Path("/etc")
     sensor = FileAccessSensor()
     try:
@@ -221,10 +260,16 @@ def test_short_lived_processes_of_an_unprivileged_user_are_attributed(shared_dir
         mover = run_as(user, ["mv", "copy.bin", "moved.bin"], weights.parent)
         # No permission event stops an unlink: the deleter is named by pid, and by user
         # while it is still alive when the event is read (this one lingers a moment).
-        remover = run_as(user, ["find", ".", "-name", "moved.bin", "-delete", "-exec",
-                                "sleep", "1", ";"], weights.parent)
-        events = collect_until(sensor, ctx, {(cat, "read"), (writer, "close_write"),
-                                             (mover, "rename"), (remover, "delete")})
+        remover = run_as(
+            user,
+            ["find", ".", "-name", "moved.bin", "-delete", "-exec", "sleep", "1", ";"],
+            weights.parent,
+        )
+        events = collect_until(
+            sensor,
+            ctx,
+            {(cat, "read"), (writer, "close_write"), (mover, "rename"), (remover, "delete")},
+        )
     finally:
         sensor.close()
         shutil.rmtree(shared_dir.parent / f"{shared_dir.name}-ctx", ignore_errors=True)
@@ -242,14 +287,24 @@ def test_short_lived_processes_of_an_unprivileged_user_are_attributed(shared_dir
         assert e["user.id"] == user.pw_uid
     copy = str(weights.parent / "copy.bin")
     assert {(e["event.action"], e["file.path"]) for e in by[writer]} >= {
-        ("create", copy), ("open", copy), ("write", copy), ("close_write", copy)}
+        ("create", copy),
+        ("open", copy),
+        ("write", copy),
+        ("close_write", copy),
+    }
     assert all(e["user.name"] == TEST_USER for e in by[writer])
     (rename,) = by[mover]  # `mv` may be gone before its event is read: pid only is certain
     assert (rename["event.action"], rename["file.path"], rename["file.target_path"]) == (
-        "rename", copy, str(weights.parent / "moved.bin"))
+        "rename",
+        copy,
+        str(weights.parent / "moved.bin"),
+    )
     (delete,) = by[remover]
     assert (delete["event.action"], delete["file.path"], delete["user.id"]) == (
-        "delete", str(weights.parent / "moved.bin"), user.pw_uid)
+        "delete",
+        str(weights.parent / "moved.bin"),
+        user.pw_uid,
+    )
 
 
 @root_only
@@ -261,8 +316,10 @@ def test_a_full_queue_is_reported_as_dropped(shared_dir):
     sensor = FileAccessSensor(max_records=1)
     try:
         list(sensor.collect(ctx))
-        cats = [subprocess.run(["cat", str(shared_dir / n)], capture_output=True).returncode
-                for n in ("a", "b", "c")]
+        cats = [
+            subprocess.run(["cat", str(shared_dir / n)], capture_output=True).returncode
+            for n in ("a", "b", "c")
+        ]
         assert cats == [0, 0, 0]
         events = collect_until(sensor, ctx, {(None, "dropped")})
     finally:
@@ -284,7 +341,7 @@ def test_refuses_to_watch_its_own_snapshot_directory(shared_dir):
 @contextlib.contextmanager
 def _watch_with_a_stalled_proc_read(shared_dir, monkeypatch):
     """A watch whose /proc read of the opener hangs: only the watchdog can answer."""
-    from hpcsec.sensors import fanwatch
+    from hpcsec.sensors.file_access import fanwatch
 
     (shared_dir / "w.bin").write_text("w")
     release = threading.Event()
@@ -295,8 +352,9 @@ def _watch_with_a_stalled_proc_read(shared_dir, monkeypatch):
 
     monkeypatch.setattr(fanwatch, "access_process_fields", stalled_proc_read)
     ctx = NodeTree(shared_dir / "ctx").context()
-    watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder(),
-                                         answer_timeout_s=0.2)
+    watch = fanwatch.FanotifyWatch.start(
+        ctx, [str(shared_dir)], lambda p: True, Folder(), answer_timeout_s=0.2
+    )
     try:
         yield watch
     finally:
@@ -318,7 +376,7 @@ def test_watchdog_answers_when_the_proc_read_stalls(shared_dir, monkeypatch):
 
 @root_only
 def test_without_fid_mode_the_stream_says_what_it_misses(shared_dir, monkeypatch):
-    from hpcsec.sensors import fanotify, fanwatch
+    from hpcsec.sensors.file_access import fanotify, fanwatch
 
     real_init = fanotify.init
 
@@ -335,17 +393,19 @@ def test_without_fid_mode_the_stream_says_what_it_misses(shared_dir, monkeypatch
     finally:
         sensor.close()
     assert status["event.action"] == "degraded"
-    assert status["message"] == ("create/delete/rename not reported: this kernel has no "
-                                 "fanotify FID mode (Invalid argument)")
+    assert status["message"] == (
+        "create/delete/rename not reported: this kernel has no fanotify FID mode (Invalid argument)"
+    )
 
 
 @root_only
 def test_never_marks_proc_or_the_root_directory(tmp_path):
-    from hpcsec.sensors import fanwatch
+    from hpcsec.sensors.file_access import fanwatch
 
     ctx = NodeTree(tmp_path).context()
-    watch = fanwatch.FanotifyWatch.start(ctx, ["/", "/proc/self", str(tmp_path / "absent")],
-                                         lambda p: True, Folder())
+    watch = fanwatch.FanotifyWatch.start(
+        ctx, ["/", "/proc/self", str(tmp_path / "absent")], lambda p: True, Folder()
+    )
     watch.stop()
     assert watch.notes == [
         "protected path / not watched: it holds /proc",
@@ -356,8 +416,9 @@ def test_never_marks_proc_or_the_root_directory(tmp_path):
 
 @root_only
 def test_an_event_the_reader_fails_on_is_answered_counted_and_the_stream_goes_on(
-        shared_dir, monkeypatch):
-    from hpcsec.sensors import fanwatch
+    shared_dir, monkeypatch
+):
+    from hpcsec.sensors.file_access import fanwatch
 
     for name in ("a", "b"):
         (shared_dir / name).write_text(name)
@@ -384,29 +445,38 @@ def test_an_event_the_reader_fails_on_is_answered_counted_and_the_stream_goes_on
         sensor.close()
     errors = [e for e in events if e["event.action"] == "error"]
     assert [(e["hpcsec.errors"], e["message"]) for e in errors] == [
-        (1, "1 fanotify reads or events not handled (last: RuntimeError: boom)")]
+        (1, "1 fanotify reads or events not handled (last: RuntimeError: boom)")
+    ]
     assert {e["file.path"] for e in events if e["event.category"] == "file_access"} >= {
-        str(shared_dir / "b")}
+        str(shared_dir / "b")
+    }
 
 
 def fanotify_marks(group_fd: int) -> list[str]:
     """The kinds of marks a group holds (ino, mnt_id, sdev), as the kernel lists them."""
     text = Path(f"/proc/self/fdinfo/{group_fd}").read_text()
-    kinds = (line.split()[1].split(":")[0] for line in text.splitlines()
-             if line.startswith("fanotify ") and len(line.split()) > 1)
+    kinds = (
+        line.split()[1].split(":")[0]
+        for line in text.splitlines()
+        if line.startswith("fanotify ") and len(line.split()) > 1
+    )
     return sorted(k for k in kinds if k in ("ino", "mnt_id", "sdev"))
 
 
 @root_only
 def test_a_protected_mount_holds_only_that_mount_not_its_filesystem(shared_dir):
     """A tmpfs mounted twice: the protected mount is seen, the other mount of it is not."""
-    from hpcsec.sensors import fanwatch
+    from hpcsec.sensors.file_access import fanwatch
 
     mount, other = shared_dir / "models", shared_dir / "elsewhere"
     mount.mkdir()
     other.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "hpcsec-test", str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "hpcsec-test", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount here (no CAP_SYS_ADMIN in this mount namespace)")
     watch = None
     try:
@@ -418,8 +488,9 @@ def test_a_protected_mount_holds_only_that_mount_not_its_filesystem(shared_dir):
         assert fanotify_marks(watch.content_fd) == ["mnt_id"]
         if watch.fid_fd >= 0:
             assert fanotify_marks(watch.fid_fd) == ["sdev"]
-        cat = subprocess.run(["cat", str(other / "w.bin"), str(mount / "w.bin")],
-                             capture_output=True, timeout=10)
+        cat = subprocess.run(
+            ["cat", str(other / "w.bin"), str(mount / "w.bin")], capture_output=True, timeout=10
+        )
         assert cat.stdout == b"ww"
         records = []
         for _ in range(100):
@@ -439,7 +510,7 @@ def test_a_protected_mount_holds_only_that_mount_not_its_filesystem(shared_dir):
 
 @root_only
 def test_cli_collect_watch_duration_streams_the_accesses(shared_dir, capsys):
-    from hpcsec.detector.cli import main
+    from hpcsec.detector.cli.main import main
 
     target = shared_dir / "ckpt.pt"
     target.write_bytes(b"c" * 64)
@@ -456,8 +527,21 @@ def test_cli_collect_watch_duration_streams_the_accesses(shared_dir, capsys):
     thread = threading.Thread(target=read_until_done)
     thread.start()
     try:
-        assert main(["collect", "--sensor", "file_access", "--watch", str(shared_dir),
-                     "--duration", "1", "--raw"]) == 0
+        assert (
+            main(
+                [
+                    "collect",
+                    "--sensor",
+                    "file_access",
+                    "--watch",
+                    str(shared_dir),
+                    "--duration",
+                    "1",
+                    "--raw",
+                ]
+            )
+            == 0
+        )
     finally:
         done.set()
         thread.join()
@@ -465,15 +549,16 @@ def test_cli_collect_watch_duration_streams_the_accesses(shared_dir, capsys):
     opens = [e for e in events if e["event.action"] == "open"]
     assert opens, "no access seen in one second of cat every 50 ms"
     assert {(e["file.path"], e["process.name"], e["user.id"], e["file.size"]) for e in opens} == {
-        (str(target), "cat", 0, 64)}
+        (str(target), "cat", 0, 64)
+    }
     assert {e["process.pid"] for e in opens} <= set(readers)
     assert events[-1]["event.category"] == "sensor_status"
     assert events[-1]["event.action"] == "ok"
 
 
 def test_pending_is_true_until_started_then_follows_the_queue():
-    from hpcsec.sensors.fanwatch import FanotifyWatch
-    from hpcsec.sensors.file_access import FileAccessSensor, Folder
+    from hpcsec.sensors.file_access.fanwatch import FanotifyWatch
+    from hpcsec.sensors.file_access.sensor import FileAccessSensor, Folder
 
     sensor = FileAccessSensor()
     assert sensor.pending() is True  # the first streaming collect starts the stream
@@ -496,7 +581,7 @@ def test_a_sleeping_watchdog_wakes_for_a_stalled_opener(shared_dir, monkeypatch)
     """After a quiet spell the watchdog sleeps; the next permission event must wake it."""
     import time
 
-    from hpcsec.sensors import fanwatch
+    from hpcsec.sensors.file_access import fanwatch
 
     monkeypatch.setattr(fanwatch, "IDLE_AFTER_S", 0.05)
     with _watch_with_a_stalled_proc_read(shared_dir, monkeypatch) as watch:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector import cli
-from hpcsec.detector.config import load_config
-from hpcsec.detector.schema import FIRMWARE_COMPONENTS
+from hpcsec.detector.cli import main as cli
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.schema import FIRMWARE_COMPONENTS
+from hpcsec.detector.runtime.registry import by_name
 from hpcsec.sensors import firmware
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, run_sensor
 from hpcsec.sensors.firmware import (
@@ -23,7 +24,6 @@ from hpcsec.sensors.firmware import (
     nic_items,
     physical_interfaces,
 )
-from hpcsec.sensors.registry import by_name
 from hpcsec.sensors.snapshot import record_snapshot, replay_snapshot
 from tests.fakes.nvml import FakeNvml, h100_node, installed
 
@@ -48,15 +48,22 @@ class CannedEthtool:
         return DRVINFO[ifname]
 
 
-def node_ctx(sysfs: Path = FIXTURES / "sysfs-node", config=None, state=None,
-             replay=None) -> SensorContext:
-    return SensorContext("gpu-017", FsRoot("sys", sysfs), FsRoot("proc", FIXTURES / "nvml/proc"),
-                         FsRoot("etc", FIXTURES / "nvml/etc"), timestamp=TIME, config=config,
-                         state=state if state is not None else {}, replay_inputs=replay)
+def node_ctx(
+    sysfs: Path = FIXTURES / "sysfs-node", config=None, state=None, replay=None
+) -> SensorContext:
+    return SensorContext(
+        "gpu-017",
+        FsRoot("sys", sysfs),
+        FsRoot("proc", FIXTURES / "nvml/proc"),
+        FsRoot("etc", FIXTURES / "nvml/etc"),
+        timestamp=TIME,
+        config=config,
+        state=state if state is not None else {},
+        replay_inputs=replay,
+    )
 
 
-def inventory_run(fake: FakeNvml | None = None, ctx: SensorContext | None = None,
-                  query=None):
+def inventory_run(fake: FakeNvml | None = None, ctx: SensorContext | None = None, query=None):
     with installed(fake or h100_node()):
         return run_sensor(SPEC, FirmwareSensor(query or CannedEthtool()), ctx or node_ctx())
 
@@ -66,8 +73,10 @@ def firmware_events(run):
 
 
 def triples(run):
-    return [(e["firmware.component"], e["firmware.device"], e["firmware.version"])
-            for e in firmware_events(run)]
+    return [
+        (e["firmware.component"], e["firmware.device"], e["firmware.version"])
+        for e in firmware_events(run)
+    ]
 
 
 def test_inventory_of_the_fixture_node():
@@ -75,34 +84,54 @@ def test_inventory_of_the_fixture_node():
     assert run.ok, run.status
     found = triples(run)
     gpu0 = "GPU-3a4b5c6d-0e1f-4a2b-8c3d-4e5f6a7b8c90"
-    assert found[:5] == [("gpu_vbios", gpu0, "96.00.99.00.01"),
-                         ("gpu_inforom_image", gpu0, "G520.0200.00.05"),
-                         ("gpu_inforom_oem", gpu0, "2.1"), ("gpu_inforom_ecc", gpu0, "7.16"),
-                         ("gpu_gsp", gpu0, "550.127.05")]  # no power object on H100
+    assert found[:5] == [
+        ("gpu_vbios", gpu0, "96.00.99.00.01"),
+        ("gpu_inforom_image", gpu0, "G520.0200.00.05"),
+        ("gpu_inforom_oem", gpu0, "2.1"),
+        ("gpu_inforom_ecc", gpu0, "7.16"),
+        ("gpu_gsp", gpu0, "550.127.05"),
+    ]  # no power object on H100
     assert found[40:] == [
         ("gpu_driver", "system", "550.127.05"),
-        ("hca", "mlx5_0", "28.39.1002"), ("hca", "mlx5_1", "28.39.1002"),
-        ("hca", "mlx5_2", "28.39.1002"), ("hca", "mlx5_3", "28.39.1002"),
-        ("nic", "eno1", "9.20 0x8000d8c5 1.3353.0"), ("nic", "eno2", "9.20 0x8000d8c5 1.3353.0"),
-        ("nic", "ibp156s0", "28.39.1002"), ("nic", "ibp188s0", "28.39.1002"),
-        ("nic", "ibp26s0", "28.39.1002"), ("nic", "ibp60s0", "28.39.1002"),
-        ("bios", "system", "2.1")]
+        ("hca", "mlx5_0", "28.39.1002"),
+        ("hca", "mlx5_1", "28.39.1002"),
+        ("hca", "mlx5_2", "28.39.1002"),
+        ("hca", "mlx5_3", "28.39.1002"),
+        ("nic", "eno1", "9.20 0x8000d8c5 1.3353.0"),
+        ("nic", "eno2", "9.20 0x8000d8c5 1.3353.0"),
+        ("nic", "ibp156s0", "28.39.1002"),
+        ("nic", "ibp188s0", "28.39.1002"),
+        ("nic", "ibp26s0", "28.39.1002"),
+        ("nic", "ibp60s0", "28.39.1002"),
+        ("bios", "system", "2.1"),
+    ]
     assert {c for c, _, _ in found} == set(FIRMWARE_COMPONENTS) - {"gpu_inforom_power"}
     events = firmware_events(run)
     assert all(e["event.action"] == "inventory" for e in events)
     assert {k: v for k, v in events[41].items() if k.startswith(("firmware.", "rdma."))} == {
-        "firmware.component": "hca", "firmware.device": "mlx5_0",
-        "firmware.version": "28.39.1002", "firmware.board_id": "MT_0000000838",
-        "rdma.device": "mlx5_0", "rdma.hca_type": "MT4129"}
+        "firmware.component": "hca",
+        "firmware.device": "mlx5_0",
+        "firmware.version": "28.39.1002",
+        "firmware.board_id": "MT_0000000838",
+        "rdma.device": "mlx5_0",
+        "rdma.hca_type": "MT4129",
+    }
     assert {k: v for k, v in events[50].items() if k.startswith("firmware.")} == {
-        "firmware.component": "nic", "firmware.device": "ibp60s0",
-        "firmware.version": "28.39.1002", "firmware.board_id": "MT_0000000838",
-        "firmware.driver": "mlx5_core[ib_ipoib]"}
+        "firmware.component": "nic",
+        "firmware.device": "ibp60s0",
+        "firmware.version": "28.39.1002",
+        "firmware.board_id": "MT_0000000838",
+        "firmware.driver": "mlx5_core[ib_ipoib]",
+    }
     assert {k: v for k, v in events[-1].items() if k.startswith("firmware.")} == {
-        "firmware.component": "bios", "firmware.device": "system", "firmware.version": "2.1",
+        "firmware.component": "bios",
+        "firmware.device": "system",
+        "firmware.version": "2.1",
         "firmware.vendor": "American Megatrends International, LLC.",
-        "firmware.release_date": "02/06/2024", "firmware.board_name": "X13DEG-OAD",
-        "firmware.product_name": "SYS-821GE-TNHR"}
+        "firmware.release_date": "02/06/2024",
+        "firmware.board_name": "X13DEG-OAD",
+        "firmware.product_name": "SYS-821GE-TNHR",
+    }
     assert (events[10]["gpu.index"], events[10]["gpu.pci_bus_id"]) == (2, "0000:3a:00.0")
 
 
@@ -121,21 +150,28 @@ def test_baseline_drift_and_vulnerable_versions(tmp_path):
         "  baselines:\n"
         "    h100-8x: {gpu_vbios: '96.00.99.00.01', hca: '28.40.1000', bios: '2.1'}\n"
         "    a100-8x: {gpu_vbios: '92.00.45.00.05'}\n"
-        "  vulnerable: {hca: ['28.39.*'], gpu_driver: ['535.*']}\n")
+        "  vulnerable: {hca: ['28.39.*'], gpu_driver: ['535.*']}\n"
+    )
     run = inventory_run(ctx=node_ctx(config=load_config(config_file)))
     events = {(e["firmware.component"], e["firmware.device"]): e for e in firmware_events(run)}
 
     def policy(key):
-        return {k: v for k, v in events[key].items()
-                if k in ("firmware.baseline_version", "firmware.drift",
-                         "firmware.known_vulnerable")}
+        return {
+            k: v
+            for k, v in events[key].items()
+            if k in ("firmware.baseline_version", "firmware.drift", "firmware.known_vulnerable")
+        }
 
-    assert policy(("hca", "mlx5_2")) == {"firmware.baseline_version": "28.40.1000",
-                                         "firmware.drift": True,
-                                         "firmware.known_vulnerable": True}
-    assert policy(("gpu_vbios", UUID2)) == {"firmware.baseline_version": "96.00.99.00.01",
-                                            "firmware.drift": False,
-                                            "firmware.known_vulnerable": False}
+    assert policy(("hca", "mlx5_2")) == {
+        "firmware.baseline_version": "28.40.1000",
+        "firmware.drift": True,
+        "firmware.known_vulnerable": True,
+    }
+    assert policy(("gpu_vbios", UUID2)) == {
+        "firmware.baseline_version": "96.00.99.00.01",
+        "firmware.drift": False,
+        "firmware.known_vulnerable": False,
+    }
     assert policy(("gpu_driver", "system")) == {"firmware.known_vulnerable": False}
     assert policy(("bios", "system"))["firmware.drift"] is False
 
@@ -148,8 +184,16 @@ def test_changes_between_samples_are_marked():
     ctx = node_ctx(state=state)
     ctx.timestamp = "2026-11-30T02:10:00.000Z"
     events = firmware_events(inventory_run(fake, ctx))
-    changed = [(e["firmware.component"], e["firmware.device"], e["firmware.previous_version"],
-                e["firmware.version"]) for e in events if e["firmware.changed"]]
+    changed = [
+        (
+            e["firmware.component"],
+            e["firmware.device"],
+            e["firmware.previous_version"],
+            e["firmware.version"],
+        )
+        for e in events
+        if e["firmware.changed"]
+    ]
     assert changed == [("gpu_vbios", UUID2, "96.00.99.00.01", "96.00.74.00.1C")]
     assert all("firmware.previous_version" in e for e in events)
 
@@ -160,8 +204,10 @@ def test_without_nvml_the_rest_is_still_inventoried():
     assert [c for c, _, _ in triples(run)] == ["hca"] * 4 + ["nic"] * 6 + ["bios"]
     (status,) = [e for e in run.events if e["event.category"] == "sensor_status"]
     assert (status["event.action"], status["message"]) == (
-        "degraded", "GPU firmware not read: NVML library not found (libnvidia-ml.so.1): "
-                    "no NVIDIA driver installed on this node")
+        "degraded",
+        "GPU firmware not read: NVML library not found (libnvidia-ml.so.1): "
+        "no NVIDIA driver installed on this node",
+    )
 
 
 def test_no_source_at_all_is_unavailable(tmp_path):
@@ -172,49 +218,75 @@ def test_no_source_at_all_is_unavailable(tmp_path):
         "(libnvidia-ml.so.1): no NVIDIA driver installed on this node; "
         f"no HCA fw_ver under {tmp_path}/class/infiniband; "
         "no NIC reports a firmware version (no interface with a device); "
-        f"no bios_version under {tmp_path}/class/dmi/id")
+        f"no bios_version under {tmp_path}/class/dmi/id"
+    )
 
 
 def test_collect_cli_on_a_node_without_firmware_sources(tmp_path, capsys):
     """A VM: no NVML, no HCA, a virtio NIC without firmware, no DMI table."""
     (tmp_path / "class/net/eth0").mkdir(parents=True)
     (tmp_path / "class/net/eth0/device").symlink_to("../../../virtio0")
-    virtio = {"eth0": {"driver": "virtio_net", "version": "1.0.0", "fw_version": "",
-                       "bus_info": "0000:00:03.0"}}
+    virtio = {
+        "eth0": {
+            "driver": "virtio_net",
+            "version": "1.0.0",
+            "fw_version": "",
+            "bus_info": "0000:00:03.0",
+        }
+    }
     with installed(FakeNvml([], library_missing=True)), pytest.MonkeyPatch.context() as mp:
         mp.setattr(firmware, "ethtool_drvinfo", virtio.__getitem__)
-        rc = cli.main(["collect", "--sensor", "firmware", "--raw", "--sysfs-root",
-                       str(tmp_path)])
+        rc = cli.main(["collect", "--sensor", "firmware", "--raw", "--sysfs-root", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0
-    message = ("no firmware source answered: GPU firmware not read: NVML library not found "
-               "(libnvidia-ml.so.1): no NVIDIA driver installed on this node; "
-               f"no HCA fw_ver under {tmp_path}/class/infiniband; "
-               "no NIC reports a firmware version (asked: eth0); "
-               f"no bios_version under {tmp_path}/class/dmi/id")
+    message = (
+        "no firmware source answered: GPU firmware not read: NVML library not found "
+        "(libnvidia-ml.so.1): no NVIDIA driver installed on this node; "
+        f"no HCA fw_ver under {tmp_path}/class/infiniband; "
+        "no NIC reports a firmware version (asked: eth0); "
+        f"no bios_version under {tmp_path}/class/dmi/id"
+    )
     assert err == f"hpcsec: sensor firmware: unavailable: {message}\n"
     (record,) = [json.loads(line) for line in out.splitlines()]
     assert (record["event.action"], record["message"]) == ("unavailable", message)
 
 
 def test_nic_answers_are_parsed_defensively():
-    items, problems = nic_items(json.dumps({
-        "eth0": {"driver": "virtio_net", "version": "1.0.0", "fw_version": "",
-                 "bus_info": "0000:00:03.0"},
-        "ens3": {"driver": "ice", "fw_version": "4.40 0x8001c967 1.3534.0"},
-        "ens4": {"error": "No such device"},
-        "ens5": ["not", "an", "object"],
-        "ib0": {"driver": "mlx5_core[ib_ipoib]", "fw_version": "28.39.1002 (MT_0000000838)"},
-    }))
+    items, problems = nic_items(
+        json.dumps(
+            {
+                "eth0": {
+                    "driver": "virtio_net",
+                    "version": "1.0.0",
+                    "fw_version": "",
+                    "bus_info": "0000:00:03.0",
+                },
+                "ens3": {"driver": "ice", "fw_version": "4.40 0x8001c967 1.3534.0"},
+                "ens4": {"error": "No such device"},
+                "ens5": ["not", "an", "object"],
+                "ib0": {
+                    "driver": "mlx5_core[ib_ipoib]",
+                    "fw_version": "28.39.1002 (MT_0000000838)",
+                },
+            }
+        )
+    )
     assert [(i.device, i.version, i.extra) for i in items] == [
-        ("ens3", "4.40 0x8001c967 1.3534.0", {"firmware.driver": "ice",
-                                              "firmware.board_id": None}),
-        ("ib0", "28.39.1002", {"firmware.driver": "mlx5_core[ib_ipoib]",
-                               "firmware.board_id": "MT_0000000838"})]
-    assert problems == ["ethtool-drvinfo.json: ens4: No such device",
-                        "ethtool-drvinfo.json: ens5: not an object"]
-    assert nic_items("[1") == ([], ["ethtool-drvinfo.json: not JSON: Expecting ',' delimiter: "
-                                    "line 1 column 3 (char 2)"])
+        ("ens3", "4.40 0x8001c967 1.3534.0", {"firmware.driver": "ice", "firmware.board_id": None}),
+        (
+            "ib0",
+            "28.39.1002",
+            {"firmware.driver": "mlx5_core[ib_ipoib]", "firmware.board_id": "MT_0000000838"},
+        ),
+    ]
+    assert problems == [
+        "ethtool-drvinfo.json: ens4: No such device",
+        "ethtool-drvinfo.json: ens5: not an object",
+    ]
+    assert nic_items("[1") == (
+        [],
+        ["ethtool-drvinfo.json: not JSON: Expecting ',' delimiter: line 1 column 3 (char 2)"],
+    )
 
 
 def test_snapshot_round_trip_replays_the_same_inventory(tmp_path):
@@ -247,9 +319,13 @@ def test_ethtool_ioctl_on_this_machine():
     info = ethtool_drvinfo(interfaces[0])
     assert info["driver"]
     if shutil.which("ethtool"):  # agree with the ethtool binary where it is installed
-        text = subprocess.run(["ethtool", "-i", interfaces[0]], capture_output=True,
-                              text=True, check=True).stdout
+        text = subprocess.run(
+            ["ethtool", "-i", interfaces[0]], capture_output=True, text=True, check=True
+        ).stdout
         fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
         assert (info["driver"], info["version"], info["fw_version"], info["bus_info"]) == (
-            fields["driver"], fields["version"], fields["firmware-version"],
-            fields["bus-info"])
+            fields["driver"],
+            fields["version"],
+            fields["firmware-version"],
+            fields["bus-info"],
+        )

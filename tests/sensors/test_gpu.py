@@ -13,10 +13,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from hpcsec.detector import cli
-from hpcsec.sensors import nvml_dump
+from hpcsec.detector.cli import main as cli
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, run_sensor
-from hpcsec.sensors.gpu import GpuSensor, parse_nvml, sysfs_bus_id
+from hpcsec.sensors.gpu import nvml_dump
+from hpcsec.sensors.gpu.nvml import GpuSensor, parse_nvml, sysfs_bus_id
 from hpcsec.sensors.procinfo import process_fields
 from tests.fakes.nvml import FakeNvml, h100_node, installed
 
@@ -42,10 +42,15 @@ class Recorder:
 
 
 def node_ctx(replay=None, recorder=None) -> SensorContext:
-    return SensorContext("gpu-017", FsRoot("sys", FIXTURES / "sysfs-node"),
-                         FsRoot("proc", FIXTURES / "nvml" / "proc"),
-                         FsRoot("etc", FIXTURES / "nvml" / "etc"), timestamp=TIME,
-                         replay_inputs=replay, recorder=recorder)
+    return SensorContext(
+        "gpu-017",
+        FsRoot("sys", FIXTURES / "sysfs-node"),
+        FsRoot("proc", FIXTURES / "nvml" / "proc"),
+        FsRoot("etc", FIXTURES / "nvml" / "etc"),
+        timestamp=TIME,
+        replay_inputs=replay,
+        recorder=recorder,
+    )
 
 
 def collect(fake: FakeNvml, ctx: SensorContext | None = None):
@@ -69,13 +74,13 @@ def test_process_lists_use_count_then_fill():
     fake = h100_node()
     with installed(fake):
         nvml_dump.snapshot()
-    compute = [c for c in fake.process_calls
-               if c[0] == "nvmlDeviceGetComputeRunningProcesses_v3"]
+    compute = [c for c in fake.process_calls if c[0] == "nvmlDeviceGetComputeRunningProcesses_v3"]
     # GPU 0, one process: asked with 0 -> INSUFFICIENT_SIZE and the count, then filled
     # into the wrapper's oversized array (count * 2 + 5)
     assert compute[:2] == [
         ("nvmlDeviceGetComputeRunningProcesses_v3", 0, 1, pynvml.NVML_ERROR_INSUFFICIENT_SIZE),
-        ("nvmlDeviceGetComputeRunningProcesses_v3", 7, 1, pynvml.NVML_SUCCESS)]
+        ("nvmlDeviceGetComputeRunningProcesses_v3", 7, 1, pynvml.NVML_SUCCESS),
+    ]
     # GPU 5 has no compute process: one call, answered with 0 and success
     graphics_only = [c for c in compute if c[1] == 0 and c[3] == pynvml.NVML_SUCCESS]
     assert graphics_only == [("nvmlDeviceGetComputeRunningProcesses_v3", 0, 0, 0)]
@@ -115,10 +120,19 @@ def test_process_events_with_proc_and_passwd():
     run = collect(h100_node())
     procs = by_category(run, "gpu_process")
     assert [(p["gpu.index"], p["process.pid"], p["gpu.process_type"]) for p in procs] == [
-        (0, 41000, "compute"), (1, 41001, "compute"), (2, 41002, "compute"),
-        (2, 41003, "compute"), (3, 42000, "compute"), (3, 42001, "compute"),
-        (4, 41002, "compute"), (5, 43000, "graphics"), (6, 44000, "compute"),
-        (6, 44100, "mps"), (6, 44101, "mps"), (7, 45000, "compute")]
+        (0, 41000, "compute"),
+        (1, 41001, "compute"),
+        (2, 41002, "compute"),
+        (2, 41003, "compute"),
+        (3, 42000, "compute"),
+        (3, 42001, "compute"),
+        (4, 41002, "compute"),
+        (5, 43000, "graphics"),
+        (6, 44000, "compute"),
+        (6, 44100, "mps"),
+        (6, 44101, "mps"),
+        (7, 45000, "compute"),
+    ]
     mig_proc = procs[5]
     assert {k: v for k, v in mig_proc.items() if not k.startswith(("event.", "@", "host"))} == {
         "hpcsec.sensor": "gpu",
@@ -126,10 +140,14 @@ def test_process_events_with_proc_and_passwd():
         "process.name": "jupyter-lab",
         "process.executable": "/opt/conda/bin/python3.10",
         "process.parent.pid": 41990,
-        "process.args": ["/opt/conda/bin/python", "/opt/conda/bin/jupyter-lab",
-                         "--ip=0.0.0.0", "--no-browser"],
+        "process.args": [
+            "/opt/conda/bin/python",
+            "/opt/conda/bin/jupyter-lab",
+            "--ip=0.0.0.0",
+            "--no-browser",
+        ],
         "process.command_line": "/opt/conda/bin/python /opt/conda/bin/jupyter-lab "
-                                "--ip=0.0.0.0 --no-browser",
+        "--ip=0.0.0.0 --no-browser",
         "user.id": 1004,
         "user.name": "dave",
         "gpu.index": 3,
@@ -142,7 +160,10 @@ def test_process_events_with_proc_and_passwd():
     }  # memory NVML_VALUE_NOT_AVAILABLE: no gpu.memory_used_bytes
     miner = procs[11]
     assert (miner["user.name"], miner["process.executable"], miner["gpu.memory_used_bytes"]) == (
-        "mallory", "/tmp/.cache/xmrig (deleted)", 7 * (1 << 30))
+        "mallory",
+        "/tmp/.cache/xmrig (deleted)",
+        7 * (1 << 30),
+    )
     assert "gpu.instance_id" not in miner  # outside MIG NVML reports 0xFFFFFFFF
     exited = procs[3]  # in NVML's list, gone from /proc when we looked
     assert exited["process.pid"] == 41003 and "user.name" not in exited
@@ -150,21 +171,37 @@ def test_process_events_with_proc_and_passwd():
 
 def test_unsupported_and_failing_calls_give_null_fields():
     fake = h100_node()
-    fake.gpus[0] = replace(fake.gpus[0], errors={
-        "nvmlDeviceGetSerial": pynvml.NVML_ERROR_NOT_SUPPORTED,
-        "nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_GPU_IS_LOST,
-        "nvmlDeviceGetComputeRunningProcesses_v3": pynvml.NVML_ERROR_NO_PERMISSION,
-        "nvmlDeviceGetGspFirmwareVersion": pynvml.NVML_ERROR_NOT_SUPPORTED})
-    fake.gpus[1] = replace(fake.gpus[1], gsp="",  # some drivers answer GSP-off with ""
-                           serial=b"\xff\xfe1654923")  # not UTF-8
+    fake.gpus[0] = replace(
+        fake.gpus[0],
+        errors={
+            "nvmlDeviceGetSerial": pynvml.NVML_ERROR_NOT_SUPPORTED,
+            "nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_GPU_IS_LOST,
+            "nvmlDeviceGetComputeRunningProcesses_v3": pynvml.NVML_ERROR_NO_PERMISSION,
+            "nvmlDeviceGetGspFirmwareVersion": pynvml.NVML_ERROR_NOT_SUPPORTED,
+        },
+    )
+    fake.gpus[1] = replace(
+        fake.gpus[1],
+        gsp="",  # some drivers answer GSP-off with ""
+        serial=b"\xff\xfe1654923",
+    )  # not UTF-8
     with installed(fake):
         device, other = nvml_dump.snapshot()["devices"][:2]
     assert (other["gsp_firmware_version"], other["serial"]) == (None, None)
-    assert (device["serial"], device["memory_total_bytes"], device["memory_used_bytes"],
-            device["gsp_firmware_version"], device["processes"]) == (None, None, None, None, [])
+    assert (
+        device["serial"],
+        device["memory_total_bytes"],
+        device["memory_used_bytes"],
+        device["gsp_firmware_version"],
+        device["processes"],
+    ) == (None, None, None, None, [])
     assert device["uuid"] == "GPU-3a4b5c6d-0e1f-4a2b-8c3d-4e5f6a7b8c90"
-    assert device["inforom"] == {"image": "G520.0200.00.05", "oem": "2.1", "ecc": "7.16",
-                                 "power": None}
+    assert device["inforom"] == {
+        "image": "G520.0200.00.05",
+        "oem": "2.1",
+        "ecc": "7.16",
+        "power": None,
+    }
 
 
 def test_drivers_without_v3_process_lists_fall_back_to_v2():
@@ -175,14 +212,23 @@ def test_drivers_without_v3_process_lists_fall_back_to_v2():
     assert {c[0].rsplit("_", 1)[1] for c in fake.process_calls} == {"v2"}
 
 
-@pytest.mark.parametrize(("fake", "message"), [
-    (FakeNvml([], library_missing=True),
-     "NVML library not found (libnvidia-ml.so.1): no NVIDIA driver installed on this node"),
-    (FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED),
-     "NVIDIA driver not loaded (NVML: Driver Not Loaded)"),
-    (FakeNvml([], init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH),
-     "NVML initialisation failed: RM has detected an NVML/RM version mismatch."),
-])
+@pytest.mark.parametrize(
+    ("fake", "message"),
+    [
+        (
+            FakeNvml([], library_missing=True),
+            "NVML library not found (libnvidia-ml.so.1): no NVIDIA driver installed on this node",
+        ),
+        (
+            FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED),
+            "NVIDIA driver not loaded (NVML: Driver Not Loaded)",
+        ),
+        (
+            FakeNvml([], init_error=pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH),
+            "NVML initialisation failed: RM has detected an NVML/RM version mismatch.",
+        ),
+    ],
+)
 def test_absent_nvml_is_unavailable(fake, message):
     run = collect(fake)
     assert run.events == []
@@ -191,26 +237,47 @@ def test_absent_nvml_is_unavailable(fake, message):
 
 def test_collect_cli_without_nvml_library_prints_a_status_not_a_traceback(capsys):
     with installed(FakeNvml([], library_missing=True)):
-        rc = cli.main(["collect", "--sensor", "gpu", "--host-name", "gpu-017",
-                       "--procfs-root", str(FIXTURES / "nvml" / "proc")])
+        rc = cli.main(
+            [
+                "collect",
+                "--sensor",
+                "gpu",
+                "--host-name",
+                "gpu-017",
+                "--procfs-root",
+                str(FIXTURES / "nvml" / "proc"),
+            ]
+        )
     out, err = capsys.readouterr()
     assert rc == 0
-    assert err == ("hpcsec: sensor gpu: unavailable: NVML library not found "
-                   "(libnvidia-ml.so.1): no NVIDIA driver installed on this node\n")
+    assert err == (
+        "hpcsec: sensor gpu: unavailable: NVML library not found "
+        "(libnvidia-ml.so.1): no NVIDIA driver installed on this node\n"
+    )
     (record,) = [json.loads(line) for line in out.splitlines()]
     assert (record["event.category"], record["event.action"], record["hpcsec.sensor"]) == (
-        "sensor_status", "unavailable", "gpu")
+        "sensor_status",
+        "unavailable",
+        "gpu",
+    )
 
 
-@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None,
-                    reason="this machine has a real NVML library")
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has a real NVML library"
+)
 def test_collect_cli_on_a_machine_without_nvidia_driver():
     """No fake: the real pynvml loader finds no libnvidia-ml.so.1 here."""
-    proc = subprocess.run([sys.executable, "-m", "hpcsec.detector.cli", "collect",
-                           "--sensor", "gpu"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcsec.detector.cli.main", "collect", "--sensor", "gpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0
-    assert proc.stderr == ("hpcsec: sensor gpu: unavailable: NVML library not found "
-                           "(libnvidia-ml.so.1): no NVIDIA driver installed on this node\n")
+    assert proc.stderr == (
+        "hpcsec: sensor gpu: unavailable: NVML library not found "
+        "(libnvidia-ml.so.1): no NVIDIA driver installed on this node\n"
+    )
     assert json.loads(proc.stdout)["event.action"] == "unavailable"
 
 
@@ -264,47 +331,64 @@ def test_malformed_entries_are_dropped_and_reported():
     assert run.ok  # the rest of the dump still counts
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("{", "NvmlFormatError: nvml.json: not JSON: Expecting property name enclosed in double "
-          "quotes: line 1 column 2 (char 1)"),
-    ('{"devices": {}}', "NvmlFormatError: nvml.json: expected an object with a 'devices' list"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "{",
+            "NvmlFormatError: nvml.json: not JSON: Expecting property name enclosed in double "
+            "quotes: line 1 column 2 (char 1)",
+        ),
+        ('{"devices": {}}', "NvmlFormatError: nvml.json: expected an object with a 'devices' list"),
+    ],
+)
 def test_unreadable_nvml_json_is_an_error_status(text, message):
     run = run_sensor(SPEC, GpuSensor(), node_ctx(replay={"nvml.json": text}))
     assert (run.status["event.action"], run.status["message"]) == ("error", message)
 
 
-@pytest.mark.parametrize(("nvml", "sysfs"), [
-    ("00000000:1A:00.0", "0000:1a:00.0"),
-    ("00000001:DB:1F.7", "0001:db:1f.7"),
-    ("0000:18:00.0", "0000:18:00.0"),
-    ("1A:00.0", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("nvml", "sysfs"),
+    [
+        ("00000000:1A:00.0", "0000:1a:00.0"),
+        ("00000001:DB:1F.7", "0001:db:1f.7"),
+        ("0000:18:00.0", "0000:18:00.0"),
+        ("1A:00.0", None),
+        ("", None),
+    ],
+)
 def test_sysfs_bus_id(nvml, sysfs):
     assert sysfs_bus_id(nvml) == sysfs
 
 
 def test_parse_keeps_driver_and_cuda_versions():
     report = parse_nvml(GOLDEN.read_text())
-    assert (report.driver_version, report.cuda_driver_version, len(report.gpus),
-            report.problems) == ("550.127.05", 12040, 8, ())
+    assert (
+        report.driver_version,
+        report.cuda_driver_version,
+        len(report.gpus),
+        report.problems,
+    ) == ("550.127.05", 12040, 8, ())
     assert report.gpus[6].processes[1] == report.gpus[6].processes[1].__class__(
-        44100, "mps", 5 * (1 << 30), None, None)
+        44100, "mps", 5 * (1 << 30), None, None
+    )
 
 
 def test_process_fields_reads_proc_and_the_nodes_passwd():
     ctx = node_ctx()
     assert process_fields(ctx, 44000) == {
-        "process.pid": 44000, "process.name": "nvidia-cuda-mps",
-        "process.executable": "/usr/bin/nvidia-cuda-mps-server", "process.parent.pid": 43990,
+        "process.pid": 44000,
+        "process.name": "nvidia-cuda-mps",
+        "process.executable": "/usr/bin/nvidia-cuda-mps-server",
+        "process.parent.pid": 43990,
         "process.args": ["nvidia-cuda-mps-server"],
-        "process.command_line": "nvidia-cuda-mps-server", "user.id": 1006,
-        "user.name": "frank"}
+        "process.command_line": "nvidia-cuda-mps-server",
+        "user.id": 1006,
+        "user.name": "frank",
+    }
     assert process_fields(ctx, 99999) == {}
 
 
 def test_fake_rejects_calls_before_init():
-    with installed(FakeNvml([])), pytest.raises(
-            pynvml.NVMLError_Uninitialized):
+    with installed(FakeNvml([])), pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()

@@ -15,10 +15,20 @@ def build_node(tmp_path) -> NodeTree:
     node = NodeTree(tmp_path)
     node.passwd(("root", 0), ("alice", 1001))
     node.process(2, "kthreadd", [])  # kernel thread: empty cmdline
-    node.process(4242, "python3", ["/usr/bin/python3", "train.py", "--lr", "3e-4"], uid=1001,
-                 ppid=4200, environ={"SLURM_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": "0,1",
-                                     "LD_PRELOAD": "/tmp/x.so", "HOME": "/home/alice"},
-                 cgroup="0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n")
+    node.process(
+        4242,
+        "python3",
+        ["/usr/bin/python3", "train.py", "--lr", "3e-4"],
+        uid=1001,
+        ppid=4200,
+        environ={
+            "SLURM_JOB_ID": "77",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "LD_PRELOAD": "/tmp/x.so",
+            "HOME": "/home/alice",
+        },
+        cgroup="0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n",
+    )
     node.process(4300, "xmrig", ["./xmrig"], uid=2002, exe="/tmp/xmrig (deleted)")
     return node
 
@@ -63,8 +73,9 @@ def test_parsers():
 
 
 def test_live_proc_contains_this_test_process():
-    ctx = SensorContext("live", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"),
-                        FsRoot("etc", "/etc"))
+    ctx = SensorContext(
+        "live", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+    )
     mine = [e for e in ProcessSensor().collect(ctx) if e["process.pid"] == os.getpid()]
     assert len(mine) == 1
     assert mine[0]["user.id"] == os.getuid()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector import cli
+from hpcsec.detector.cli import main as cli
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable
-from hpcsec.sensors.rdma_counters import (
+from hpcsec.sensors.rdma.counters import (
     RdmaCountersSensor,
     delta_fields,
     parse_rate,
@@ -29,9 +29,14 @@ NODE = FIXTURES / "sysfs" / "h100-4hca"
 
 
 def _ctx(sys_root, timestamp="2026-11-30T00:00:00.000Z", state=None):
-    return SensorContext("gpu-017", FsRoot("sys", sys_root), FsRoot("proc", sys_root),
-                         FsRoot("etc", sys_root), timestamp=timestamp,
-                         state=state if state is not None else {})
+    return SensorContext(
+        "gpu-017",
+        FsRoot("sys", sys_root),
+        FsRoot("proc", sys_root),
+        FsRoot("etc", sys_root),
+        timestamp=timestamp,
+        state=state if state is not None else {},
+    )
 
 
 def _by_port(root):
@@ -67,8 +72,9 @@ def test_fixture_copy_is_byte_identical_to_the_shared_data_set():
 def test_procfs_tree_agrees_with_every_asserted_value(root):
     expected = json.loads((root / "procfs/expected.json").read_text())
     ports = _by_port(root / "procfs/sys")
-    expected_ports = {(dev, int(n)): p for dev, d in expected["devices"].items()
-                      for n, p in d["ports"].items()}
+    expected_ports = {
+        (dev, int(n)): p for dev, d in expected["devices"].items() for n, p in d["ports"].items()
+    }
     assert set(ports) == set(expected_ports)
     for (dev, port), want in expected_ports.items():
         got = ports[(dev, port)].fields
@@ -89,7 +95,7 @@ def test_procfs_tree_agrees_with_every_asserted_value(root):
         # cmp.Diff over the whole struct: exactly these counters, nothing else.
         for section in ("counters", "hw_counters"):
             prefix = f"rdma.{section}."
-            ours = {k[len(prefix):]: v for k, v in got.items() if k.startswith(prefix)}
+            ours = {k[len(prefix) :]: v for k, v in got.items() if k.startswith(prefix)}
             assert ours == want.get(section, {}), (dev, port, section)
         # the 4-octet data counters: the sysfs file holds a quarter of the asserted bytes
         counters = root / f"procfs/sys/class/infiniband/{dev}/ports/{port}/counters"
@@ -107,8 +113,7 @@ NODE_EXPORTER_PORT_METRICS = {
     "legacy_data_received_bytes_total": "rdma.counters_ext.port_rcv_data_64",
     "legacy_data_transmitted_bytes_total": "rdma.counters_ext.port_xmit_data_64",
     "legacy_multicast_packets_received_total": "rdma.counters_ext.port_multicast_rcv_packets",
-    "legacy_multicast_packets_transmitted_total":
-        "rdma.counters_ext.port_multicast_xmit_packets",
+    "legacy_multicast_packets_transmitted_total": "rdma.counters_ext.port_multicast_xmit_packets",
     "legacy_packets_received_total": "rdma.counters_ext.port_rcv_packets_64",
     "legacy_packets_transmitted_total": "rdma.counters_ext.port_xmit_packets_64",
     "legacy_unicast_packets_received_total": "rdma.counters_ext.port_unicast_rcv_packets",
@@ -133,9 +138,12 @@ NODE_EXPORTER_PORT_METRICS = {
     "unicast_packets_received_total": "rdma.counters.unicast_rcv_packets",
     "unicast_packets_transmitted_total": "rdma.counters.unicast_xmit_packets",
 }
-INFO_LABELS = {"board_id": "rdma.board_id", "firmware_version": "rdma.fw_ver",
-               "hca_type": "rdma.hca_type"}
-SAMPLE = re.compile(r'^node_infiniband_(\w+)\{([^}]*)\} (\S+)$')
+INFO_LABELS = {
+    "board_id": "rdma.board_id",
+    "firmware_version": "rdma.fw_ver",
+    "hca_type": "rdma.hca_type",
+}
+SAMPLE = re.compile(r"^node_infiniband_(\w+)\{([^}]*)\} (\S+)$")
 
 
 def _exposition(root=CONFORMANCE):
@@ -182,8 +190,12 @@ def test_node_exporter_tree_agrees_with_every_sample(root):
     mapped = set(NODE_EXPORTER_PORT_METRICS.values())
     ours = {(d, p, k) for (d, p), s in ports.items() for k in s.fields if k in mapped}
     assert ours == seen
-    unmapped = {k for s in ports.values() for k in s.fields
-                if k.startswith(("rdma.counters", "rdma.hw_counters")) and k not in mapped}
+    unmapped = {
+        k
+        for s in ports.values()
+        for k in s.fields
+        if k.startswith(("rdma.counters", "rdma.hw_counters")) and k not in mapped
+    }
     assert unmapped == set()
     # `N/A (no PMA)` (all of i40iw0) is absent, not a parse error
     assert [k for k, s in ports.items() if "hpcsec.parse_errors" in s.fields] == []
@@ -206,29 +218,51 @@ def test_saturated_and_above_32_bit_values_are_kept_as_is():
 
 # --- parsing helpers -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,want", [
-    ("400 Gb/sec (4X NDR)", 50_000_000_000), ("53.125 Gb/sec (1X HDR)", 6_640_625_000),
-    ("10 Gb/sec (4X)", 1_250_000_000), ("", None), ("fast", None), ("-5 Gb/sec", None),
-    ("nan Gb/sec", None), ("inf Gb/sec", None),
-])
+
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("400 Gb/sec (4X NDR)", 50_000_000_000),
+        ("53.125 Gb/sec (1X HDR)", 6_640_625_000),
+        ("10 Gb/sec (4X)", 1_250_000_000),
+        ("", None),
+        ("fast", None),
+        ("-5 Gb/sec", None),
+        ("nan Gb/sec", None),
+        ("inf Gb/sec", None),
+    ],
+)
 def test_parse_rate(text, want):
     assert parse_rate(text) == want
 
 
-@pytest.mark.parametrize("text,want", [
-    ("4: ACTIVE\n", (4, "ACTIVE")), ("5: LinkUp", (5, "LinkUp")), (" 1 :  DOWN ", (1, "DOWN")),
-    ("ACTIVE", None), ("x: ACTIVE", None), ("4:", None), ("-1: DOWN", None),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("4: ACTIVE\n", (4, "ACTIVE")),
+        ("5: LinkUp", (5, "LinkUp")),
+        (" 1 :  DOWN ", (1, "DOWN")),
+        ("ACTIVE", None),
+        ("x: ACTIVE", None),
+        ("4:", None),
+        ("-1: DOWN", None),
+    ],
+)
 def test_parse_state(text, want):
     assert parse_state(text) == want
 
 
 # --- our H100 node tree ----------------------------------------------------------------------
 
+
 def test_h100_node_tree_one_event_per_port():
     events = RdmaCountersSensor().collect(_ctx(NODE / "sample0"))
     assert [(e["rdma.device"], e["rdma.port"]) for e in events] == [
-        ("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1)]
+        ("mlx5_0", 1),
+        ("mlx5_1", 1),
+        ("mlx5_2", 1),
+        ("mlx5_3", 1),
+    ]
     first = events[0]
     assert first["event.category"] == "rdma_counters"
     assert first["event.action"] == "sample"
@@ -251,8 +285,7 @@ def test_h100_node_tree_one_event_per_port():
 def test_deltas_rates_and_reset_across_two_samples():
     state: dict = {}
     RdmaCountersSensor().collect(_ctx(NODE / "sample0", "2026-11-30T00:00:00.000Z", state))
-    events = RdmaCountersSensor().collect(
-        _ctx(NODE / "sample1", "2026-11-30T00:00:10.000Z", state))
+    events = RdmaCountersSensor().collect(_ctx(NODE / "sample1", "2026-11-30T00:00:10.000Z", state))
     by_dev = {e["rdma.device"]: e for e in events}
     mlx0 = by_dev["mlx5_0"]
     assert mlx0["rdma.interval_s"] == 10.0
@@ -265,8 +298,12 @@ def test_deltas_rates_and_reset_across_two_samples():
     assert "rdma.reset" not in mlx0
     # mlx5_2 was reset between the samples (driver reload): counters listed, no delta.
     mlx2 = by_dev["mlx5_2"]
-    assert mlx2["rdma.reset"] == ["port_rcv_data", "port_rcv_packets", "port_xmit_data",
-                                  "port_xmit_packets"]
+    assert mlx2["rdma.reset"] == [
+        "port_rcv_data",
+        "port_rcv_packets",
+        "port_xmit_data",
+        "port_xmit_packets",
+    ]
     for name in mlx2["rdma.reset"]:
         assert f"rdma.delta.{name}" not in mlx2
         assert f"rdma.per_s.{name}" not in mlx2
@@ -280,6 +317,7 @@ def test_delta_fields_with_zero_interval_gives_deltas_but_no_rates():
 
 
 # --- absent and malformed sources ------------------------------------------------------------
+
 
 def test_absent_infiniband_class_is_unavailable(tmp_path):
     with pytest.raises(SensorUnavailable) as err:
@@ -300,12 +338,22 @@ def test_malformed_values_are_skipped_and_named(tmp_path):
     (event,) = RdmaCountersSensor().collect(_ctx(tmp_path))
     base = "class/infiniband/mlx5_0/ports/1"
     assert event["hpcsec.parse_errors"] == [
-        f"{base}/counters/link_downed", f"{base}/counters/port_rcv_errors",
-        f"{base}/counters/symbol_error", f"{base}/hw_counters/out_of_buffer",
-        f"{base}/rate", f"{base}/state"]
-    for gone in ("rdma.counters.symbol_error", "rdma.counters.link_downed",
-                 "rdma.counters.port_rcv_errors", "rdma.counters.VL15_dropped",
-                 "rdma.hw_counters.out_of_buffer", "rdma.rate_bytes_per_s", "rdma.state"):
+        f"{base}/counters/link_downed",
+        f"{base}/counters/port_rcv_errors",
+        f"{base}/counters/symbol_error",
+        f"{base}/hw_counters/out_of_buffer",
+        f"{base}/rate",
+        f"{base}/state",
+    ]
+    for gone in (
+        "rdma.counters.symbol_error",
+        "rdma.counters.link_downed",
+        "rdma.counters.port_rcv_errors",
+        "rdma.counters.VL15_dropped",
+        "rdma.hw_counters.out_of_buffer",
+        "rdma.rate_bytes_per_s",
+        "rdma.state",
+    ):
         assert gone not in event
     assert event["rdma.phys_state"] == "LinkUp"
     assert event["rdma.counters.port_xmit_packets"] == 2_917_455_210
@@ -318,43 +366,79 @@ def test_devices_without_ports_are_unavailable_not_an_empty_success(tmp_path):
     with pytest.raises(SensorUnavailable) as err:
         RdmaCountersSensor().collect(_ctx(tmp_path))
     assert str(err.value) == (
-        f"RDMA devices under {tmp_path}/class/infiniband have no ports (mlx5_0)")
+        f"RDMA devices under {tmp_path}/class/infiniband have no ports (mlx5_0)"
+    )
 
 
 # --- `hpcsec collect` as a user runs it ------------------------------------------------------
 
+
 def test_collect_cli_prints_one_event_per_port(capsys):
-    assert cli.main(["collect", "--sensor", "rdma_counters", "--raw", "--host-name", "gpu-017",
-                     "--sysfs-root", str(NODE / "sample0")]) == 0
+    assert (
+        cli.main(
+            [
+                "collect",
+                "--sensor",
+                "rdma_counters",
+                "--raw",
+                "--host-name",
+                "gpu-017",
+                "--sysfs-root",
+                str(NODE / "sample0"),
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert err == "hpcsec: sensor rdma_counters: ok: 4 events\n"
     records = [json.loads(line) for line in out.splitlines()]
     assert [(r["event.category"], r.get("rdma.device")) for r in records] == [
-        ("rdma_counters", "mlx5_0"), ("rdma_counters", "mlx5_1"), ("rdma_counters", "mlx5_2"),
-        ("rdma_counters", "mlx5_3"), ("sensor_status", None)]
+        ("rdma_counters", "mlx5_0"),
+        ("rdma_counters", "mlx5_1"),
+        ("rdma_counters", "mlx5_2"),
+        ("rdma_counters", "mlx5_3"),
+        ("sensor_status", None),
+    ]
     assert records[0]["rdma.counters.port_rcv_data"] == 91_004_118_262 * 4
 
 
 def test_collect_cli_without_infiniband_is_one_status_line_and_record(tmp_path, capsys):
-    assert cli.main(["collect", "--sensor", "rdma_counters", "--raw",
-                     "--sysfs-root", str(tmp_path)]) == 0
+    assert (
+        cli.main(["collect", "--sensor", "rdma_counters", "--raw", "--sysfs-root", str(tmp_path)])
+        == 0
+    )
     out, err = capsys.readouterr()
-    assert err == ("hpcsec: sensor rdma_counters: unavailable: no RDMA devices under "
-                   f"{tmp_path}/class/infiniband\n")
+    assert err == (
+        "hpcsec: sensor rdma_counters: unavailable: no RDMA devices under "
+        f"{tmp_path}/class/infiniband\n"
+    )
     (record,) = [json.loads(line) for line in out.splitlines()]
-    assert (record["event.category"], record["event.action"], record["hpcsec.sensor"],
-            record["message"]) == ("sensor_status", "unavailable", "rdma_counters",
-                                   f"no RDMA devices under {tmp_path}/class/infiniband")
+    assert (
+        record["event.category"],
+        record["event.action"],
+        record["hpcsec.sensor"],
+        record["message"],
+    ) == (
+        "sensor_status",
+        "unavailable",
+        "rdma_counters",
+        f"no RDMA devices under {tmp_path}/class/infiniband",
+    )
 
 
 def test_collect_cli_wrong_arguments_exit_2(tmp_path, capsys):
     assert cli.main(["collect", "--sensor", "rdma_countres"]) == 2
     assert capsys.readouterr().err.startswith(
-        "hpcsec: error: unknown sensor rdma_countres (known: ")
-    assert cli.main(["collect", "--sensor", "rdma_counters", "--sysfs-root",
-                     str(tmp_path / "sys")]) == 2
+        "hpcsec: error: unknown sensor rdma_countres (known: "
+    )
+    assert (
+        cli.main(["collect", "--sensor", "rdma_counters", "--sysfs-root", str(tmp_path / "sys")])
+        == 2
+    )
     assert capsys.readouterr() == (
-        "", f"hpcsec: error: --sysfs-root {tmp_path / 'sys'}: no such directory\n")
+        "",
+        f"hpcsec: error: --sysfs-root {tmp_path / 'sys'}: no such directory\n",
+    )
     with pytest.raises(SystemExit) as exit_:  # argparse's own errors exit 2 as well
         cli.main(["collect", "--sensor", "rdma_counters", "--format", "csv"])
     assert exit_.value.code == 2

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector import cli
+from hpcsec.detector.cli import main as cli
+from hpcsec.detector.runtime.registry import by_name
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable, run_sensor
-from hpcsec.sensors.rdma_qp import (
+from hpcsec.sensors.rdma.qp import (
     INPUT_NAME,
     QpOutputError,
     QueuePair,
@@ -20,15 +21,15 @@ from hpcsec.sensors.rdma_qp import (
     parse_qp_text,
     run_rdma_tool,
 )
-from hpcsec.sensors.registry import by_name
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rdma"
 
 
 def _ctx(tmp_path, replay=None):
     root = FsRoot("sys", tmp_path)
-    return SensorContext("gpu-017", root, root, root, timestamp="2026-11-30T00:00:00.000Z",
-                         replay_inputs=replay)
+    return SensorContext(
+        "gpu-017", root, root, root, timestamp="2026-11-30T00:00:00.000Z", replay_inputs=replay
+    )
 
 
 def _fixture(name):
@@ -41,9 +42,20 @@ def test_json_fixture_parses_every_qp():
     assert len(parsed.qps) == 22
     assert parsed.qps[0] == QueuePair("mlx5_0", 1, 0, "SMI", "RTS", sq_psn=0, comm="ib_core")
     nccl = parsed.qps[9]
-    assert nccl == QueuePair("mlx5_0", 1, 4735, "RC", "RTS", rqpn=6114, sq_psn=10442381,
-                             rq_psn=13310071, path_mig_state="MIGRATED", pdn=9, pid=41000,
-                             comm="python3")
+    assert nccl == QueuePair(
+        "mlx5_0",
+        1,
+        4735,
+        "RC",
+        "RTS",
+        rqpn=6114,
+        sq_psn=10442381,
+        rq_psn=13310071,
+        path_mig_state="MIGRATED",
+        pdn=9,
+        pid=41000,
+        comm="python3",
+    )
     types = sorted({qp.qp_type for qp in parsed.qps})
     assert types == ["DRIVER", "GSI", "RC", "SMI", "UC", "UD", "XRC_INI"]
     kernel_owners = sorted({qp.comm for qp in parsed.qps if qp.kernel})
@@ -62,17 +74,33 @@ def test_events_user_and_kernel_qps(tmp_path):
     assert len(events) == 22
     gsi = events[1]
     assert {k: v for k, v in gsi.items() if k.startswith(("rdma.", "process."))} == {
-        "rdma.device": "mlx5_0", "rdma.port": 1, "rdma.qp.lqpn": 1, "rdma.qp.type": "GSI",
-        "rdma.qp.state": "RTS", "rdma.qp.sq_psn": 0, "rdma.qp.kernel": True,
-        "rdma.qp.kernel_owner": "ib_core"}
+        "rdma.device": "mlx5_0",
+        "rdma.port": 1,
+        "rdma.qp.lqpn": 1,
+        "rdma.qp.type": "GSI",
+        "rdma.qp.state": "RTS",
+        "rdma.qp.sq_psn": 0,
+        "rdma.qp.kernel": True,
+        "rdma.qp.kernel_owner": "ib_core",
+    }
     assert gsi["event.category"] == "rdma_qp"
     assert gsi["event.action"] == "sample"
     rogue = next(e for e in events if e["rdma.qp.lqpn"] == 4801)
     assert {k: v for k, v in rogue.items() if k.startswith(("rdma.", "process."))} == {
-        "rdma.device": "mlx5_2", "rdma.port": 1, "rdma.qp.lqpn": 4801, "rdma.qp.rqpn": 301,
-        "rdma.qp.type": "RC", "rdma.qp.state": "RTS", "rdma.qp.sq_psn": 9927411,
-        "rdma.qp.rq_psn": 5512, "rdma.qp.path_mig_state": "MIGRATED", "rdma.qp.pdn": 2,
-        "rdma.qp.kernel": False, "process.pid": 52311, "process.name": "ib_write_bw"}
+        "rdma.device": "mlx5_2",
+        "rdma.port": 1,
+        "rdma.qp.lqpn": 4801,
+        "rdma.qp.rqpn": 301,
+        "rdma.qp.type": "RC",
+        "rdma.qp.state": "RTS",
+        "rdma.qp.sq_psn": 9927411,
+        "rdma.qp.rq_psn": 5512,
+        "rdma.qp.path_mig_state": "MIGRATED",
+        "rdma.qp.pdn": 2,
+        "rdma.qp.kernel": False,
+        "process.pid": 52311,
+        "process.name": "ib_write_bw",
+    }
     unbound = next(e for e in events if e["rdma.qp.lqpn"] == 4803)
     assert "rdma.port" not in unbound
     assert unbound["rdma.qp.state"] == "RESET"
@@ -83,8 +111,9 @@ def test_events_user_and_kernel_qps(tmp_path):
 
 
 def test_old_iproute2_pid_zero_means_kernel():
-    parsed = parse_qp_text("link mlx5_0/1 lqpn 1 type GSI state RTS sq-psn 0 pid 0 "
-                           "comm [ib_core]\n")
+    parsed = parse_qp_text(
+        "link mlx5_0/1 lqpn 1 type GSI state RTS sq-psn 0 pid 0 comm [ib_core]\n"
+    )
     (qp,) = parsed.qps
     assert qp.kernel
     assert qp.fields()["rdma.qp.kernel_owner"] == "ib_core"
@@ -97,12 +126,14 @@ def test_empty_output_is_no_qps():
 
 
 def test_malformed_records_are_skipped_and_reported(tmp_path):
-    text = ('[{"ifname":"mlx5_0","port":1,"lqpn":7,"type":"RC","state":"RTS","pid":9,'
-            '"comm":"a.out"},'
-            '{"ifname":"mlx5_0","port":1,"type":"RC","state":"RTS"},'
-            '{"ifname":"mlx5_0","port":"one","lqpn":8,"type":"RC","state":"RTS"},'
-            '{"ifname":"mlx5_0","lqpn":-3,"type":"RC","state":"RTS"},'
-            '"junk"]')
+    text = (
+        '[{"ifname":"mlx5_0","port":1,"lqpn":7,"type":"RC","state":"RTS","pid":9,'
+        '"comm":"a.out"},'
+        '{"ifname":"mlx5_0","port":1,"type":"RC","state":"RTS"},'
+        '{"ifname":"mlx5_0","port":"one","lqpn":8,"type":"RC","state":"RTS"},'
+        '{"ifname":"mlx5_0","lqpn":-3,"type":"RC","state":"RTS"},'
+        '"junk"]'
+    )
     events = RdmaQpSensor().collect(_ctx(tmp_path, {INPUT_NAME: text}))
     assert [e["rdma.qp.lqpn"] for e in events[:-1]] == [7]
     status = events[-1]
@@ -113,16 +144,21 @@ def test_malformed_records_are_skipped_and_reported(tmp_path):
         "record 2: no lqpn",
         "record 3: port is not a 32-bit unsigned integer: 'one'",
         "record 4: lqpn is not a 32-bit unsigned integer: -3",
-        "record 5: not an object: str"]
+        "record 5: not an object: str",
+    ]
 
 
 def test_malformed_text_lines_are_counted():
-    parsed = parse_qp_text("link mlx5_0/1 lqpn 3 type UD state RTS sq-psn 0 pid 5 comm x\n"
-                           "link mlx5_0/1 lqpn\n"
-                           "link mlx5_0 lqpn 4 type UD state RTS\n")
+    parsed = parse_qp_text(
+        "link mlx5_0/1 lqpn 3 type UD state RTS sq-psn 0 pid 5 comm x\n"
+        "link mlx5_0/1 lqpn\n"
+        "link mlx5_0 lqpn 4 type UD state RTS\n"
+    )
     assert [qp.lqpn for qp in parsed.qps] == [3]
-    assert parsed.errors == ("record 2: odd number of words in 'link mlx5_0/1 lqpn'",
-                             "record 3: bad link 'mlx5_0'")
+    assert parsed.errors == (
+        "record 2: odd number of words in 'link mlx5_0/1 lqpn'",
+        "record 3: bad link 'mlx5_0'",
+    )
 
 
 def test_not_json_is_an_error_status_not_a_crash(tmp_path):
@@ -130,8 +166,9 @@ def test_not_json_is_an_error_status_not_a_crash(tmp_path):
         parse_qp_json('[{"ifname": "mlx5_0",')
     with pytest.raises(QpOutputError, match="expected a JSON list, got dict"):
         parse_qp_json('{"ifname": "mlx5_0"}')
-    run = run_sensor(by_name()["rdma_qp"], RdmaQpSensor(),
-                     _ctx(tmp_path, {INPUT_NAME: '[{"ifname": "mlx5_0",'}))
+    run = run_sensor(
+        by_name()["rdma_qp"], RdmaQpSensor(), _ctx(tmp_path, {INPUT_NAME: '[{"ifname": "mlx5_0",'})
+    )
     assert run.events == []
     assert run.status["event.action"] == "error"
     assert run.status["message"].startswith("QpOutputError: rdma-res-qp.json: not JSON:")
@@ -158,17 +195,21 @@ def test_missing_tool_is_unavailable(tmp_path, monkeypatch):
 
 
 def test_missing_netlink_family_is_unavailable(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", _fake_rdma(
-        tmp_path, 'echo "Failed to open NETLINK_RDMA socket" >&2\nexit 1\n'))
+    monkeypatch.setenv(
+        "PATH", _fake_rdma(tmp_path, 'echo "Failed to open NETLINK_RDMA socket" >&2\nexit 1\n')
+    )
     with pytest.raises(SensorUnavailable) as err:
         run_rdma_tool()
-    assert str(err.value) == ("`rdma -j res show qp` failed: "
-                              "Failed to open NETLINK_RDMA socket")
+    assert str(err.value) == ("`rdma -j res show qp` failed: Failed to open NETLINK_RDMA socket")
 
 
 def test_live_run_goes_through_the_tool_and_is_recorded(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", _fake_rdma(
-        tmp_path, f'[ "$*" = "-j res show qp" ] || exit 3\ncat {FIXTURES}/res-qp.json\n'))
+    monkeypatch.setenv(
+        "PATH",
+        _fake_rdma(
+            tmp_path, f'[ "$*" = "-j res show qp" ] || exit 3\ncat {FIXTURES}/res-qp.json\n'
+        ),
+    )
 
     class Rec:
         inputs = {}
@@ -183,24 +224,31 @@ def test_live_run_goes_through_the_tool_and_is_recorded(tmp_path, monkeypatch):
     assert Rec.inputs == {INPUT_NAME: _fixture("res-qp.json")}
 
 
-@pytest.mark.skipif(shutil.which("rdma") is None or os.path.exists("/sys/class/infiniband"),
-                    reason="needs iproute2 `rdma` on a node without RDMA devices")
+@pytest.mark.skipif(
+    shutil.which("rdma") is None or os.path.exists("/sys/class/infiniband"),
+    reason="needs iproute2 `rdma` on a node without RDMA devices",
+)
 def test_real_rdma_tool_without_rdma_netlink(tmp_path):
     with pytest.raises(SensorUnavailable, match=r"^`rdma -j res show qp` failed: "):
         run_rdma_tool()
 
 
 def test_collect_cli_without_rdma_netlink_is_one_status_line_and_record(
-        tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PATH", _fake_rdma(
-        tmp_path, 'echo "Failed to open NETLINK_RDMA socket" >&2\nexit 1\n'))
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(
+        "PATH", _fake_rdma(tmp_path, 'echo "Failed to open NETLINK_RDMA socket" >&2\nexit 1\n')
+    )
     assert cli.main(["collect", "--sensor", "rdma_qp", "--raw"]) == 0
     out, err = capsys.readouterr()
     message = "`rdma -j res show qp` failed: Failed to open NETLINK_RDMA socket"
     assert err == f"hpcsec: sensor rdma_qp: unavailable: {message}\n"
     (record,) = [json.loads(line) for line in out.splitlines()]
     assert (record["event.category"], record["event.action"], record["message"]) == (
-        "sensor_status", "unavailable", message)
+        "sensor_status",
+        "unavailable",
+        message,
+    )
 
 
 def test_collect_cli_prints_the_qps(tmp_path, monkeypatch, capsys):

@@ -14,11 +14,11 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import wrpcap
 
-from hpcsec.detector import cli
+from hpcsec.detector.cli import main as cli
+from hpcsec.detector.runtime.registry import by_name
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable, run_sensor
-from hpcsec.sensors.registry import by_name
-from hpcsec.sensors.roce import CaptureError, FlowAggregator, RoceSensor, read_pcap
-from hpcsec.sensors.roce_headers import DETH, RETH, XRCETH, AtomicETH
+from hpcsec.sensors.rdma.roce import CaptureError, FlowAggregator, RoceSensor, read_pcap
+from hpcsec.sensors.rdma.roce_headers import DETH, RETH, XRCETH, AtomicETH
 
 T0 = 1796000400.0  # 2026-11-30T01:00:00Z, the start of an interval
 A, B = "10.0.0.1", "10.0.0.2"
@@ -39,36 +39,61 @@ def _frame(src, dst, opcode, dqpn, *ext, t=T0, payload=b""):
 
 def _ctx(tmp_path, **options):
     root = FsRoot("sys", tmp_path)
-    return SensorContext("gpu-017", root, root, root, timestamp="2026-11-30T02:00:00.000Z",
-                         options=options)
+    return SensorContext(
+        "gpu-017", root, root, root, timestamp="2026-11-30T02:00:00.000Z", options=options
+    )
 
 
 def _flows(tmp_path, packets, **options):
     path = tmp_path / "capture.pcap"
     wrpcap(str(path), packets)
     events = RoceSensor().collect(_ctx(tmp_path, pcap=str(path), **options))
-    return events, {(e.get("source.ip"), e.get("destination.ip"), e.get("rdma.qp.dqpn"),
-                     e["@timestamp"]): e for e in events}
+    return events, {
+        (e.get("source.ip"), e.get("destination.ip"), e.get("rdma.qp.dqpn"), e["@timestamp"]): e
+        for e in events
+    }
 
 
 def _counts(event):
-    return {k: v for k, v in event.items()
-            if k.startswith(("network.", "rdma.flow.")) or k == "hpcsec.parse_errors"}
+    return {
+        k: v
+        for k, v in event.items()
+        if k.startswith(("network.", "rdma.flow.")) or k == "hpcsec.parse_errors"
+    }
 
 
 def _expected(packets, **counts):
-    base = {"network.packets": len(packets), "network.bytes": sum(len(p) for p in packets),
-            "network.transport": "udp", "rdma.flow.interval_s": 10.0}
-    for name in ("write_requests", "write_bytes", "read_requests", "read_bytes",
-                 "atomic_requests", "sends", "acks", "naks", "rkeys"):
+    base = {
+        "network.packets": len(packets),
+        "network.bytes": sum(len(p) for p in packets),
+        "network.transport": "udp",
+        "rdma.flow.interval_s": 10.0,
+    }
+    for name in (
+        "write_requests",
+        "write_bytes",
+        "read_requests",
+        "read_bytes",
+        "atomic_requests",
+        "sends",
+        "acks",
+        "naks",
+        "rkeys",
+    ):
         base[f"rdma.flow.{name}"] = counts.pop(name, 0)
     base.update(counts)
     return base
 
 
 REQUESTS = [  # A -> B, QP 0x1234: a WRITE of 8 KiB in four packets, and one of everything
-    _frame(A, B, 0x06, 0x1234, RETH(va=0x7F0000000000, rkey=0x100, dma_length=8192),
-           payload=b"w" * 1024),
+    _frame(
+        A,
+        B,
+        0x06,
+        0x1234,
+        RETH(va=0x7F0000000000, rkey=0x100, dma_length=8192),
+        payload=b"w" * 1024,
+    ),
     _frame(A, B, 0x07, 0x1234, payload=b"w" * 1024),
     _frame(A, B, 0x07, 0x1234, payload=b"w" * 1024, t=T0 + 1),
     _frame(A, B, 0x08, 0x1234, payload=b"w" * 1024, t=T0 + 2),
@@ -97,8 +122,15 @@ def test_rc_requests_and_responses_are_counted_exactly(tmp_path):
     start = "2026-11-30T01:00:00.000Z"
     request = flows[(A, B, 0x1234, start)]
     assert _counts(request) == _expected(
-        REQUESTS, write_requests=3, write_bytes=8192 + 512 + 64, read_requests=1,
-        read_bytes=65536, atomic_requests=2, sends=3, rkeys=4)
+        REQUESTS,
+        write_requests=3,
+        write_bytes=8192 + 512 + 64,
+        read_requests=1,
+        read_bytes=65536,
+        atomic_requests=2,
+        sends=3,
+        rkeys=4,
+    )
     assert request["event.category"] == "roce_flow"
     assert request["event.action"] == "flow"
     assert request["destination.port"] == 4791
@@ -107,60 +139,92 @@ def test_rc_requests_and_responses_are_counted_exactly(tmp_path):
 
 
 def test_uc_xrc_ud_ipv6_and_cnp(tmp_path):
-    uc = [_frame(A, B, 0x26, 77, RETH(rkey=0x900, dma_length=4096), payload=b"u" * 1024),
-          _frame(A, B, 0x24, 77, payload=b"u" * 8)]
-    xrc = [_frame(A, B, 0xAA, 78, XRCETH(xrcsrq=5), RETH(rkey=0xA00, dma_length=128)),
-           _frame(A, B, 0xAC, 78, XRCETH(xrcsrq=5), RETH(rkey=0xA01, dma_length=256)),
-           _frame(A, B, 0xB4, 78, XRCETH(xrcsrq=5), AtomicETH(rkey=0xA00)),
-           _frame(A, B, 0xA4, 78, XRCETH(xrcsrq=5), payload=b"x" * 30),
-           _frame(B, A, 0xB1, 79, AETH(syndrome=0x1F))]
+    uc = [
+        _frame(A, B, 0x26, 77, RETH(rkey=0x900, dma_length=4096), payload=b"u" * 1024),
+        _frame(A, B, 0x24, 77, payload=b"u" * 8),
+    ]
+    xrc = [
+        _frame(A, B, 0xAA, 78, XRCETH(xrcsrq=5), RETH(rkey=0xA00, dma_length=128)),
+        _frame(A, B, 0xAC, 78, XRCETH(xrcsrq=5), RETH(rkey=0xA01, dma_length=256)),
+        _frame(A, B, 0xB4, 78, XRCETH(xrcsrq=5), AtomicETH(rkey=0xA00)),
+        _frame(A, B, 0xA4, 78, XRCETH(xrcsrq=5), payload=b"x" * 30),
+        _frame(B, A, 0xB1, 79, AETH(syndrome=0x1F)),
+    ]
     ud = [_frame(A, B, 0x64, 1, DETH(qkey=0x80010000, srcqp=1), payload=b"m" * 256)]
-    v6 = [_frame("fd00::1", "fd00::2", 0x0A, 80, RETH(rkey=7, dma_length=1 << 20),
-                 payload=b"6" * 900),
-          _frame("fd00::1", "fd00::2", 0x81, 80, payload=b"\0" * 16)]  # CNP
+    v6 = [
+        _frame(
+            "fd00::1", "fd00::2", 0x0A, 80, RETH(rkey=7, dma_length=1 << 20), payload=b"6" * 900
+        ),
+        _frame("fd00::1", "fd00::2", 0x81, 80, payload=b"\0" * 16),
+    ]  # CNP
     events, flows = _flows(tmp_path, uc + xrc + ud + v6)
     start = "2026-11-30T01:00:00.000Z"
     assert len(events) == 5
     assert _counts(flows[(A, B, 77, start)]) == _expected(
-        uc, write_requests=1, write_bytes=4096, sends=1, rkeys=1)
+        uc, write_requests=1, write_bytes=4096, sends=1, rkeys=1
+    )
     assert _counts(flows[(A, B, 78, start)]) == _expected(
-        xrc[:4], write_requests=1, write_bytes=128, read_requests=1, read_bytes=256,
-        atomic_requests=1, sends=1, rkeys=2)
+        xrc[:4],
+        write_requests=1,
+        write_bytes=128,
+        read_requests=1,
+        read_bytes=256,
+        atomic_requests=1,
+        sends=1,
+        rkeys=2,
+    )
     assert _counts(flows[(B, A, 79, start)]) == _expected(xrc[4:], acks=1)
     assert _counts(flows[(A, B, 1, start)]) == _expected(ud, sends=1)
     assert _counts(flows[("fd00::1", "fd00::2", 80, start)]) == _expected(
-        v6, write_requests=1, write_bytes=1 << 20, rkeys=1)
+        v6, write_requests=1, write_bytes=1 << 20, rkeys=1
+    )
 
 
 def test_intervals_are_packet_time_and_aligned(tmp_path):
-    packets = [_frame(A, B, 0x0A, 9, RETH(rkey=1, dma_length=10), t=T0 + 3),
-               _frame(A, B, 0x0A, 9, RETH(rkey=2, dma_length=20), t=T0 + 9.5),
-               _frame(A, B, 0x0A, 9, RETH(rkey=3, dma_length=40), t=T0 + 10.0),
-               _frame(A, B, 0x0A, 9, RETH(rkey=3, dma_length=80), t=T0 + 31)]
+    packets = [
+        _frame(A, B, 0x0A, 9, RETH(rkey=1, dma_length=10), t=T0 + 3),
+        _frame(A, B, 0x0A, 9, RETH(rkey=2, dma_length=20), t=T0 + 9.5),
+        _frame(A, B, 0x0A, 9, RETH(rkey=3, dma_length=40), t=T0 + 10.0),
+        _frame(A, B, 0x0A, 9, RETH(rkey=3, dma_length=80), t=T0 + 31),
+    ]
     events, _ = _flows(tmp_path, packets)
-    assert [(e["@timestamp"], e["rdma.flow.write_bytes"], e["rdma.flow.rkeys"])
-            for e in events] == [("2026-11-30T01:00:00.000Z", 30, 2),
-                                 ("2026-11-30T01:00:10.000Z", 40, 1),
-                                 ("2026-11-30T01:00:30.000Z", 80, 1)]
+    assert [
+        (e["@timestamp"], e["rdma.flow.write_bytes"], e["rdma.flow.rkeys"]) for e in events
+    ] == [
+        ("2026-11-30T01:00:00.000Z", 30, 2),
+        ("2026-11-30T01:00:10.000Z", 40, 1),
+        ("2026-11-30T01:00:30.000Z", 80, 1),
+    ]
     events, _ = _flows(tmp_path, packets, flow_interval=60)
-    assert [(e["@timestamp"], e["rdma.flow.write_requests"], e["rdma.flow.interval_s"])
-            for e in events] == [("2026-11-30T01:00:00.000Z", 4, 60.0)]
+    assert [
+        (e["@timestamp"], e["rdma.flow.write_requests"], e["rdma.flow.interval_s"]) for e in events
+    ] == [("2026-11-30T01:00:00.000Z", 4, 60.0)]
 
 
 def test_non_roce_traffic_is_ignored(tmp_path):
-    other = [Ether(**MACS) / IP(src=A, dst=B) / UDP(dport=53) / Raw(b"q" * 40),
-             Ether(**MACS) / IP(src=A, dst=B) / TCP(dport=4791) / Raw(b"t" * 40),
-             Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=4791, dport=50000) / Raw(b"z" * 40)]
+    other = [
+        Ether(**MACS) / IP(src=A, dst=B) / UDP(dport=53) / Raw(b"q" * 40),
+        Ether(**MACS) / IP(src=A, dst=B) / TCP(dport=4791) / Raw(b"t" * 40),
+        Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=4791, dport=50000) / Raw(b"z" * 40),
+    ]
     events, _ = _flows(tmp_path, other)
     assert events == []
 
 
 def test_truncated_and_short_packets_are_counted_not_fatal(tmp_path):
     good = _frame(A, B, 0x0A, 5, RETH(rkey=1, dma_length=64), payload=b"g" * 64)
-    cut_reth = Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=1, dport=4791) / Raw(
-        bytes(BTH(opcode=0x0A, dqpn=5, icrc=0))[:12] + b"\1" * 10)
-    cut_aeth = Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=1, dport=4791) / Raw(
-        bytes(BTH(opcode=0x11, dqpn=5, icrc=0))[:12] + b"\1" * 6)
+    cut_reth = (
+        Ether(**MACS)
+        / IP(src=A, dst=B)
+        / UDP(sport=1, dport=4791)
+        / Raw(bytes(BTH(opcode=0x0A, dqpn=5, icrc=0))[:12] + b"\1" * 10)
+    )
+    cut_aeth = (
+        Ether(**MACS)
+        / IP(src=A, dst=B)
+        / UDP(sport=1, dport=4791)
+        / Raw(bytes(BTH(opcode=0x11, dqpn=5, icrc=0))[:12] + b"\1" * 6)
+    )
     runt = Ether(**MACS) / IP(src=A, dst=B) / UDP(sport=1, dport=4791) / Raw(b"\x0a\0\0")
     for p in (cut_reth, cut_aeth, runt):
         p.time = T0
@@ -171,7 +235,8 @@ def test_truncated_and_short_packets_are_counted_not_fatal(tmp_path):
     assert flow["rdma.flow.acks"] == 0
     assert flow["hpcsec.parse_errors"] == [
         "packet 2: opcode 0x0a without a whole RETH",
-        "packet 4: opcode 0x11 without a whole AETH"]
+        "packet 4: opcode 0x11 without a whole AETH",
+    ]
     assert status["event.category"] == "sensor_status"
     assert status["event.action"] == "dropped"
     assert status["message"] == "1 RoCE packets too short for a BTH"
@@ -196,8 +261,7 @@ def test_missing_options_and_bad_files(tmp_path):
     junk.write_bytes(b"this is not a capture file at all")
     run = run_sensor(by_name()["roce"], RoceSensor(), _ctx(tmp_path, pcap=str(junk)))
     assert run.status["event.action"] == "error"
-    assert run.status["message"].startswith(
-        f"CaptureError: {junk}: not a pcap or pcapng capture")
+    assert run.status["message"].startswith(f"CaptureError: {junk}: not a pcap or pcapng capture")
     with pytest.raises(ValueError, match="flow interval must be positive, got 0"):
         FlowAggregator(0)
     with pytest.raises(CaptureError, match=r"^cannot sniff hpcsec-none0: no such network "):
@@ -231,7 +295,8 @@ def test_sniffing_loopback_sees_roce_datagrams(tmp_path):
     flows = [e for e in events if e["event.category"] == "roce_flow"]
     assert sum(e["network.packets"] for e in flows) == 3
     assert {(e["source.ip"], e["destination.ip"], e["rdma.qp.dqpn"]) for e in flows} == {
-        ("127.0.0.1", "127.0.0.1", 0x42)}
+        ("127.0.0.1", "127.0.0.1", 0x42)
+    }
     assert sum(e["rdma.flow.write_bytes"] for e in flows) == 3 * 4096
 
 
@@ -252,45 +317,82 @@ def test_reth_and_atomic_eth_are_dissected_from_wire_bytes():
 def test_collect_cli_reads_a_pcap(tmp_path, capsys):
     path = tmp_path / "mirror.pcap"
     wrpcap(str(path), REQUESTS + RESPONSES)
-    assert cli.main(["collect", "--sensor", "roce", "--raw", "--pcap", str(path),
-                     "--sysfs-root", str(tmp_path)]) == 0
+    assert (
+        cli.main(
+            [
+                "collect",
+                "--sensor",
+                "roce",
+                "--raw",
+                "--pcap",
+                str(path),
+                "--sysfs-root",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert err == "hpcsec: sensor roce: ok: 2 events\n"
     records = [json.loads(line) for line in out.splitlines()]
-    assert [(r["event.category"], r.get("rdma.qp.dqpn"), r.get("rdma.flow.read_bytes"))
-            for r in records] == [("roce_flow", 0x1234, 65536), ("roce_flow", 0x5678, 0),
-                                  ("sensor_status", None, None)]
+    assert [
+        (r["event.category"], r.get("rdma.qp.dqpn"), r.get("rdma.flow.read_bytes")) for r in records
+    ] == [("roce_flow", 0x1234, 65536), ("roce_flow", 0x5678, 0), ("sensor_status", None, None)]
 
 
 def test_collect_cli_without_a_capture_is_a_status_and_bad_arguments_exit_2(tmp_path, capsys):
     assert cli.main(["collect", "--sensor", "roce", "--raw"]) == 0
     out, err = capsys.readouterr()
-    assert err == ("hpcsec: sensor roce: unavailable: reads a capture: give --pcap FILE or "
-                   "--interface IFACE (snapshots hold no packets)\n")
+    assert err == (
+        "hpcsec: sensor roce: unavailable: reads a capture: give --pcap FILE or "
+        "--interface IFACE (snapshots hold no packets)\n"
+    )
     assert json.loads(out)["event.action"] == "unavailable"
     for argv, message in (
-            (["--pcap", str(tmp_path / "none.pcap")],
-             f"--pcap {tmp_path}/none.pcap: no such file"),
-            (["--pcap", __file__, "--interface", "lo"],
-             "--pcap and --interface exclude each other"),
-            (["--interface", "lo", "--flow-interval", "0"],
-             "--flow-interval must be a positive number of seconds, got 0"),
-            (["--interface", "lo", "--duration", "-1"],
-             "--duration must be zero or more seconds, got -1"),
-            (["--interface", "hpcsec-none0"],
-             "--interface hpcsec-none0: no such network interface")):
+        (["--pcap", str(tmp_path / "none.pcap")], f"--pcap {tmp_path}/none.pcap: no such file"),
+        (["--pcap", __file__, "--interface", "lo"], "--pcap and --interface exclude each other"),
+        (
+            ["--interface", "lo", "--flow-interval", "0"],
+            "--flow-interval must be a positive number of seconds, got 0",
+        ),
+        (
+            ["--interface", "lo", "--duration", "-1"],
+            "--duration must be zero or more seconds, got -1",
+        ),
+        (["--interface", "hpcsec-none0"], "--interface hpcsec-none0: no such network interface"),
+    ):
         assert cli.main(["collect", "--sensor", "roce", *argv]) == 2
         assert capsys.readouterr() == ("", f"hpcsec: error: {message}\n")
 
 
 def test_scan_evaluates_the_rules_on_a_capture(tmp_path, capsys):
     """`hpcsec scan --pcap`: a peer probing 80 rkeys of this node raises the rkey rule."""
-    probe = [_frame(A, B, 0x0C, 0x4321, RETH(va=0x7F0000000000, rkey=0x1000 + i, dma_length=64),
-                    t=T0 + i * 0.01) for i in range(80)]
+    probe = [
+        _frame(
+            A,
+            B,
+            0x0C,
+            0x4321,
+            RETH(va=0x7F0000000000, rkey=0x1000 + i, dma_length=64),
+            t=T0 + i * 0.01,
+        )
+        for i in range(80)
+    ]
     path = tmp_path / "probe.pcap"
     wrpcap(str(path), probe)
-    rc = cli.main(["scan", "--sensor", "roce", "--pcap", str(path), "--sysfs-root",
-                   str(tmp_path), "--format", "json"])
+    rc = cli.main(
+        [
+            "scan",
+            "--sensor",
+            "roce",
+            "--pcap",
+            str(path),
+            "--sysfs-root",
+            str(tmp_path),
+            "--format",
+            "json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 1, err
     alerts = json.loads(out)

@@ -1,10 +1,10 @@
 import json
 from pathlib import Path
 
-from hpcsec.detector.jobs import STATE_KEY, JobContext, hook_state_dir, job_context
-from hpcsec.sensors import registry
+from hpcsec.detector.runtime import registry
+from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, hook_state_dir, job_context
+from hpcsec.detector.slurm.sensor import SlurmJobsSensor
 from hpcsec.sensors.base import FsRoot, SensorContext, run_sensor
-from hpcsec.sensors.slurm_jobs import SlurmJobsSensor
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 JOBS = json.loads((FIX / "squeue-22.05.json").read_text())
@@ -19,14 +19,19 @@ def jobs_doc(*running: int) -> str:
 
 
 def ctx_for(root: Path, replay, state=None, ts="2026-11-30T01:33:00.000Z") -> SensorContext:
-    return SensorContext("vm", FsRoot("sys", root), FsRoot("proc", root), FsRoot("etc", root),
-                         timestamp=ts, replay_inputs=replay,
-                         state=state if state is not None else {})
+    return SensorContext(
+        "vm",
+        FsRoot("sys", root),
+        FsRoot("proc", root),
+        FsRoot("etc", root),
+        timestamp=ts,
+        replay_inputs=replay,
+        state=state if state is not None else {},
+    )
 
 
 def summary(events):
-    return [(e["event.action"], e.get("slurm.job.id"), e.get("slurm.node.users"))
-            for e in events]
+    return [(e["event.action"], e.get("slurm.job.id"), e.get("slurm.node.users")) for e in events]
 
 
 def test_registered():
@@ -42,9 +47,11 @@ def test_present_started_ended(tmp_path):
     assert summary(first) == [("present", "1", ["alice"])]
     assert first[0]["slurm.job.gpus"] == [0, 1] and first[0]["hpcsec.sensor"] == "slurm_jobs"
     second = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1, 3)}, state)))
-    assert summary(second) == [("present", "1", ["alice", "bob"]),
-                               ("present", "3", ["alice", "bob"]),
-                               ("started", "3", ["alice", "bob"])]
+    assert summary(second) == [
+        ("present", "1", ["alice", "bob"]),
+        ("present", "3", ["alice", "bob"]),
+        ("started", "3", ["alice", "bob"]),
+    ]
     third = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(3)}, state)))
     assert summary(third) == [("present", "3", ["bob"]), ("ended", "1", ["bob"])]
     ended = third[1]
@@ -54,8 +61,7 @@ def test_present_started_ended(tmp_path):
 
 
 def test_no_slurm_data_in_snapshot_means_no_jobs(tmp_path):
-    run = run_sensor(registry.by_name()["slurm_jobs"], SlurmJobsSensor(),
-                     ctx_for(tmp_path, {}))
+    run = run_sensor(registry.by_name()["slurm_jobs"], SlurmJobsSensor(), ctx_for(tmp_path, {}))
     assert run.events == [] and run.ok
 
 
@@ -73,7 +79,8 @@ class Down:
         return True
 
     def jobs_json(self):
-        from hpcsec.detector.jobs import SlurmUnreachable
+        from hpcsec.detector.slurm.jobs import SlurmUnreachable
+
         raise SlurmUnreachable("squeue --json timed out after 3s")
 
     listpids = jobs_detail = jobs_json
@@ -85,8 +92,9 @@ def test_outage_is_not_the_end_of_every_job(tmp_path):
     list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1, 3)}, state)))
     state[STATE_KEY] = JobContext(Down(), ttl_s=0)
     down = list(sensor.collect(ctx_for(tmp_path, None, state)))
-    assert [(e["event.category"], e["event.action"]) for e in down] == \
-        [("sensor_status", "unavailable")]
+    assert [(e["event.category"], e["event.action"]) for e in down] == [
+        ("sensor_status", "unavailable")
+    ]
     assert sorted(state["slurm_jobs"]["jobs"]) == ["1", "3"]
 
 
@@ -94,21 +102,30 @@ def test_hook_records_are_tailed(tmp_path):
     state: dict = {}
     events_file = tmp_path / "slurm-events.jsonl"
     prolog = {"event.category": "slurm_job", "event.action": "prolog", "slurm.job.id": "1"}
-    events_file.write_text(json.dumps(prolog) + "\nnot json\n" + '{"event.category": "x"}\n'
-                           + '{"event.category": "slurm_job", "event.action": "epi')
+    events_file.write_text(
+        json.dumps(prolog)
+        + "\nnot json\n"
+        + '{"event.category": "x"}\n'
+        + '{"event.category": "slurm_job", "event.action": "epi'
+    )
     sensor = SlurmJobsSensor()
 
     def sample():
         ctx = ctx_for(tmp_path, None, state)
         ctx.options["slurm_state_dir"] = str(tmp_path)
         state.setdefault(STATE_KEY, JobContext(Down(), ttl_s=3600))
-        return [e for e in sensor.collect(ctx) if e["event.category"] != "sensor_status"
-                or e["event.action"] == "malformed"]
+        return [
+            e
+            for e in sensor.collect(ctx)
+            if e["event.category"] != "sensor_status" or e["event.action"] == "malformed"
+        ]
 
     first = sample()
     assert [e["event.action"] for e in first] == ["prolog", "malformed"]
-    assert first[1]["hpcsec.parse_errors"] == ["slurm-events.jsonl line 2: not JSON",
-                                               "slurm-events.jsonl line 3: not a slurm_job event"]
+    assert first[1]["hpcsec.parse_errors"] == [
+        "slurm-events.jsonl line 2: not JSON",
+        "slurm-events.jsonl line 3: not a slurm_job event",
+    ]
     assert sample() == []  # the partial last line waits for its newline
     with events_file.open("a") as fh:
         fh.write('log"}\n')
@@ -119,12 +136,16 @@ def test_hook_state_dir_defaults_to_the_hooks_default(tmp_path, monkeypatch):
     """An agent started without `slurm_state_dir` reads where the hooks write by default."""
     monkeypatch.setenv("HPCSEC_STATE_DIR", str(tmp_path))
     (tmp_path / "slurm-events.jsonl").write_text(
-        '{"event.category": "slurm_job", "event.action": "prolog", "slurm.job.id": "7"}\n')
+        '{"event.category": "slurm_job", "event.action": "prolog", "slurm.job.id": "7"}\n'
+    )
     ctx = ctx_for(tmp_path, None, {})
     assert hook_state_dir(ctx) == str(tmp_path)
     assert job_context(ctx).events_file == str(tmp_path / "slurm-events.jsonl")
     ctx.state[STATE_KEY] = JobContext(Down(), ttl_s=3600)
-    assert [(e["event.action"], e.get("slurm.job.id")) for e in SlurmJobsSensor().collect(ctx)
-            if e["event.category"] == "slurm_job"] == [("prolog", "7")]
+    assert [
+        (e["event.action"], e.get("slurm.job.id"))
+        for e in SlurmJobsSensor().collect(ctx)
+        if e["event.category"] == "slurm_job"
+    ] == [("prolog", "7")]
     monkeypatch.delenv("HPCSEC_STATE_DIR")
     assert hook_state_dir(ctx_for(tmp_path, None, {})) == "/var/lib/hpcsec"

@@ -13,8 +13,9 @@ from hpcsec.sensors.sockets import SocketSensor, parse_sockets
 
 
 def live_context() -> SensorContext:
-    return SensorContext("live", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"),
-                         FsRoot("etc", "/etc"))
+    return SensorContext(
+        "live", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+    )
 
 
 def test_finds_listening_and_established_sockets_with_their_pid():
@@ -49,10 +50,14 @@ def test_udp_socket_is_unconn():
     udp.bind(("::1", 0))
     try:
         port = udp.getsockname()[1]
-        events = [e for e in SocketSensor().collect(live_context())
-                  if e.get("source.port") == port and e["network.transport"] == "udp"]
+        events = [
+            e
+            for e in SocketSensor().collect(live_context())
+            if e.get("source.port") == port and e["network.transport"] == "udp"
+        ]
         assert [(e["network.state"], e["source.ip"], e["process.pid"]) for e in events] == [
-            ("UNCONN", "::1", os.getpid())]
+            ("UNCONN", "::1", os.getpid())
+        ]
     finally:
         udp.close()
 
@@ -60,14 +65,31 @@ def test_udp_socket_is_unconn():
 def test_replays_sockets_json_with_the_nodes_users(tmp_path):
     node = NodeTree(tmp_path)
     node.passwd(("root", 0), ("bob", 1002))
-    node.process(5100, "jupyter-lab", ["/opt/conda/bin/python", "-m", "jupyterlab"], uid=1002,
-                 fds={3: "socket:[88001]"})
+    node.process(
+        5100,
+        "jupyter-lab",
+        ["/opt/conda/bin/python", "-m", "jupyterlab"],
+        uid=1002,
+        fds={3: "socket:[88001]"},
+    )
     ctx = node.context()
-    ctx.replay_inputs = {"sockets.json": json.dumps([
-        {"transport": "tcp", "state": "LISTEN", "source.ip": "0.0.0.0", "source.port": 8888,
-         "destination.ip": "0.0.0.0", "destination.port": 0, "inode": 88001, "pid": 5100},
-        {"transport": "sctp", "source.port": 1, "inode": 2},
-    ])}
+    ctx.replay_inputs = {
+        "sockets.json": json.dumps(
+            [
+                {
+                    "transport": "tcp",
+                    "state": "LISTEN",
+                    "source.ip": "0.0.0.0",
+                    "source.port": 8888,
+                    "destination.ip": "0.0.0.0",
+                    "destination.port": 0,
+                    "inode": 88001,
+                    "pid": 5100,
+                },
+                {"transport": "sctp", "source.port": 1, "inode": 2},
+            ]
+        )
+    }
     events = list(SocketSensor().collect(ctx))
     assert events[0]["event.action"] == "malformed"
     assert events[0]["hpcsec.malformed"] == 1

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from hpcsec.detector.errors import HpcsecError
+from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.outputs.base import OutputError, open_outputs
 from tests.rule_texts import MINER_RULE
 
-ALERTS = [{"alert.id": "a1", "rule.id": "r", "alert.summary": "two\nlines"},
-          {"alert.id": "a2", "rule.id": "r", "user.name": "zoë"}]
+ALERTS = [
+    {"alert.id": "a1", "rule.id": "r", "alert.summary": "two\nlines"},
+    {"alert.id": "a2", "rule.id": "r", "user.name": "zoë"},
+]
 
 
 def test_jsonl_file_appends_one_alert_per_line(tmp_path):
@@ -52,23 +54,29 @@ def test_opening_a_file_output_creates_nothing_until_the_first_alert(tmp_path):
         assert json.loads(path.read_text()) == ALERTS[0]
 
 
-@pytest.mark.parametrize(("url", "message"), [
-    ("ftp://host/x", "unknown output type 'ftp://host/x' (expected one of: syslog+udp://, "
-                     "syslog+tcp://, syslog+tls://, http(s)://, file:///….jsonl, -)"),
-    ("alerts.jsonl", "unknown output type 'alerts.jsonl'"),
-    ("file://relative/alerts.jsonl", "a file output is file:///ABSOLUTE/PATH.jsonl"),
-    ("file:///tmp/alerts.txt", "a file output must end in .jsonl"),
-    ("syslog+tcp://:514", "expected syslog+tcp://HOST:PORT"),
-    ("syslog+udp://host:port", "bad port"),
-    ("syslog+udp://host:514?ca=x", "ca/cert/key only apply to syslog+tls"),
-    ("syslog+tcp://host:514?fmt=cef", "unknown option(s) fmt"),
-    ("syslog+tcp://host:514?format=xml", "format must be json or cef"),
-    ("syslog+tcp://host:514?facility=mail2", "unknown facility 'mail2'"),
-    ("syslog+tls://host:6514?ca=/nonexistent/ca.pem", "TLS files"),
-    ("https://siem.example/hook", "needs a signing secret: --webhook-secret-file FILE"),
-    ("http://:80/x", "expected http(s)://HOST[:PORT]/PATH"),
-    ("", "empty output URL"),
-])
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "ftp://host/x",
+            "unknown output type 'ftp://host/x' (expected one of: syslog+udp://, "
+            "syslog+tcp://, syslog+tls://, http(s)://, file:///….jsonl, -)",
+        ),
+        ("alerts.jsonl", "unknown output type 'alerts.jsonl'"),
+        ("file://relative/alerts.jsonl", "a file output is file:///ABSOLUTE/PATH.jsonl"),
+        ("file:///tmp/alerts.txt", "a file output must end in .jsonl"),
+        ("syslog+tcp://:514", "expected syslog+tcp://HOST:PORT"),
+        ("syslog+udp://host:port", "bad port"),
+        ("syslog+udp://host:514?ca=x", "ca/cert/key only apply to syslog+tls"),
+        ("syslog+tcp://host:514?fmt=cef", "unknown option(s) fmt"),
+        ("syslog+tcp://host:514?format=xml", "format must be json or cef"),
+        ("syslog+tcp://host:514?facility=mail2", "unknown facility 'mail2'"),
+        ("syslog+tls://host:6514?ca=/nonexistent/ca.pem", "TLS files"),
+        ("https://siem.example/hook", "needs a signing secret: --webhook-secret-file FILE"),
+        ("http://:80/x", "expected http(s)://HOST[:PORT]/PATH"),
+        ("", "empty output URL"),
+    ],
+)
 def test_malformed_output_urls(url, message):
     with pytest.raises(OutputError) as info:
         open_outputs([url])
@@ -86,13 +94,17 @@ def test_webhook_secret_file_problems(tmp_path):
     empty.write_text("\n")
     with pytest.raises(OutputError, match=rf"webhook secret file {empty} is empty"):
         open_outputs(["https://siem.example/hook"], secret_file=str(empty))
-    with pytest.raises(OutputError, match=rf"cannot read webhook secret file "
-                                          rf"{tmp_path}/nope: No such file or directory"):
+    with pytest.raises(
+        OutputError,
+        match=rf"cannot read webhook secret file "
+        rf"{tmp_path}/nope: No such file or directory",
+    ):
         open_outputs(["https://siem.example/hook"], secret_file=str(tmp_path / "nope"))
 
 
 def test_outputs_come_from_the_config_when_none_are_given(tmp_path):
-    from hpcsec.detector.config import SiteConfig
+    from hpcsec.detector.config.site import SiteConfig
+
     config = SiteConfig(outputs=(f"file://{tmp_path}/c.jsonl",))
     with open_outputs([], config=config) as outputs:
         assert outputs.names == [f"file://{tmp_path}/c.jsonl"]
@@ -105,33 +117,64 @@ def test_bytes_that_are_not_utf8_reach_the_file_escaped(tmp_path):
     with open_outputs([f"file://{path}"]) as outputs:
         report = outputs.deliver([{"alert.id": "a1", "file.path": "/x/\udce9t\udcc3.bin"}])
     assert report.complete
-    assert json.loads(path.read_text(encoding="utf-8")) == {"alert.id": "a1",
-                                                            "file.path": "/x/\\xe9t\\xc3.bin"}
+    assert json.loads(path.read_text(encoding="utf-8")) == {
+        "alert.id": "a1",
+        "file.path": "/x/\\xe9t\\xc3.bin",
+    }
 
 
 RULE = MINER_RULE
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--output", "kafka://broker:9092"], "unknown output type 'kafka://broker:9092'"),
-    (["--output", "https://siem.example/hook", "--webhook-secret-file", "/nonexistent/secret"],
-     "cannot read webhook secret file /nonexistent/secret: No such file or directory"),
-    (["--output", "syslog+tcp://siem:tcp"], "output 'syslog+tcp://siem:tcp': bad port"),
-    (["--config", "{config}"], "{config}:1: output 'syslog://siem:514' is not one of"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--output", "kafka://broker:9092"], "unknown output type 'kafka://broker:9092'"),
+        (
+            [
+                "--output",
+                "https://siem.example/hook",
+                "--webhook-secret-file",
+                "/nonexistent/secret",
+            ],
+            "cannot read webhook secret file /nonexistent/secret: No such file or directory",
+        ),
+        (["--output", "syslog+tcp://siem:tcp"], "output 'syslog+tcp://siem:tcp': bad port"),
+        (["--config", "{config}"], "{config}:1: output 'syslog://siem:514' is not one of"),
+    ],
+)
 def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, args, message):
-    from hpcsec.detector.cli import main
+    from hpcsec.detector.cli.main import main
 
     rules = tmp_path / "rules.yml"
     rules.write_text(RULE)
     events = tmp_path / "events.jsonl"
-    events.write_text(json.dumps({"@timestamp": "2026-11-30T01:00:00Z", "host.name": "n1",
-                                  "event.category": "process", "process.name": "xmrig"}) + "\n")
+    events.write_text(
+        json.dumps(
+            {
+                "@timestamp": "2026-11-30T01:00:00Z",
+                "host.name": "n1",
+                "event.category": "process",
+                "process.name": "xmrig",
+            }
+        )
+        + "\n"
+    )
     config = tmp_path / "site.yml"
     config.write_text("outputs: ['syslog://siem:514']\n")
     args = [a.replace("{config}", str(config)) for a in args]
-    rc = main(["scan", "--events", str(events), "--rules", str(rules),
-               "--spool", str(tmp_path / "spool"), *args])
+    rc = main(
+        [
+            "scan",
+            "--events",
+            str(events),
+            "--rules",
+            str(rules),
+            "--spool",
+            str(tmp_path / "spool"),
+            *args,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert f"hpcsec: error: {message.replace('{config}', str(config))}" in err
@@ -147,8 +190,9 @@ def test_a_file_output_that_cannot_write_reports_each_alert(tmp_path):
     d = report.destinations[url]
     assert (d.delivered, d.failed) == (0, 2)
     assert [(o.alert_id, o.state) for o in report.outcomes] == [("a1", "failed"), ("a2", "failed")]
-    assert report.problems() == [f"{url}: 2 alert(s) failed and will not be retried "
-                                 f"({url}: No space left on device)"]
+    assert report.problems() == [
+        f"{url}: 2 alert(s) failed and will not be retried ({url}: No space left on device)"
+    ]
 
 
 def test_a_batch_goes_to_the_file_whole(tmp_path):
@@ -157,4 +201,5 @@ def test_a_batch_goes_to_the_file_whole(tmp_path):
     with open_outputs([f"file://{path}"]) as outputs:
         assert outputs.deliver(batch).destinations[f"file://{path}"].delivered == 500
     assert [json.loads(line)["alert.id"] for line in path.read_text().splitlines()] == [
-        f"b{i}" for i in range(500)]
+        f"b{i}" for i in range(500)
+    ]

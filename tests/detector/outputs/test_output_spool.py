@@ -7,7 +7,7 @@ import os
 import orjson
 import pytest
 
-from hpcsec.detector.errors import HpcsecError
+from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.outputs.base import DeliveryFailed, OutputSet
 from hpcsec.detector.outputs.spool import SPOOL_FULL_RULE_ID, Spool, SpoolError, destination_key
 
@@ -15,8 +15,14 @@ DEST = "https://siem.example/hook"
 
 
 def alert(n: int, level: str = "medium", pad: int = 0) -> dict:
-    return {"alert.id": f"a{n:03d}", "rule.id": "r1", "rule.level": level, "count": 1,
-            "events": [], "pad": "x" * pad}
+    return {
+        "alert.id": f"a{n:03d}",
+        "rule.id": "r1",
+        "rule.level": level,
+        "count": 1,
+        "events": [],
+        "pad": "x" * pad,
+    }
 
 
 def size_of(a: dict) -> int:
@@ -38,8 +44,9 @@ def test_alerts_are_on_disk_in_order_and_survive_a_reopen(tmp_path):
     pending = tmp_path / destination_key(DEST) / "pending"
     segments = sorted(os.listdir(pending))
     assert len(segments) == 2 and all(s.endswith(".jsonl") for s in segments)
-    assert [orjson.loads(line)["alert.id"] for line in
-            (pending / segments[0]).read_bytes().splitlines()] == ["a000", "a001", "a002"]
+    assert [
+        orjson.loads(line)["alert.id"] for line in (pending / segments[0]).read_bytes().splitlines()
+    ] == ["a000", "a001", "a002"]
     assert (tmp_path / destination_key(DEST) / "destination").read_text() == DEST + "\n"
     entry = spool.next_entry()
     spool.remove(entry)  # a000 delivered: recorded in the segment's .done
@@ -56,8 +63,11 @@ def test_alerts_are_on_disk_in_order_and_survive_a_reopen(tmp_path):
 
 def test_a_second_process_cannot_share_a_spool(tmp_path):
     first = Spool.open(tmp_path, DEST, max_bytes=1 << 20)
-    with pytest.raises(SpoolError, match=rf"is in use by another hpcsec process \(pid "
-                                         rf"{os.getpid()}\)") as info:
+    with pytest.raises(
+        SpoolError,
+        match=rf"is in use by another hpcsec process \(pid "
+        rf"{os.getpid()}\)",
+    ) as info:
         Spool.open(tmp_path, DEST, max_bytes=1 << 20)
     assert isinstance(info.value, HpcsecError)
     first.close()
@@ -67,8 +77,12 @@ def test_a_second_process_cannot_share_a_spool(tmp_path):
 def test_full_spool_evicts_lower_levels_first_and_says_so(tmp_path):
     one = size_of(alert(0, "informational"))
     spool = Spool.open(tmp_path, DEST, max_bytes=3 * one)
-    assert spool.add_many([alert(0, "informational"), alert(1, "low"),
-                           alert(2, "informational")]).dropped_ids == ()
+    assert (
+        spool.add_many(
+            [alert(0, "informational"), alert(1, "low"), alert(2, "informational")]
+        ).dropped_ids
+        == ()
+    )
     admission = spool.add_many([alert(3, "high")])
     # the oldest of the lowest level goes first
     assert admission.dropped_ids == ("a000",)
@@ -132,6 +146,7 @@ def test_unreadable_spool_line_is_moved_aside_not_lost(tmp_path):
 
 class Receiver:
     """An in-test destination that can be switched off."""
+
     durable = True
 
     def __init__(self, name: str):
@@ -162,12 +177,17 @@ def test_output_set_keeps_what_it_cannot_deliver_and_flushes_it_later(tmp_path):
     assert report.destinations["https://b/hook"].last_error == "connection refused"
     assert report.problems() == [
         f"https://b/hook: 3 alert(s) not delivered yet, kept in the spool {tmp_path} "
-        "(connection refused)"]
+        "(connection refused)"
+    ]
     assert not report.complete
     assert sorted((o.alert_id, o.destination, o.state) for o in report.outcomes) == [
-        ("a000", "https://b/hook", "pending"), ("a000", "syslog+tcp://a:514", "delivered"),
-        ("a001", "https://b/hook", "pending"), ("a001", "syslog+tcp://a:514", "delivered"),
-        ("a002", "https://b/hook", "pending"), ("a002", "syslog+tcp://a:514", "delivered")]
+        ("a000", "https://b/hook", "pending"),
+        ("a000", "syslog+tcp://a:514", "delivered"),
+        ("a001", "https://b/hook", "pending"),
+        ("a001", "syslog+tcp://a:514", "delivered"),
+        ("a002", "https://b/hook", "pending"),
+        ("a002", "syslog+tcp://a:514", "delivered"),
+    ]
     outputs.close()
 
     down.up = True
@@ -178,7 +198,10 @@ def test_output_set_keeps_what_it_cannot_deliver_and_flushes_it_later(tmp_path):
     d = report.destinations["https://b/hook"]
     assert (d.delivered, d.pending, d.failed) == (2, 0, 1)
     assert [(o.alert_id, o.state) for o in report.outcomes] == [
-        ("a000", "delivered"), ("a001", "failed"), ("a002", "delivered")]
+        ("a000", "delivered"),
+        ("a001", "failed"),
+        ("a002", "delivered"),
+    ]
     again.close()
 
 
@@ -227,6 +250,7 @@ def test_a_slow_receiver_keeps_the_rest_spooled_and_the_report_says_why(tmp_path
         assert 1 <= d.delivered < 10 and d.delivered + d.pending == 10
         assert report.problems() == [
             f"https://b/hook: {d.pending} alert(s) not delivered yet, kept in the spool "
-            f"{tmp_path} (time ran out before the receiver took them)"]
+            f"{tmp_path} (time ran out before the receiver took them)"
+        ]
         assert outputs.flush(timeout_s=30).destinations["https://b/hook"].delivered == d.pending
     assert slow.got == [f"a{i:03d}" for i in range(10)]

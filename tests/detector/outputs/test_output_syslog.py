@@ -30,14 +30,22 @@ from hpcsec.detector.outputs.syslog import (
 
 RSYSLOGD = shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
 # rsyslog's TLS driver (Debian package rsyslog-gnutls), next to its other modules
-GTLS_DRIVER = any(Path(d).glob("lmnsd_gtls.so") for d in (
-    "/usr/lib/x86_64-linux-gnu/rsyslog", "/usr/lib/aarch64-linux-gnu/rsyslog", "/usr/lib/rsyslog",
-    "/usr/lib64/rsyslog"))
+GTLS_DRIVER = any(
+    Path(d).glob("lmnsd_gtls.so")
+    for d in (
+        "/usr/lib/x86_64-linux-gnu/rsyslog",
+        "/usr/lib/aarch64-linux-gnu/rsyslog",
+        "/usr/lib/rsyslog",
+        "/usr/lib64/rsyslog",
+    )
+)
 # Every field rsyslog parsed out of the message, one JSON object per line.
-TEMPLATE = ('{"raw":"%rawmsg:::json%","severity":"%syslogseverity%","facility":'
-            '"%syslogfacility%","msgid":"%msgid%","app":"%app-name%","procid":"%procid%",'
-            '"sd":"%structured-data:::json%","msg":"%msg:::json%","version":'
-            '"%protocol-version%"}\\n')
+TEMPLATE = (
+    '{"raw":"%rawmsg:::json%","severity":"%syslogseverity%","facility":'
+    '"%syslogfacility%","msgid":"%msgid%","app":"%app-name%","procid":"%procid%",'
+    '"sd":"%structured-data:::json%","msg":"%msg:::json%","version":'
+    '"%protocol-version%"}\\n'
+)
 
 
 def free_port(kind: int) -> int:
@@ -58,11 +66,14 @@ class Rsyslog:
         template = TEMPLATE.replace('"', '\\"')
         tls_global = tls_module = ""
         if tls is not None:
-            tls_global = (f'defaultNetstreamDriverCAFile="{tls[0]}" '
-                          f'defaultNetstreamDriverCertFile="{tls[0]}" '
-                          f'defaultNetstreamDriverKeyFile="{tls[1]}"')
-            tls_module = ' streamDriver.name="gtls" streamDriver.mode="1" ' \
-                         'streamDriver.authMode="anon"'
+            tls_global = (
+                f'defaultNetstreamDriverCAFile="{tls[0]}" '
+                f'defaultNetstreamDriverCertFile="{tls[0]}" '
+                f'defaultNetstreamDriverKeyFile="{tls[1]}"'
+            )
+            tls_module = (
+                ' streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="anon"'
+            )
         # No imuxsock/imklog: only our loopback inputs, nothing from the host's own logging.
         conf.write_text(f"""
 global(workDirectory="{workdir}" parser.escapeControlCharactersOnReceive="off"
@@ -74,9 +85,11 @@ input(type="imtcp" address="127.0.0.1" port="{self.tcp}")
 template(name="fields" type="string" string="{template}")
 action(type="omfile" file="{self.out}" template="fields")
 """)
-        self.proc = subprocess.Popen([RSYSLOGD, "-n", "-f", str(conf), "-i",
-                                      str(workdir / "rsyslogd.pid")],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [RSYSLOGD, "-n", "-f", str(conf), "-i", str(workdir / "rsyslogd.pid")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -135,30 +148,45 @@ def rsyslog_tls(tmp_path_factory):
 
 
 def make_alert(marker: str, n: int, level: str = "high", **fields) -> dict:
-    return {"alert.id": f"{marker}-{n}", "@timestamp": "2026-11-30T01:02:03.456Z",
-            "rule.id": "6f1d2c3b-0a9e-4c1d-8e7f-112233445566",
-            "rule.title": "Model weights read by a copy tool", "rule.level": level,
-            "rule.tags": ["attack.exfiltration", "attack.t1005"], "rule.vector": "model_theft",
-            "host.name": "gpu-017", "slurm.job.id": "4242", "user.name": 'eve "x"]\\',
-            "process.pid": 31337, "process.name": "rclone", "count": 3,
-            "events": [{"event.id": "e1", "file.path": "/lustre/models/llama/w.bin"}],
-            "alert.first_seen": "2026-11-30T01:02:03.456Z",
-            "alert.last_seen": "2026-11-30T01:04:00.000Z",
-            "alert.summary": f"alert {n}: rclone read llama weights", **fields}
+    return {
+        "alert.id": f"{marker}-{n}",
+        "@timestamp": "2026-11-30T01:02:03.456Z",
+        "rule.id": "6f1d2c3b-0a9e-4c1d-8e7f-112233445566",
+        "rule.title": "Model weights read by a copy tool",
+        "rule.level": level,
+        "rule.tags": ["attack.exfiltration", "attack.t1005"],
+        "rule.vector": "model_theft",
+        "host.name": "gpu-017",
+        "slurm.job.id": "4242",
+        "user.name": 'eve "x"]\\',
+        "process.pid": 31337,
+        "process.name": "rclone",
+        "count": 3,
+        "events": [{"event.id": "e1", "file.path": "/lustre/models/llama/w.bin"}],
+        "alert.first_seen": "2026-11-30T01:02:03.456Z",
+        "alert.last_seen": "2026-11-30T01:04:00.000Z",
+        "alert.summary": f"alert {n}: rclone read llama weights",
+        **fields,
+    }
 
 
-SD_EXPECTED = ('[hpcsec@32473 id="{id}" rule="6f1d2c3b-0a9e-4c1d-8e7f-112233445566" '
-               'level="{level}" vector="model_theft" host="gpu-017" job="4242" '
-               'user="eve \\"x\\"\\]\\\\" count="3"]')
+SD_EXPECTED = (
+    '[hpcsec@32473 id="{id}" rule="6f1d2c3b-0a9e-4c1d-8e7f-112233445566" '
+    'level="{level}" vector="model_theft" host="gpu-017" job="4242" '
+    'user="eve \\"x\\"\\]\\\\" count="3"]'
+)
 
 
 @pytest.mark.rsyslog
 def test_udp_json_body_severity_and_structured_data(rsyslog, tmp_path):
     marker = uuid.uuid4().hex
-    alerts = [make_alert(marker, i, level) for i, level in
-              enumerate(("critical", "high", "medium", "low", "informational"))]
-    with open_outputs([f"syslog+udp://127.0.0.1:{rsyslog.udp}"],
-                      spool_dir=str(tmp_path)) as outputs:
+    alerts = [
+        make_alert(marker, i, level)
+        for i, level in enumerate(("critical", "high", "medium", "low", "informational"))
+    ]
+    with open_outputs(
+        [f"syslog+udp://127.0.0.1:{rsyslog.udp}"], spool_dir=str(tmp_path)
+    ) as outputs:
         report = outputs.deliver(alerts)
     assert report.destinations[f"syslog+udp://127.0.0.1:{rsyslog.udp}"].delivered == 5
     got = sorted(rsyslog.records(marker, 5), key=lambda r: json.loads(r["msg"])["alert.id"])
@@ -170,22 +198,23 @@ def test_udp_json_body_severity_and_structured_data(rsyslog, tmp_path):
         assert record["msgid"] == "6f1d2c3b0a9e4c1d8e7f112233445566"
         assert record["sd"] == SD_EXPECTED.format(id=sent["alert.id"], level=sent["rule.level"])
         assert json.loads(record["msg"]) == sent
-        assert record["raw"].startswith(f"<{10 * 8 + int(record['severity'])}>1 "
-                                        "2026-11-30T01:02:03.456Z ")
+        assert record["raw"].startswith(
+            f"<{10 * 8 + int(record['severity'])}>1 2026-11-30T01:02:03.456Z "
+        )
 
 
 @pytest.mark.rsyslog
 def test_tcp_octet_counting_keeps_messages_intact(rsyslog, tmp_path):
     marker = uuid.uuid4().hex
     url = f"syslog+tcp://127.0.0.1:{rsyslog.tcp}?facility=local3"
-    alerts = [make_alert(marker, i, **{"rule.title": f"title {i}\nsecond line"})
-              for i in range(3)]
+    alerts = [make_alert(marker, i, **{"rule.title": f"title {i}\nsecond line"}) for i in range(3)]
     with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
         assert outputs.deliver(alerts).complete
         # The framing carries any byte: a raw newline inside one message must not split it.
         lane_output = outputs.outputs[0]
-        lane_output.transport.send(octet_frame(
-            f"<13>1 - - probe - - - {marker} line one\nline two".encode()))
+        lane_output.transport.send(
+            octet_frame(f"<13>1 - - probe - - - {marker} line one\nline two".encode())
+        )
         outputs.deliver([make_alert(marker, 3)])
     got = rsyslog.records(marker, 5)
     assert len(got) == 5
@@ -202,11 +231,24 @@ def test_tcp_cef_body(rsyslog, tmp_path):
     marker = uuid.uuid4().hex
     url = f"syslog+tcp://127.0.0.1:{rsyslog.tcp}?format=cef"
     with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
-        assert outputs.deliver([make_alert(marker, 0, "critical", **{
-            "rule.title": "a|b", "alert.summary": f"{marker} x=1\nnext"})]).complete
+        assert outputs.deliver(
+            [
+                make_alert(
+                    marker,
+                    0,
+                    "critical",
+                    **{"rule.title": "a|b", "alert.summary": f"{marker} x=1\nnext"},
+                )
+            ]
+        ).complete
         # UTF-8 CEF: the BOM RFC 5424 6.4 asks for, which rsyslog keeps in the message
-        assert outputs.deliver([make_alert(marker, 1, "low", **{
-            "user.name": "zoë", "alert.summary": f"{marker} ünïcode"})]).complete
+        assert outputs.deliver(
+            [
+                make_alert(
+                    marker, 1, "low", **{"user.name": "zoë", "alert.summary": f"{marker} ünïcode"}
+                )
+            ]
+        ).complete
     ascii_record, utf8_record = sorted(rsyslog.records(marker, 2), key=lambda r: r["severity"])
     assert utf8_record["severity"] == "5"
     assert utf8_record["msg"].startswith(f"\ufeffCEF:0|hpcsec|hpcsec|{CEF_PRODUCT_VERSION}|")
@@ -220,7 +262,8 @@ def test_tcp_cef_body(rsyslog, tmp_path):
         'duser=eve "x"]\\\\ dpid=31337 dproc=rclone cnt=3 start=1796000523456 '
         "end=1796000640000 cs1Label=slurmJobId cs1=4242 "
         "cs3Label=tags cs3=attack.exfiltration,attack.t1005 "
-        f"msg={marker} x\\=1\\nnext")
+        f"msg={marker} x\\=1\\nnext"
+    )
 
 
 def test_receiver_down_keeps_alerts_spooled_until_it_is_back(tmp_path):
@@ -233,6 +276,7 @@ def test_receiver_down_keeps_alerts_spooled_until_it_is_back(tmp_path):
         assert "Connection refused" in report.destinations[url].last_error
     received = []
     with socket.create_server(("127.0.0.1", port)) as server:
+
         def accept() -> None:
             conn, _ = server.accept()
             with conn:
@@ -240,6 +284,7 @@ def test_receiver_down_keeps_alerts_spooled_until_it_is_back(tmp_path):
                 while chunk := conn.recv(65536):
                     data += chunk
                 received.append(data)
+
         t = threading.Thread(target=accept)
         t.start()
         with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
@@ -254,9 +299,28 @@ def make_cert(tmp_path: Path) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -264,8 +328,8 @@ def read_frames(data: bytes) -> list[bytes]:
     frames = []
     while data:
         length, _, rest = data.partition(b" ")
-        frames.append(rest[:int(length)])
-        data = rest[int(length):]
+        frames.append(rest[: int(length)])
+        data = rest[int(length) :]
     return frames
 
 
@@ -308,8 +372,9 @@ def test_tls_with_octet_counting_and_certificate_check(tmp_path):
 
 
 def test_message_format_details():
-    alert = make_alert("fmt", 0, events=[{"event.id": str(i), "pad": "x" * 200}
-                                         for i in range(100)])
+    alert = make_alert(
+        "fmt", 0, events=[{"event.id": str(i), "pad": "x" * 200} for i in range(100)]
+    )
     message = format_message(alert, hostname="node-a", procid=7, max_bytes=2048)
     assert len(message) <= 2048
     head, body = message.split(b"] ", 1)
@@ -325,8 +390,11 @@ def test_message_format_details():
     assert msgid("has space") == "-"
     assert structured_data({"alert.id": "i", "rule.id": "r"}) == '[hpcsec@32473 id="i" rule="r"]'
     unknown = format_message({"rule.level": "weird", "@timestamp": "bad"}, hostname="h")
-    assert re.match(rb"<84>1 \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z h hpcsec \d+ - "
-                    rb"\[hpcsec@32473 level=\"weird\"\] \{", unknown)
+    assert re.match(
+        rb"<84>1 \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z h hpcsec \d+ - "
+        rb"\[hpcsec@32473 level=\"weird\"\] \{",
+        unknown,
+    )
 
 
 def test_a_datagram_too_big_for_udp_is_refused_not_retried_forever(tmp_path):
@@ -341,43 +409,64 @@ def test_a_datagram_too_big_for_udp_is_refused_not_retried_forever(tmp_path):
 
 
 def test_json_message_byte_for_byte():
-    alert = {"alert.id": "0123abcd", "@timestamp": "2026-11-30T03:04:05.678+02:00",
-             "rule.id": "fw-drift", "rule.level": "medium", "rule.vector": "firmware_drift",
-             "host.name": "gpu-002", "slurm.job.id": 17, "user.name": "zoë",
-             "rule.title": "Fïrmware"}
+    alert = {
+        "alert.id": "0123abcd",
+        "@timestamp": "2026-11-30T03:04:05.678+02:00",
+        "rule.id": "fw-drift",
+        "rule.level": "medium",
+        "rule.vector": "firmware_drift",
+        "host.name": "gpu-002",
+        "slurm.job.id": 17,
+        "user.name": "zoë",
+        "rule.title": "Fïrmware",
+    }
     message = format_message(alert, hostname="collector.example", procid=4711)
     # header: version 1, UTC time with milliseconds, MSGID = the short rule id; SD values are
     # UTF-8 (allowed), the JSON body is ASCII with \\u escapes, hence no BOM
-    assert message == (
-        '<84>1 2026-11-30T01:04:05.678Z collector.example hpcsec 4711 fw-drift '
-        '[hpcsec@32473 id="0123abcd" rule="fw-drift" level="medium" vector="firmware_drift" '
-        'host="gpu-002" job="17" user="zoë"] '
-        '{"alert.id":"0123abcd","@timestamp":"2026-11-30T03:04:05.678+02:00",'
-        '"rule.id":"fw-drift","rule.level":"medium","rule.vector":"firmware_drift",'
-        '"host.name":"gpu-002","slurm.job.id":17,"user.name":"zo\\u00eb",'
-        '"rule.title":"F\\u00efrmware"}').encode()
+    assert (
+        message
+        == (
+            "<84>1 2026-11-30T01:04:05.678Z collector.example hpcsec 4711 fw-drift "
+            '[hpcsec@32473 id="0123abcd" rule="fw-drift" level="medium" vector="firmware_drift" '
+            'host="gpu-002" job="17" user="zoë"] '
+            '{"alert.id":"0123abcd","@timestamp":"2026-11-30T03:04:05.678+02:00",'
+            '"rule.id":"fw-drift","rule.level":"medium","rule.vector":"firmware_drift",'
+            '"host.name":"gpu-002","slurm.job.id":17,"user.name":"zo\\u00eb",'
+            '"rule.title":"F\\u00efrmware"}'
+        ).encode()
+    )
     assert message.split(b"] ", 1)[1].isascii()
     # NILVALUE for header fields that have no valid value
-    nil = format_message({"rule.id": "", "rule.level": "low"}, hostname="bad host",
-                         procid=1, facility=16)
+    nil = format_message(
+        {"rule.id": "", "rule.level": "low"}, hostname="bad host", procid=1, facility=16
+    )
     assert nil.startswith(b"<133>1 ")
     assert nil.split(b" ")[2:6] == [b"-", b"hpcsec", b"1", b"-"]
 
 
 def test_cef_message_byte_for_byte():
-    alert = {"alert.id": "id1", "@timestamp": "2026-11-30T01:00:00Z",
-             "rule.id": "r|1", "rule.title": "line\r\nbreak \\ and = sign",
-             "rule.level": "informational", "host.name": "gpu-003",
-             "process.name": "a=b\\c\rd", "count": 2}
+    alert = {
+        "alert.id": "id1",
+        "@timestamp": "2026-11-30T01:00:00Z",
+        "rule.id": "r|1",
+        "rule.title": "line\r\nbreak \\ and = sign",
+        "rule.level": "informational",
+        "host.name": "gpu-003",
+        "process.name": "a=b\\c\rd",
+        "count": 2,
+    }
     message = format_message(alert, body_format="cef", hostname="h", procid=9)
     assert message == (
         b'<86>1 2026-11-30T01:00:00.000Z h hpcsec 9 r|1 [hpcsec@32473 id="id1" rule="r|1" '
         b'level="informational" host="gpu-003" count="2"] '
-        b"CEF:0|hpcsec|hpcsec|" + CEF_PRODUCT_VERSION.encode() +
-        b"|r\\|1|line break \\\\ and = sign|1|"
-        b"rt=1796000400000 externalId=id1 dvchost=gpu-003 dproc=a\\=b\\\\c\\rd cnt=2")
-    utf8 = format_message({**alert, "user.name": "jürgen"}, body_format="cef", hostname="h",
-                          procid=9)
+        b"CEF:0|hpcsec|hpcsec|"
+        + CEF_PRODUCT_VERSION.encode()
+        + b"|r\\|1|line break \\\\ and = sign|1|"
+        b"rt=1796000400000 externalId=id1 dvchost=gpu-003 dproc=a\\=b\\\\c\\rd cnt=2"
+    )
+    utf8 = format_message(
+        {**alert, "user.name": "jürgen"}, body_format="cef", hostname="h", procid=9
+    )
     body = utf8.split(b"] ", 1)[1]
     assert body.startswith(b"\xef\xbb\xbfCEF:0|")  # the UTF-8 BOM
     assert "duser=jürgen".encode() in body
@@ -386,9 +475,15 @@ def test_cef_message_byte_for_byte():
 def test_bytes_that_are_not_utf8_do_not_make_an_alert_undeliverable():
     # a file name with a byte that is not UTF-8, as os.readlink hands it to the sensor
     path = "/lustre/models/\udcff\udcfe.bin"
-    alert = {"alert.id": "s1", "rule.id": "r", "rule.level": "high", "user.name": "\udce9ve",
-             "@timestamp": "2026-11-30T01:00:00Z", "file.path": path,
-             "events": [{"file.path": path}]}
+    alert = {
+        "alert.id": "s1",
+        "rule.id": "r",
+        "rule.level": "high",
+        "user.name": "\udce9ve",
+        "@timestamp": "2026-11-30T01:00:00Z",
+        "file.path": path,
+        "events": [{"file.path": path}],
+    }
     message = format_message(alert, hostname="h", procid=1)
     message.decode("utf-8")  # valid UTF-8 throughout
     assert b' user="\\\\xe9ve"]' in message  # SD escapes the backslash
@@ -402,8 +497,10 @@ def test_bytes_that_are_not_utf8_do_not_make_an_alert_undeliverable():
 def test_tls_to_rsyslog(rsyslog_tls, tmp_path):
     marker = uuid.uuid4().hex
     url = f"syslog+tls://127.0.0.1:{rsyslog_tls.tcp}?ca={rsyslog_tls.cert}"
-    alerts = [make_alert(marker, i, level, **{"alert.summary": f"{marker}\nsecond line"})
-              for i, level in enumerate(("critical", "low"))]
+    alerts = [
+        make_alert(marker, i, level, **{"alert.summary": f"{marker}\nsecond line"})
+        for i, level in enumerate(("critical", "low"))
+    ]
     with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
         assert outputs.deliver(alerts).complete
     got = sorted(rsyslog_tls.records(marker, 2), key=lambda r: r["severity"])

@@ -34,8 +34,9 @@ def verify(secret: bytes, headers, body: bytes, max_age_s: int = 300) -> bool:
     signature = headers.get("X-Hpcsec-Signature", "")
     if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > max_age_s:
         return False  # missing, or too old: a replay
-    expected = "sha256=" + hmac.new(secret, timestamp.encode() + b"." + body,
-                                    hashlib.sha256).hexdigest()
+    expected = (
+        "sha256=" + hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    )
     return hmac.compare_digest(expected, signature)
 
 
@@ -76,9 +77,13 @@ class Receiver:
                         receiver.refused.append((status, time.monotonic()))
                     else:
                         status, extra = 200, {}
-                        receiver.posts.append((json.loads(body)["alert.id"],
-                                               self.headers["Idempotency-Key"],
-                                               time.monotonic()))
+                        receiver.posts.append(
+                            (
+                                json.loads(body)["alert.id"],
+                                self.headers["Idempotency-Key"],
+                                time.monotonic(),
+                            )
+                        )
                 self.send_response(status)
                 for k, v in extra.items():
                     self.send_header(k, v)
@@ -121,20 +126,30 @@ def secret_file(tmp_path):
 
 
 def alert(n: int, prefix: str = "a") -> dict:
-    return {"alert.id": f"{prefix}{n:03d}", "@timestamp": "2026-11-30T01:00:00.000Z",
-            "rule.id": "r-theft", "rule.title": "t", "rule.level": "high", "rule.tags": [],
-            "rule.vector": "model_theft", "host.name": "gpu-1", "events": [], "count": 1,
-            "alert.summary": "zoë read weights"}
+    return {
+        "alert.id": f"{prefix}{n:03d}",
+        "@timestamp": "2026-11-30T01:00:00.000Z",
+        "rule.id": "r-theft",
+        "rule.title": "t",
+        "rule.level": "high",
+        "rule.tags": [],
+        "rule.vector": "model_theft",
+        "host.name": "gpu-1",
+        "events": [],
+        "count": 1,
+        "alert.summary": "zoë read weights",
+    }
 
 
 def test_signed_post_with_idempotency_key(receiver, secret_file, tmp_path):
-    with open_outputs([receiver.url], secret_file=secret_file,
-                      spool_dir=str(tmp_path)) as outputs:
+    with open_outputs([receiver.url], secret_file=secret_file, spool_dir=str(tmp_path)) as outputs:
         assert outputs.names == [f"http://127.0.0.1:{receiver.port}/hpcsec"]  # no token shown
         report = outputs.deliver([alert(1), alert(2)])
     assert report.complete
-    assert [(o.alert_id, o.state) for o in report.outcomes] == [("a001", "delivered"),
-                                                              ("a002", "delivered")]
+    assert [(o.alert_id, o.state) for o in report.outcomes] == [
+        ("a001", "delivered"),
+        ("a002", "delivered"),
+    ]
     assert receiver.bad_signatures == 0
     assert [(p[0], p[1]) for p in receiver.posts] == [("a001", "a001"), ("a002", "a002")]
 
@@ -143,8 +158,9 @@ def test_wrong_secret_is_refused_and_alerts_stay_spooled(receiver, tmp_path):
     wrong = tmp_path / "wrong.secret"
     wrong.write_text("not-the-secret")
     url = f"http://127.0.0.1:{receiver.port}/hpcsec"
-    with open_outputs([receiver.url], secret_file=str(wrong),
-                      spool_dir=str(tmp_path / "spool")) as outputs:
+    with open_outputs(
+        [receiver.url], secret_file=str(wrong), spool_dir=str(tmp_path / "spool")
+    ) as outputs:
         report = outputs.deliver([alert(1)], timeout_s=0)
     assert receiver.bad_signatures == 1 and receiver.posts == []
     # a 401 is a configuration problem, not this alert's: it is kept for a retry
@@ -172,25 +188,26 @@ def test_outage_then_flush_delivers_each_alert_exactly_once(receiver, secret_fil
 
 def test_429_retry_after_and_5xx_are_retried(receiver, secret_file, tmp_path):
     receiver.responses = [(503, {}), (429, {"Retry-After": "1"})]
-    with open_outputs([receiver.url], secret_file=secret_file,
-                      spool_dir=str(tmp_path)) as outputs:
+    with open_outputs([receiver.url], secret_file=secret_file, spool_dir=str(tmp_path)) as outputs:
         report = outputs.deliver([alert(1)], timeout_s=30)
     assert report.complete
     assert [status for status, _ in receiver.refused] == [503, 429]
-    (_, _, accepted_at), = receiver.posts
+    ((_, _, accepted_at),) = receiver.posts
     assert accepted_at - receiver.refused[1][1] >= 1.0  # waited as long as it was asked
 
 
 def test_a_refused_alert_is_moved_aside_and_reported(receiver, secret_file, tmp_path):
     receiver.responses = [(422, {})]
     url = f"http://127.0.0.1:{receiver.port}/hpcsec"
-    with open_outputs([receiver.url], secret_file=secret_file,
-                      spool_dir=str(tmp_path / "spool")) as outputs:
+    with open_outputs(
+        [receiver.url], secret_file=secret_file, spool_dir=str(tmp_path / "spool")
+    ) as outputs:
         report = outputs.deliver([alert(1), alert(2)])
     d = report.destinations[url]
     assert (d.delivered, d.pending, d.failed) == (1, 0, 1)
-    assert report.problems() == [f"{url}: 1 alert(s) failed and will not be retried "
-                                 "(HTTP 422 Unprocessable Entity)"]
+    assert report.problems() == [
+        f"{url}: 1 alert(s) failed and will not be retried (HTTP 422 Unprocessable Entity)"
+    ]
     (failed_dir,) = [p / "failed" for p in (tmp_path / "spool").iterdir()]
     reasons = [p.read_text() for p in failed_dir.glob("*.reason")]
     assert reasons == ["HTTP 422 Unprocessable Entity\n"]
@@ -211,8 +228,11 @@ with open_outputs([url], secret_file=secret, spool_dir=spool) as outputs:
 
 
 def run_child(url: str, secret_file: str, spool: str, n: int) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, url, secret_file, spool, str(n)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, secret_file, spool, str(n)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline() == "spooled\n"
     return child
 

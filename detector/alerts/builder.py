@@ -1,0 +1,221 @@
+"""Matches -> alerts (the alert schema of DESIGN.md), with dedup.
+
+Dedup folds matches of one rule with the same grouping key inside one window of event time
+into one alert whose `count` says how many were folded. `alert.id` is a hash of (rule, key,
+window), so the same situation seen by two scans, or by the agent before and after a
+restart, gets the same id and receivers can deduplicate on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcsec.detector.core.schema import ALERT_COPIED_PREFIXES, LEVELS, Event, parse_time
+from hpcsec.detector.engine.evaluate import Match
+
+# What makes two matches of one detection rule "the same situation" for an analyst: the
+# same node, job and user. Correlation rules group by their own `group-by` fields instead.
+DEFAULT_KEY_FIELDS = ("host.name", "slurm.job.id", "user.name")
+MAX_EVIDENCE_EVENTS = 20
+
+
+def _epoch(ts: str | None) -> float:
+    try:
+        return parse_time(ts).timestamp() if ts else 0.0
+    except ValueError:
+        return 0.0
+
+
+def alert_id(rule_id: str, key: tuple, window: int | str) -> str:
+    raw = "\x1f".join([rule_id, repr(key), str(window)])
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class _Formatter(string.Formatter):
+    """`{user.name}` templates over flat dotted fields; missing fields print as `?`."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        value = kwargs.get(field_name)
+        return ("?" if value is None else value), field_name
+
+
+_FORMATTER = _Formatter()
+
+
+def summarize(title: str, event: Event, template: str | None = None) -> str:
+    """One line an analyst reads without opening the JSON."""
+    if template:
+        try:
+            return _FORMATTER.vformat(template, (), event)
+        except (ValueError, IndexError):
+            pass  # a broken template must not lose the alert: fall back to the generic line
+    facts = []
+    if event.get("user.name"):
+        facts.append(f"user {event['user.name']}")
+    facts.append(f"job {event['slurm.job.id']}" if event.get("slurm.job.id") else "no job")
+    if event.get("process.name"):
+        facts.append(f"{event['process.name']}[{event.get('process.pid', '?')}]")
+        command = event.get("process.command_line")
+        if command and command != event["process.name"]:
+            facts.append(f"`{_shorten(str(command), 80)}`")
+    for key, label in (
+        ("file.path", ""),
+        ("destination.ip", "to "),
+        ("gpu.index", "GPU "),
+        ("rdma.device", ""),
+    ):
+        if event.get(key) is not None:
+            value = event[key]
+            if key == "destination.ip" and event.get("destination.port") is not None:
+                value = f"{value}:{event['destination.port']}"
+            facts.append(f"{label}{value}")
+    if event.get("firmware.component"):
+        fw = f"{event['firmware.component']} {event.get('firmware.version')}"
+        if event.get("firmware.baseline_version"):
+            fw += f" (baseline {event['firmware.baseline_version']})"
+        facts.append(fw)
+    return f"{title}: " + ", ".join(facts)
+
+
+def _span(match: Match) -> tuple[tuple[float, str | None], tuple[float, str | None]]:
+    """(epoch, text) of the earliest and the latest event of a match (events may be unordered)."""
+    times = [(_epoch(e.get("@timestamp")), e.get("@timestamp")) for e in match.events]
+    return min(times, key=lambda t: t[0]), max(times, key=lambda t: t[0])
+
+
+def correlation_note(sigma: Any, value: float | None) -> str:
+    """What a correlation counted, e.g. ` (12 events in 1m)`; empty for detection rules."""
+    kind = getattr(getattr(sigma, "type", None), "name", None)
+    if value is None or kind is None:
+        return ""
+    field = getattr(getattr(sigma, "condition", None), "fieldref", None)
+    what = {
+        "EVENT_COUNT": f"{value:g} events",
+        "VALUE_COUNT": f"{value:g} distinct {field or 'values'}",
+        "VALUE_SUM": f"{field or 'sum'} totals {value:g}",
+        "VALUE_AVG": f"{field or 'average'} averages {value:g}",
+    }.get(kind)
+    if what is None:
+        return ""
+    timespan = getattr(getattr(sigma, "timespan", None), "spec", None)
+    return f" ({what} in {timespan})" if timespan else f" ({what})"
+
+
+@dataclass
+class _Open:
+    alert: dict[str, Any]
+    first: float
+    last: float
+
+
+@dataclass
+class AlertBuilder:
+    """Turns engine matches into alerts; keeps one open alert per (rule, key, window)."""
+
+    dedup: bool = True
+    window_s: int = 300
+    _open: dict[str, _Open] = field(default_factory=dict)
+    _order: list[str] = field(default_factory=list)
+
+    def add(self, matches: list[Match]) -> list[dict[str, Any]]:
+        """Fold matches in; returns the alerts that are new (the rest only grew `count`)."""
+        new = []
+        for match in matches:
+            created = self._add_one(match)
+            if created is not None:
+                new.append(created)
+        return new
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return [self._open[i].alert for i in self._order]
+
+    def _key(self, match: Match) -> tuple:
+        if match.group:
+            return tuple(match.group)
+        first = match.events[0]
+        return tuple((k, first.get(k)) for k in DEFAULT_KEY_FIELDS)
+
+    def _add_one(self, match: Match) -> dict[str, Any] | None:
+        rule = match.rule
+        first = match.events[0]
+        ts = first.get("@timestamp")
+        when = _epoch(ts)
+        key = self._key(match)
+        if not self.dedup:
+            ident = alert_id(rule.id, key, "event:" + str(first.get("event.id", when)))
+        else:
+            # Correlations fire once per group and correlation window; repeated firings of
+            # one group inside the dedup window fold like repeated detection matches.
+            start = _epoch(match.window_start) if match.window_start else when
+            ident = alert_id(rule.id, key, int(start // self.window_s))
+        existing = self._open.get(ident)
+        if existing is not None:
+            alert = existing.alert
+            alert["count"] += 1
+            evidence = alert["events"]
+            for event in match.events:
+                if len(evidence) >= MAX_EVIDENCE_EVENTS:
+                    alert["alert.events_truncated"] = True
+                    break
+                evidence.append(event)
+            earliest, latest = _span(match)
+            if earliest[0] < existing.first:
+                existing.first, alert["alert.first_seen"] = earliest
+            if latest[0] > existing.last:
+                existing.last, alert["alert.last_seen"] = latest
+            return None
+        alert = self._new_alert(ident, match, key)
+        (first_t, _), (last_t, _) = _span(match)
+        self._open[ident] = _Open(alert, first_t, last_t)
+        self._order.append(ident)
+        return alert
+
+    def _new_alert(self, ident: str, match: Match, key: tuple) -> dict[str, Any]:
+        rule = match.rule
+        sigma = rule.sigma
+        first = match.events[0]
+        level = sigma.level.name.lower() if getattr(sigma, "level", None) else "medium"
+        alert: dict[str, Any] = {
+            "alert.id": ident,
+            "@timestamp": first.get("@timestamp"),
+            "rule.id": rule.id,
+            "rule.title": sigma.title,
+            "rule.level": level,
+            "rule.tags": [str(t) for t in (sigma.tags or [])],
+            "rule.vector": rule.vector,
+            "rule.kind": rule.kind,
+            "host.name": first.get("host.name"),
+        }
+        for k, v in first.items():
+            if k.startswith(ALERT_COPIED_PREFIXES):
+                alert[k] = v
+        if match.group:
+            alert["alert.group"] = {k: v for k, v in match.group}
+        if match.value is not None:
+            alert["alert.value"] = match.value
+        template = (getattr(sigma, "custom_attributes", None) or {}).get("summary")
+        alert["alert.summary"] = summarize(
+            sigma.title, {**first, **dict(match.group)}, template
+        ) + correlation_note(sigma, match.value)
+        (_, alert["alert.first_seen"]), (_, alert["alert.last_seen"]) = _span(match)
+        alert["events"] = list(match.events[:MAX_EVIDENCE_EVENTS])
+        alert["count"] = 1
+        return alert
+
+
+def level_rank(level: str) -> int:
+    return LEVELS.index(level) if level in LEVELS else 0
+
+
+def sort_alerts(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Most severe first, then by time."""
+    return sorted(
+        alerts, key=lambda a: (-level_rank(a["rule.level"]), str(a.get("@timestamp") or ""))
+    )

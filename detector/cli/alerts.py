@@ -1,0 +1,111 @@
+"""`hpcsec alerts`: query the DuckDB alert store, or export its events to Parquet."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.store.alert_store import DISPOSITIONS, AlertQuery, Store, parse_since
+
+COLUMNS = (
+    ("TIME", "@timestamp"),
+    ("LEVEL", "rule.level"),
+    ("RULE", "rule.id"),
+    ("HOST", "host.name"),
+    ("JOB", "slurm.job.id"),
+    ("USER", "user.name"),
+    ("COUNT", "count"),
+    ("STATE", "hpcsec.disposition"),
+    ("SUMMARY", "alert.summary"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "alerts",
+        help="query the alert store (or export its events to Parquet)",
+        description="List stored alerts, newest last. Filters combine (AND).",
+    )
+    p.add_argument("--store", metavar="FILE", help="DuckDB store (default: store.path of --config)")
+    p.add_argument("--config", metavar="FILE", help="site config (for store.path)")
+    p.add_argument(
+        "--since",
+        metavar="AGE|TIME",
+        help="alerts seen within AGE (30m, 1h, 7d) or since an RFC 3339 time",
+    )
+    p.add_argument("--job", metavar="ID", help="Slurm job id")
+    p.add_argument("--user", metavar="U", help="user name")
+    p.add_argument("--rule", metavar="ID", help="rule id")
+    p.add_argument("--vector", metavar="V", help="threat vector (ruleset name)")
+    p.add_argument(
+        "--state", choices=DISPOSITIONS, help="sent, or only stored because silenced / rate limited"
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="at most the newest N alerts (default 1000)",
+    )
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--export-events",
+        metavar="FILE.parquet",
+        help="write the stored events (within --since) to a Parquet file instead",
+    )
+    p.set_defaults(func=run)
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    return str(value).replace("\n", " ")
+
+
+def render_table(alerts: list[dict[str, Any]]) -> str:
+    rows = [[_cell(a.get(key)) for _, key in COLUMNS] for a in alerts]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(COLUMNS)]
+    lines = []
+    for row in [[h for h, _ in COLUMNS], *rows]:
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    path = args.store or config.store_path
+    if not path:
+        raise UsageError("no alert store: give --store FILE or store.path in --config")
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    since = parse_since(args.since) if args.since else None
+    if args.export_events:
+        with Store(path, retention_days=config.retention_days) as store:
+            n = store.export_events(args.export_events, since=since)
+        print(f"exported {n} event(s) to {args.export_events}", file=sys.stderr)
+        return 0
+    with Store(path, read_only=True) as store:
+        alerts = store.query_alerts(
+            AlertQuery(
+                since=since,
+                job=args.job,
+                user=args.user,
+                rule=args.rule,
+                vector=args.vector,
+                disposition=args.state,
+                limit=args.limit,
+            )
+        )
+    if args.format == "json":
+        sys.stdout.write(orjson.dumps(alerts, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif alerts:
+        print(render_table(alerts))
+    else:
+        print("no alerts match", file=sys.stderr)
+    return 0

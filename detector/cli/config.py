@@ -1,0 +1,69 @@
+"""`hpcsec config check FILE`: validate a site config before deploying it.
+
+Prints `ok` and exits 0 when the file is valid; otherwise the command line prints
+`FILE:LINE: what is wrong` and exits 2 (a ConfigError, like every other user error).
+`hpcsec config show FILE` prints what the rules will see: the placeholder values (site lists
+merged over the defaults), the assets and the maintenance windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from hpcsec.detector.config.site import SiteConfig, load_config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="validate or show a site config")
+    actions = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate a site config (exit 2 on errors)")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=run_check)
+    show = actions.add_parser("show", help="print the effective policy of a site config")
+    show.add_argument("file", metavar="FILE")
+    show.set_defaults(func=run_show)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    load_config(args.file)
+    print("ok")
+    return 0
+
+
+def effective_policy(config: SiteConfig) -> dict:
+    return {
+        "node_class": config.node_class,
+        "assets": [
+            {
+                "name": a.name,
+                "kind": a.kind,
+                "paths": list(a.paths),
+                "readers": {"users": list(a.readers.users), "accounts": list(a.readers.accounts)},
+                "writers": {"users": list(a.writers.users), "accounts": list(a.writers.accounts)},
+            }
+            for a in config.assets
+        ],
+        "admins": list(config.admins.users),
+        "gpu_services": list(config.gpu_services),
+        "maintenance": [
+            {"start": w.start.isoformat(), "end": w.end.isoformat(), "hosts": list(w.hosts)}
+            for w in config.maintenance
+        ],
+        "firmware": {
+            "baselines": config.firmware.baselines,
+            "vulnerable": {k: list(v) for k, v in config.firmware.vulnerable.items()},
+        },
+        "placeholders": config.placeholders(),
+    }
+
+
+def run_show(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    sys.stdout.buffer.write(
+        orjson.dumps(effective_policy(config), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    )
+    sys.stdout.write("\n")
+    return 0

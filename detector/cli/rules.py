@@ -1,0 +1,183 @@
+"""`hpcsec rules list|check|test|convert`: tools for rule authors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.engine.convert import convert_rules
+from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
+from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.ruleset import LoadedRule
+from hpcsec.detector.engine.ruletests import coverage_gaps, run_tests
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rules", help="list, check, test and convert Sigma rules")
+    actions = p.add_subparsers(dest="rules_action", metavar="ACTION", required=True)
+
+    def paths(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "paths",
+            nargs="*",
+            metavar="PATH",
+            help="rule file or directory (default: the bundled rules)",
+        )
+
+    ls = actions.add_parser("list", help="list rules: id, title, level, vector, status, file")
+    paths(ls)
+    ls.add_argument("--format", choices=("table", "json"), default="table")
+    ls.set_defaults(func=run_list)
+
+    check = actions.add_parser("check", help="validate rules: pySigma validators and ours")
+    paths(check)
+    check.add_argument("--strict", action="store_true", help="warnings fail too (exit 2)")
+    check.set_defaults(func=run_check)
+
+    test = actions.add_parser("test", help="run every rule's test events through the engine")
+    paths(test)
+    test.add_argument(
+        "--config", metavar="FILE", help="site config whose thresholds and lists fill placeholders"
+    )
+    test.set_defaults(func=run_test)
+
+    convert = actions.add_parser(
+        "convert",
+        help="convert rules to a SIEM query language through an installed pySigma backend",
+    )
+    paths(convert)
+    convert.add_argument(
+        "-t",
+        "--target",
+        required=True,
+        help="pySigma backend (e.g. sqlite; see `sigma list targets`)",
+    )
+    convert.add_argument(
+        "-p",
+        "--pipeline",
+        action="append",
+        default=[],
+        metavar="PIPELINE",
+        help="extra pySigma pipeline: installed name or YAML file (repeatable)",
+    )
+    convert.add_argument(
+        "-f",
+        "--output-format",
+        default="default",
+        metavar="FORMAT",
+        help="backend output format (default: default)",
+    )
+    convert.add_argument(
+        "-O",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="backend option (repeatable)",
+    )
+    convert.add_argument(
+        "--config", metavar="FILE", help="site config whose thresholds and lists fill placeholders"
+    )
+    convert.add_argument(
+        "--placeholder-expression",
+        metavar="EXPR",
+        help="query for placeholders without a value, with {field} and {id}, "
+        'e.g. "{field} IN (SELECT value FROM {id})"',
+    )
+    convert.set_defaults(func=run_convert)
+
+
+def _paths(args: argparse.Namespace) -> list[str] | None:
+    return args.paths or None
+
+
+def _text(value: Any) -> str:
+    """pySigma enums (level, status) as the words rule files use."""
+    if value is None:
+        return ""
+    return str(getattr(value, "name", value)).lower()
+
+
+def rule_row(rule: LoadedRule) -> dict[str, Any]:
+    return {
+        "id": rule.id,
+        "title": rule.sigma.title,
+        "level": _text(rule.sigma.level),
+        "vector": rule.vector,
+        "status": _text(rule.sigma.status),
+        "kind": rule.kind,
+        "file": f"{rule.path}:{rule.line}",
+    }
+
+
+def run_list(args: argparse.Namespace) -> int:
+    rows = [rule_row(r) for r in load_rules(_paths(args), with_tests=False).rules]
+    if args.format == "json":
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    columns = ("id", "title", "level", "vector", "status", "file")
+    widths = {c: max([len(c), *(len(row[c]) for row in rows)]) for c in columns}
+    for row in [{c: c.upper() for c in columns}, *rows]:
+        print("  ".join(row[c].ljust(widths[c]) for c in columns).rstrip())
+    return EXIT_OK
+
+
+def run_check(args: argparse.Namespace) -> int:
+    findings = check_paths(_paths(args))
+    for finding in findings:
+        print(finding)
+    errors = sum(f.severity == ERROR for f in findings)
+    warnings = sum(f.severity == WARNING for f in findings)
+    print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
+    return EXIT_USAGE if errors or (args.strict and warnings) else EXIT_OK
+
+
+def run_test(args: argparse.Namespace) -> int:
+    ruleset = load_rules(_paths(args))
+    placeholders = load_config(args.config).placeholders()
+    passed, failures = run_tests(ruleset, placeholders)
+    gaps = coverage_gaps(ruleset)
+    for failure in failures:
+        print(f"FAIL {failure}")
+    for rule, gap in gaps:
+        print(f"FAIL {rule.path}:{rule.line}: rule {rule.id} ({rule.sigma.title}) {gap}")
+    untested = len({id(rule) for rule, _ in gaps})
+    print(
+        f"{passed} passed, {len(failures)} failed, {untested} rule(s) missing test events",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED if failures or gaps else EXIT_OK
+
+
+def _backend_options(pairs: list[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"backend option {pair!r} is not KEY=VALUE")
+        options[key] = value
+    return options
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    ruleset = load_rules(_paths(args), with_tests=False, threshold_values=config.thresholds)
+    queries = convert_rules(
+        ruleset,
+        args.target,
+        pipelines=args.pipeline,
+        placeholders=config.placeholders(),
+        backend_options=_backend_options(args.backend_option),
+        output_format=args.output_format,
+        placeholder_expression=args.placeholder_expression,
+    )
+    for query in queries:
+        print(query if isinstance(query, str) else orjson.dumps(query).decode())
+    return EXIT_OK

@@ -1,1 +1,0 @@
-"""Sub-commands of the hpcsec command line, one module each."""

@@ -1,0 +1,158 @@
+"""YAML documents that remember their line numbers.
+
+PyYAML's composer keeps a mark on every node; we build plain Python values from the nodes and
+keep, next to them, the line of every key and list item. Rules and the site config use this so
+that every error names a file and a line. Aliases are refused (no Sigma rule or config needs
+them, and they are how "billion laughs" documents blow up), duplicate keys are errors rather
+than PyYAML's silent last-one-wins, and the size of a file is bounded before it is parsed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcsec.detector.core.errors import SourceError, location
+
+MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_NODES = 200_000
+
+Path_ = tuple[str | int, ...]
+PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
+
+@dataclass
+class YamlDocument:
+    """One document of a YAML stream: its value and where each part of it stands."""
+
+    data: Any
+    path: str
+    line: int
+    lines: dict[Path_, int] = field(default_factory=dict)
+
+    def line_of(self, *keys: str | int) -> int:
+        """Line of the deepest known node along `keys` (the document start if none)."""
+        while keys:
+            if keys in self.lines:
+                return self.lines[keys]
+            keys = keys[:-1]
+        return self.line
+
+
+class _Builder:
+    def __init__(self, source: str):
+        self.source = source
+        self.constructor = yaml.constructor.SafeConstructor()
+        self.lines: dict[Path_, int] = {}
+        self.count = 0
+
+    def build(self, node: yaml.Node, at: Path_) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise SourceError(
+                f"document has more than {MAX_NODES} nodes",
+                location(self.source, node.start_mark.line + 1),
+            )
+        self.lines[at] = node.start_mark.line + 1
+        if isinstance(node, yaml.CollectionNode) and node.tag not in PLAIN_COLLECTION_TAGS:
+            # mappings and lists are built here, not by PyYAML's constructor: refuse the tags
+            # (`!!set`, `!!python/object/apply:…`) rather than silently read a plain list
+            raise SourceError(
+                f"YAML tag {node.tag} is not supported",
+                location(self.source, node.start_mark.line + 1),
+            )
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise SourceError(
+                        "YAML merge keys (<<) are not supported",
+                        location(self.source, key_node.start_mark.line + 1),
+                    )
+                key = self.build(key_node, (*at, "<key>"))
+                if isinstance(key, (list, dict)):
+                    raise SourceError(
+                        "a mapping key must be a scalar",
+                        location(self.source, key_node.start_mark.line + 1),
+                    )
+                if key in out:
+                    raise SourceError(
+                        f"duplicate key {key!r}",
+                        location(self.source, key_node.start_mark.line + 1),
+                    )
+                out[key] = self.build(value_node, (*at, key))
+                self.lines[(*at, key)] = key_node.start_mark.line + 1
+            self.lines.pop((*at, "<key>"), None)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
+        return self.constructor.construct_object(node, deep=True)
+
+
+class _NoAliasComposer(yaml.SafeLoader):
+    def compose_node(self, parent, index):  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise SourceError(
+                "YAML aliases (*name) are not allowed",
+                location(self.name, event.start_mark.line + 1),
+            )
+        return super().compose_node(parent, index)
+
+
+def decode_source(raw: bytes, source: str) -> str:
+    if len(raw) > MAX_FILE_BYTES:
+        raise SourceError(f"file is larger than {MAX_FILE_BYTES} bytes", location(source))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SourceError(
+            f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}", location(source, line)
+        ) from None
+
+
+def iter_documents(text: str, source: str) -> Iterator[YamlDocument]:
+    loader = _NoAliasComposer(text)
+    loader.name = source
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            builder = _Builder(source)
+            data = builder.build(node, ())
+            yield YamlDocument(data, source, node.start_mark.line + 1, builder.lines)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        column = mark.column + 1 if mark else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        if "\t" in problem or "'\\t'" in problem:
+            problem = "tab character where YAML expects spaces"
+        raise SourceError(f"YAML syntax error: {problem}", location(source, line, column)) from None
+    except yaml.YAMLError as exc:
+        raise SourceError(f"YAML error: {exc}", location(source)) from None
+    except RecursionError:
+        line = loader.get_mark().line + 1 if loader.get_mark() else None
+        raise SourceError("YAML nesting is too deep", location(source, line)) from None
+    finally:
+        loader.dispose()
+
+
+def load_documents(path: str | Path) -> list[YamlDocument]:
+    """All documents of a YAML file, with lines; SourceError on anything unreadable."""
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", location(source)) from None
+    return list(iter_documents(decode_source(raw, source), source))
+
+
+def load_text_documents(text: str, source: str = "<string>") -> list[YamlDocument]:
+    return list(iter_documents(text, source))

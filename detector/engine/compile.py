@@ -1,0 +1,406 @@
+"""pySigma condition trees -> one generated Python function per logsource category.
+
+The engine sits on the agent's hot path, so a rule is not interpreted per event. Every detection
+rule of a category is turned into one Python expression over local variables, and all of them go
+into one generated function: each field the category's rules read is fetched from the event once
+(and lower-cased once where a case-insensitive comparison needs it), constants are literals or
+precompiled objects, and the common value shapes (equality, contains, startswith, endswith, set
+membership) are plain string operations. Everything unusual (lists in events, numbers compared
+with strings, CIDR, regexes, time parts, keywords) goes through a small closure built once here.
+
+The tree is pySigma's own (`SigmaCondition.parse()`) with pySigma's typed values: nothing here
+parses Sigma.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sigma.conditions import (
+    ConditionAND,
+    ConditionFieldEqualsValueExpression,
+    ConditionNOT,
+    ConditionOR,
+    ConditionValueExpression,
+)
+from sigma.types import (
+    Placeholder,
+    SigmaBool,
+    SigmaCasedString,
+    SigmaCIDRExpression,
+    SigmaCompareExpression,
+    SigmaExists,
+    SigmaExpansion,
+    SigmaFieldReference,
+    SigmaNull,
+    SigmaNumber,
+    SigmaRegularExpression,
+    SigmaString,
+    SigmaTimestampPart,
+    SpecialChars,
+)
+
+from hpcsec.detector.engine import matchers as m
+from hpcsec.detector.engine.condtree import conjuncts, necessary_fields, necessary_test
+
+Predicate = Callable[[dict[str, Any]], tuple[int, ...]]
+
+
+class UnsupportedValue(ValueError):
+    """A value type the engine cannot evaluate (the caller turns it into a RuleError)."""
+
+
+def string_shape(value: SigmaString, lower: bool) -> tuple[str, Any]:
+    """Classify a Sigma string: ('eq'|'contains'|'startswith'|'endswith'|'any', text) or
+    ('glob', compiled regex) for wildcards elsewhere. `lower` folds the constant's case."""
+    parts = []
+    for part in value.s:
+        if isinstance(part, Placeholder):
+            raise UnsupportedValue(f"unfilled placeholder %{part.name}%")
+        parts.append(part.lower() if lower and isinstance(part, str) else part)
+    multi = SpecialChars.WILDCARD_MULTI
+    texts = [p for p in parts if isinstance(p, str)]
+    specials = [p for p in parts if isinstance(p, SpecialChars)]
+    if not specials:
+        return "eq", "".join(texts)
+    if all(p is multi for p in specials):
+        if len(parts) == 1:
+            return "any", ""
+        if len(parts) == 2:
+            return ("startswith", parts[0]) if parts[1] is multi else ("endswith", parts[1])
+        if len(parts) == 3 and parts[0] is multi and parts[2] is multi:
+            return "contains", parts[1]
+    pattern = "".join(
+        re.escape(p) if isinstance(p, str) else (".*" if p is multi else ".") for p in parts
+    )
+    return "glob", re.compile(pattern, re.DOTALL)
+
+
+def string_test(shape: tuple[str, Any]) -> Callable[[str], bool]:
+    """The shape as a function of an (already case-folded) string."""
+    kind, const = shape
+    if kind == "eq":
+        return const.__eq__
+    if kind == "contains":
+        return lambda s: const in s
+    if kind == "startswith":
+        return lambda s: s.startswith(const)
+    if kind == "endswith":
+        return lambda s: s.endswith(const)
+    if kind == "any":
+        return lambda s: True
+    return lambda s: const.fullmatch(s) is not None
+
+
+def scalar_matcher(value: Any) -> Callable[[Any], bool]:
+    """Match one non-None, non-list event value against one typed Sigma value."""
+    if isinstance(value, SigmaCasedString):
+        return m.on_text(string_test(string_shape(value, lower=False)), fold=False)
+    if isinstance(value, SigmaString):
+        return m.on_text(string_test(string_shape(value, lower=True)), fold=True)
+    if isinstance(value, SigmaTimestampPart):
+        return m.time_part(value.timestamp_part.name.lower(), value.number)
+    if isinstance(value, SigmaNumber):
+        return m.number_equals(value.number)
+    if isinstance(value, SigmaBool):
+        return m.bool_equals(value.boolean)
+    if isinstance(value, SigmaRegularExpression):
+        if value.regexp.contains_placeholder():
+            raise UnsupportedValue(f"unfilled placeholder in regular expression {value.regexp}")
+        flags = 0
+        for flag in value.flags:
+            flags |= SigmaRegularExpression.sigma_to_python_flags[flag]
+        return m.regex(re.compile(str(value.regexp), flags))
+    if isinstance(value, SigmaCIDRExpression):
+        return m.cidr(value.network)
+    if isinstance(value, SigmaCompareExpression):
+        if isinstance(value.number, SigmaTimestampPart):  # e.g. |hour|gte
+            part = value.number.timestamp_part.name.lower()
+            return m.time_part(part, value.number.number, value.op.name)
+        return m.compare(value.op.name, value.number.number)
+    raise UnsupportedValue(f"value type {type(value).__name__} is not supported")
+
+
+def _affix_test(
+    method: Callable[[str, tuple[str, ...]], bool], affixes: tuple[str, ...], text: str
+) -> bool:
+    return method(text, affixes)
+
+
+GROUPED_SHAPES = ("eq", "startswith", "endswith")  # OR-ed per field, see or_terms
+
+
+def _number_in(numbers: frozenset[Any], value: Any) -> bool:
+    """Like OR-ed m.number_equals: numbers and numeric strings, never booleans."""
+    found = m.as_number(value)
+    return found is not None and found in numbers
+
+
+class CategoryCompiler:
+    """Collects the rules of one category and generates their shared match function."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, int] = {}  # field -> variable number
+        self.folded: set[int] = set()  # variables whose lower-case form is needed
+        self.namespace: dict[str, Any] = {}
+        # per rule: its conjuncts (code, fields read, tree) and the fields it cannot match
+        # without
+        self.rules: list[tuple[list[tuple[str, frozenset[str], Any]], list[str]]] = []
+        self._used: set[str] = set()
+
+    def add_rule(self, conditions: Sequence[Any]) -> int:
+        """Add one rule given as a list of condition trees that must all hold (its own
+        condition OR-ed over its condition list, then each applied filter). Returns its index.
+        The rule is kept as its conjuncts (code, fields read), in rule order."""
+        parts = []
+        for conjunct in (c for tree in conditions for c in conjuncts(tree)):
+            code, fields = self.traced(conjunct)
+            parts.append((code, fields, conjunct))
+        necessary = [f for c in conditions for f in necessary_fields(c)]
+        self.rules.append((parts or [("False", frozenset(), None)], necessary))
+        return len(self.rules) - 1
+
+    def traced(self, node: Any) -> tuple[str, frozenset[str]]:
+        """The node's code and the fields it reads."""
+        self._used = set()
+        return f"({self.expr(node)})", frozenset(self._used)
+
+    def build(self, name: str) -> Predicate:
+        """One function for the category. Each rule is grouped under the first field it cannot
+        match without (rule authors put the selective test first), so an event fetches and
+        folds only the fields of the groups whose guard field it carries. Within a group, a
+        rule first runs a test it cannot match without (its first conjunct, or for an OR the
+        OR of each branch's first test) before fetching the rest of its fields: most events
+        fail it."""
+        groups: dict[str | None, list[int]] = {}
+        for i, (_, necessary) in enumerate(self.rules):
+            groups.setdefault(necessary[0] if necessary else None, []).append(i)
+        top = set().union(*(self.fields_of(i) for i in groups.get(None, ())))
+        # generate every test before emitting fetches: tests may need folded variables
+        checks = {
+            i: self.pre_check(i, top | {guard})
+            for guard, members in groups.items()
+            if guard is not None
+            for i in members
+        }
+        lines = [f"def {name}(ev):", "    g = ev.get", "    r = ()"]
+        self._fetch(lines, "    ", sorted(top))
+        for i in groups.pop(None, ()):
+            lines += [f"    if {self.code(i)}:", f"        r += ({i},)"]
+        for guard, members in groups.items():
+            n = self.fields[guard]
+            if guard not in top:
+                lines.append(f"    v{n} = g({guard!r})")
+            lines.append(f"    if v{n} is not None:")
+            if n in self.folded and guard not in top:
+                lines.append(f"        l{n} = v{n}.lower() if v{n}.__class__ is str else None")
+            known = top | {guard}
+            header = set().union(
+                *(self.fields_of(i) if checks[i] is None else checks[i][1] for i in members)
+            )
+            self._fetch(lines, "        ", sorted(header - known))
+            known |= header
+            for i in members:
+                if checks[i] is None:
+                    lines += [f"        if {self.code(i)}:", f"            r += ({i},)"]
+                    continue
+                test, _, skip = checks[i]
+                lines.append(f"        if {test}:")
+                self._fetch(lines, "            ", sorted(self.fields_of(i) - known))
+                rest = self.code(i, skip)
+                if rest == "True":
+                    lines.append(f"            r += ({i},)")
+                    continue
+                lines += [f"            if {rest}:", f"                r += ({i},)"]
+        lines.append("    return r")
+        source = "\n".join(lines)
+        code = compile(source, f"<hpcsec rules {name}>", "exec")
+        exec(code, self.namespace)  # generated from typed pySigma values only, never from text
+        fn = self.namespace[name]
+        fn.source = source
+        return fn
+
+    def fields_of(self, rule: int) -> set[str]:
+        return set().union(*(part[1] for part in self.rules[rule][0]))
+
+    def code(self, rule: int, skip: int | None = None) -> str:
+        """The rule's conjuncts AND-ed, but for the one already tested."""
+        parts = [part[0] for k, part in enumerate(self.rules[rule][0]) if k != skip]
+        return " and ".join(parts) or "True"
+
+    def pre_check(
+        self, rule: int, known: set[str]
+    ) -> tuple[str, frozenset[str], int | None] | None:
+        """(code, fields read, conjunct it replaces) of a test the rule cannot match without,
+        reading `known` fields where the rule has one, when the rule reads other fields."""
+        if self.fields_of(rule) <= known:
+            return None
+        options = []
+        for k, (code, fields, node) in enumerate(self.rules[rule][0]):
+            needed = necessary_test(node)
+            if needed is node and fields:
+                options.append((code, fields, k))
+            elif needed is not None:
+                options.append((*self.traced(needed), None))
+        for option in options:
+            if option[1] <= known:
+                return option
+        return options[0] if options else None
+
+    def _fetch(self, lines: list[str], indent: str, fields: list[str]) -> None:
+        for field in fields:
+            n = self.fields[field]
+            lines.append(f"{indent}v{n} = g({field!r})")
+            if n in self.folded:
+                lines.append(f"{indent}l{n} = v{n}.lower() if v{n}.__class__ is str else None")
+
+    # -- expressions ------------------------------------------------------------------------
+    def const(self, obj: Any) -> str:
+        name = f"k{len(self.namespace)}"
+        self.namespace[name] = obj
+        return name
+
+    def var(self, field: str, folded: bool = False) -> str:
+        n = self.fields.setdefault(field, len(self.fields))
+        self._used.add(field)
+        if folded:
+            self.folded.add(n)
+            return f"l{n}"
+        return f"v{n}"
+
+    def expr(self, node: Any) -> str:
+        if node is None:  # pySigma drops empty detections to None
+            return "False"
+        if isinstance(node, ConditionAND):
+            return "(" + " and ".join(self.expr(a) for a in node.args) + ")"
+        if isinstance(node, ConditionOR):
+            return "(" + " or ".join(self.or_terms(node.args)) + ")"
+        if isinstance(node, ConditionNOT):
+            return f"(not {self.expr(node.args[0])})"
+        if isinstance(node, ConditionFieldEqualsValueExpression):
+            return self.leaf(node.field, node.value)
+        if isinstance(node, ConditionValueExpression):
+            return f"{self.const(m.keyword(scalar_keyword(node.value)))}(ev)"
+        raise UnsupportedValue(f"condition element {type(node).__name__} is not supported")
+
+    def or_terms(self, args: Sequence[Any]) -> list[str]:
+        """OR-ed plain equalities on one field (strings or numbers) become one set lookup
+        (value lists), OR-ed prefixes or suffixes one `startswith`/`endswith` call with a
+        tuple."""
+        by_field: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        others = []
+        for arg in args:
+            value = getattr(arg, "value", None)
+            if (
+                isinstance(arg, ConditionFieldEqualsValueExpression)
+                and type(value) is SigmaString
+                and not value.contains_placeholder()
+                and string_shape(value, lower=True)[0] in GROUPED_SHAPES
+            ):
+                kind, text = string_shape(value, lower=True)
+                by_field.setdefault((arg.field, kind), []).append((text, arg))
+            elif (
+                isinstance(arg, ConditionFieldEqualsValueExpression) and type(value) is SigmaNumber
+            ):
+                by_field.setdefault((arg.field, "number"), []).append((value.number, arg))
+            else:
+                others.append(self.expr(arg))
+        terms = []
+        for (field, kind), pairs in by_field.items():
+            if len(pairs) == 1:
+                terms.append(self.expr(pairs[0][1]))
+                continue
+            texts = [text for text, _ in pairs]
+            if kind == "number":  # ints and floats hash alike: 3 == 3.0, as `==` has it
+                members = frozenset(texts)
+                raw = self.var(field)
+                slow = self.const(m.lift(functools.partial(_number_in, members)))
+                terms.append(
+                    f"({raw} in {self.const(members)} if ({raw}.__class__ is int or "
+                    f"{raw}.__class__ is float) else {raw} is not None and "
+                    f"{slow}({raw}))"
+                )
+                continue
+            folded, raw = self.var(field, folded=True), self.var(field)
+            if kind == "eq":
+                members = frozenset(texts)
+                test, fast = members.__contains__, f"{folded} in {self.const(members)}"
+            else:
+                affixes = tuple(dict.fromkeys(texts))
+                test = getattr(str, kind)  # str.startswith / str.endswith
+                test = functools.partial(_affix_test, test, affixes)
+                fast = f"{folded}.{kind}({self.const(affixes)})"
+            slow = self.const(m.lift(m.on_text(test, fold=True)))
+            terms.append(
+                f"({fast} if {folded} is not None else {raw} is not None and {slow}({raw}))"
+            )
+        return terms + others
+
+    def leaf(self, field: str, value: Any) -> str:
+        if isinstance(value, SigmaExpansion):  # base64offset, windash, ...: always OR-ed
+            return "(" + " or ".join(self.leaf(field, v) for v in value.values) + ")"
+        raw = self.var(field)
+        if isinstance(value, SigmaNull):
+            return f"({raw} is None)"
+        if isinstance(value, SigmaExists):
+            return f"({raw} is not None)" if value.exists else f"({raw} is None)"
+        if isinstance(value, SigmaFieldReference):
+            test = m.fieldref(value.starts_with, value.ends_with)
+            return f"{self.const(test)}({raw}, {self.var(value.field)})"
+        slow = self.const(m.lift(scalar_matcher(value)))
+        if isinstance(value, SigmaString):
+            cased = isinstance(value, SigmaCasedString)
+            kind, text = string_shape(value, lower=not cased)
+            if kind == "glob":
+                text = None
+            subject = raw if cased else self.var(field, folded=True)
+            fast = {
+                "eq": f"{subject} == {text!r}",
+                "contains": f"{text!r} in {subject}",
+                "startswith": f"{subject}.startswith({text!r})",
+                "endswith": f"{subject}.endswith({text!r})",
+                "any": "True",
+                "glob": f"{self.const(string_shape(value, lower=not cased)[1])}"
+                f".fullmatch({subject}) is not None",
+            }[kind]
+            guard = f"{raw}.__class__ is str" if cased else f"{subject} is not None"
+            return f"(({fast}) if {guard} else {raw} is not None and {slow}({raw}))"
+        if isinstance(value, SigmaBool):
+            return (
+                f"({raw} is {value.boolean} if {raw}.__class__ is bool "
+                f"else {raw} is not None and {slow}({raw}))"
+            )
+        numeric = f"({raw}.__class__ is int or {raw}.__class__ is float)"
+        if type(value) is SigmaNumber:
+            return (
+                f"({raw} == {value.number!r} if {numeric} else {raw} is not None and {slow}({raw}))"
+            )
+        if isinstance(value, SigmaCompareExpression) and not isinstance(
+            value.number, SigmaTimestampPart
+        ):
+            op = {"LT": "<", "LTE": "<=", "GT": ">", "GTE": ">=", "NEQ": "!="}[value.op.name]
+            return (
+                f"({raw} {op} {value.number.number!r} if {numeric} "
+                f"else {raw} is not None and {slow}({raw}))"
+            )
+        return f"({raw} is not None and {slow}({raw}))"
+
+
+def scalar_keyword(value: Any) -> Callable[[Any], bool]:
+    """A field-less (keyword) value: a substring search unless the rule anchors it with
+    wildcards of its own, case-insensitive like every Sigma string."""
+    if isinstance(value, SigmaString):
+        if not value.startswith(SpecialChars.WILDCARD_MULTI):
+            value = SpecialChars.WILDCARD_MULTI + value
+        if not value.endswith(SpecialChars.WILDCARD_MULTI):
+            value = value + SpecialChars.WILDCARD_MULTI
+        return scalar_matcher(value)
+    if isinstance(value, SigmaNumber):
+        return scalar_keyword(SigmaString.from_str(str(value.number)))
+    if isinstance(value, SigmaExpansion):
+        tests = [scalar_keyword(v) for v in value.values]
+        return lambda v: any(t(v) for t in tests)
+    return scalar_matcher(value)

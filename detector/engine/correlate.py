@@ -1,0 +1,436 @@
+"""Correlation state (Sigma correlation spec v2.1) on event time (`@timestamp`).
+
+State is kept per group (the `group-by` values), never per event: a group holds counters, the
+last N timestamps where N is the threshold, distinct values with their last-seen time, per-rule
+last-seen times, or time buckets of sums, plus a bounded sample of recent events as evidence.
+Open groups are capped (least recently touched first out, counted as evictions) and expire as
+event time moves past their window.
+
+Windows. Conditions that can only become true as events arrive (`gt`, `gte`) are tested on a
+sliding window ending at each event: exact for event_count, value_count, temporal and
+temporal_ordered; value_sum/value_avg slide by buckets of 1/32 of the timespan. The others
+(`lt`, `lte`, `eq`, `neq`) can only be decided once a window is over, so they use a window that
+opens at the group's first event and closes `timespan` later (or at `flush`); so do extended
+temporal conditions with a `not`. A correlation fires once per group and window and then starts
+that group afresh. (value_percentile and value_median are not supported.)
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sigma.correlations import (
+    CorrelationConditionAND,
+    CorrelationConditionNOT,
+    CorrelationConditionOR,
+    SigmaCorrelationCondition,
+    SigmaCorrelationRule,
+    SigmaExtendedCorrelationCondition,
+    SigmaRuleReference,
+)
+
+from hpcsec.detector.core.schema import rfc3339
+from hpcsec.detector.engine.matchers import as_number
+from hpcsec.detector.engine.ruleset import LoadedRule
+
+BUCKETS = 32
+RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
+    "LT": operator.lt,
+    "LTE": operator.le,
+    "GT": operator.gt,
+    "GTE": operator.ge,
+    "EQ": operator.eq,
+    "NEQ": operator.ne,
+}
+
+
+@dataclass
+class EngineStats:
+    rule_hits: int = 0  # detection rule matches, including those that only feed correlations
+    evicted_groups: int = 0  # correlation groups dropped because max_groups were open
+    untimed_events: int = 0  # events without a readable @timestamp (correlations skip them)
+    late_events: int = 0  # events too old for their group's window (see Correlation.feed)
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A correlation that fired: what the engine turns into a Match and feeds to chains."""
+
+    key: tuple[Any, ...]
+    events: tuple[dict[str, Any], ...]
+    window_start: float
+    time: float  # event time of the event that completed it
+    value: float
+
+
+class Group:
+    """One group's window state; only the containers its correlation type needs are made."""
+
+    __slots__ = (
+        "buckets",
+        "chain",
+        "count",
+        "last",
+        "reached_at",
+        "sample",
+        "seen",
+        "start",
+        "times",
+        "values",
+    )
+
+    def __init__(self, start: float, kind: str, sources: int, sample_size: int):
+        self.start = start  # first event of the window (closing windows) or of the group
+        self.last = start
+        self.count = 0
+        # the most recent events, as evidence of what made the group fire
+        self.sample: deque[tuple[float, dict[str, Any]]] = deque(maxlen=sample_size)
+        self.times: deque[float] = deque() if kind == "event_count" else None  # type: ignore
+        self.values: dict[Any, float] = {} if kind == "value_count" else None  # type: ignore
+        self.seen: dict[int, float] = {} if kind == "temporal" else None  # type: ignore
+        self.chain: list[float | None] = [None] * sources if kind == "temporal_ordered" else None  # type: ignore
+        self.reached_at: list[float] = (
+            [float("inf")] * sources if kind == "temporal_ordered" else None
+        )  # type: ignore
+        self.buckets: deque[list[float]] = deque() if kind in ("value_sum", "value_avg") else None  # type: ignore
+
+
+def hashable(value: Any) -> Any:
+    """Group keys and distinct values from JSON values (lists and objects included)."""
+    if isinstance(value, list | tuple):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), hashable(v)) for k, v in value.items()))
+    return value
+
+
+class Correlation:
+    """The running state of one correlation rule."""
+
+    def __init__(
+        self,
+        rule: LoadedRule,
+        sources: list[LoadedRule],
+        stats: EngineStats,
+        max_groups: int,
+        sample_size: int,
+    ):
+        sigma: SigmaCorrelationRule = rule.sigma  # type: ignore[assignment]
+        self.rule = rule
+        self.kind = sigma.type.name.lower()
+        self.span = float(sigma.timespan.seconds)
+        self.group_by = tuple(sigma.group_by or ())
+        self.stats = stats
+        self.max_groups = max_groups
+        self.sample_size = sample_size
+        self.groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
+        self.sources = sources
+        self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
+        self.keys_by_source = [group_key(fields) for fields in self.fields_by_source]
+        condition = sigma.condition
+        self.extended = None
+        if isinstance(condition, SigmaExtendedCorrelationCondition):
+            names = [self._ref_index(sigma, r) for r in condition.get_referenced_rules()]
+            self.extended = (
+                condition.parsed,
+                dict(zip(condition.get_referenced_rules(), names, strict=True)),
+            )
+            self.op, self.threshold, self.field = "GTE", 1, None
+        else:
+            assert isinstance(condition, SigmaCorrelationCondition)
+            self.op, self.threshold = condition.op.name, condition.count
+            ref = condition.fieldref
+            self.field = tuple(ref) if isinstance(ref, list) else ref
+        # "a and not b" can only be known once b has had the whole window to show up
+        self.sliding = self.op in ("GT", "GTE") and not (
+            self.extended is not None and has_negation(self.extended[0])
+        )
+        self.relation = RELATIONS[self.op]
+        self._add_kind = {
+            "event_count": self._add_events,
+            "value_count": self._add_value,
+            "temporal": self._add_seen,
+            "temporal_ordered": self._add_ordered,
+        }.get(self.kind, self._add_sum)
+
+    def _ref_index(self, sigma: SigmaCorrelationRule, ref: str) -> int:
+        for i, src in enumerate(self.sources):
+            if ref in (src.id, getattr(src.sigma, "name", None)):
+                return i
+        raise KeyError(ref)
+
+    def _group_fields(self, sigma: SigmaCorrelationRule, source: LoadedRule) -> tuple[str, ...]:
+        """Group-by names as this source's events spell them (`aliases`)."""
+        names = []
+        for name in self.group_by:
+            alias = sigma.aliases.aliases.get(name)
+            mapped = name
+            if alias is not None:
+                for ref, field_name in alias.mapping.items():
+                    if ref.reference in (source.id, getattr(source.sigma, "name", None)):
+                        mapped = field_name
+            names.append(mapped)
+        return tuple(names)
+
+    # -- feeding ----------------------------------------------------------------------------
+    def feed(
+        self, source: int, event: dict[str, Any], t: float, evidence: tuple[dict[str, Any], ...]
+    ) -> Fired | None:
+        key = self.keys_by_source[source](event)
+        groups = self.groups
+        try:
+            group = groups.get(key)
+        except TypeError:  # a list or object among the values: make it hashable
+            key = tuple(hashable(v) for v in key)
+            group = groups.get(key)
+        fired = None
+        if group is not None:
+            # Event time may arrive out of order (several nodes' events merged, a replayed
+            # file). An event older than the window of the group's newest event, or than an
+            # open closing window, can share no window with them: it is counted, not added.
+            if t < (group.last - self.span if self.sliding else group.start):
+                self.stats.late_events += 1
+                return None
+            if not self.sliding and t > group.start + self.span:
+                fired = self._close(key, group)
+                group = None
+            else:
+                groups.move_to_end(key)
+        if group is None:
+            group = groups[key] = self._new_group(t)
+            if len(groups) > self.max_groups:
+                groups.popitem(last=False)
+                self.stats.evicted_groups += 1
+        if t > group.last:
+            group.last = t
+        if len(evidence) == 1:
+            group.sample.append((t, evidence[0]))
+        else:
+            group.sample.extend((t, ev) for ev in evidence)
+        value = self._add_kind(group, source, event, t)
+        if value is not None and self.sliding and self.relation(value[0], self.threshold):
+            del groups[key]
+            return self._fired(key, group, value[1], t, value[0])
+        return fired
+
+    def _new_group(self, t: float) -> Group:
+        return Group(t, self.kind, len(self.sources), self.sample_size)
+
+    # -- accounting one event per kind (chosen once, as _add_kind): each returns, for sliding
+    # windows, (aggregate, window start) --------------------------------------------------
+    def _add_events(
+        self, g: Group, source: int, event: dict[str, Any], t: float
+    ) -> tuple[float, float] | None:
+        g.count += 1
+        if not self.sliding:
+            return None
+        times = g.times
+        if not times or t >= times[-1]:
+            times.append(t)
+        else:  # a late event (within the window): keep the times sorted
+            bisect.insort(times, t)
+        low = g.last - self.span
+        while times and times[0] < low:
+            times.popleft()
+        while len(times) > self.threshold + 1:
+            times.popleft()
+        return len(times), times[0]
+
+    def _add_value(
+        self, g: Group, source: int, event: dict[str, Any], t: float
+    ) -> tuple[float, float] | None:
+        g.count += 1
+        value = (
+            tuple(map(event.get, self.field))
+            if isinstance(self.field, tuple)
+            else event.get(self.field)
+        )
+        if value.__class__ is not str:
+            value = hashable(value)
+        if value is None:
+            return None
+        values = g.values
+        if not self.sliding and value not in values and len(values) > self.threshold:
+            return None  # min(count, threshold + 1) decides every condition: saturate
+        previous = values.pop(value, None)
+        # insertion order = last-seen order; a late event does not make a value newer
+        values[value] = t if previous is None or t > previous else previous
+        if self.sliding:
+            low = g.last - self.span
+            while True:  # oldest first; at most threshold+1 are needed to decide
+                old = next(iter(values))
+                if values[old] >= low and len(values) <= self.threshold + 1:
+                    break
+                del values[old]
+            return len(values), values[old]
+        return None
+
+    def _add_ordered(
+        self, g: Group, source: int, event: dict[str, Any], t: float
+    ) -> tuple[float, float] | None:
+        g.count += 1
+        low = g.last - self.span
+        chain = g.chain  # chain[i]: latest start of an in-order chain that reached rule i
+        reached_at = g.reached_at  # reached_at[i]: event time of that chain's step i
+        if source == 0:
+            if chain[0] is None or t >= chain[0]:
+                chain[0] = reached_at[0] = t
+        elif (
+            chain[source - 1] is not None
+            and chain[source - 1] >= t - self.span
+            and reached_at[source - 1] <= t
+        ):  # in order of event time, not of arrival
+            chain[source] = chain[source - 1]
+            reached_at[source] = t
+        reached = max((i + 1 for i, s in enumerate(chain) if s is not None and s >= low), default=0)
+        start = chain[reached - 1] if reached else t
+        return reached, start
+
+    def _add_seen(
+        self, g: Group, source: int, event: dict[str, Any], t: float
+    ) -> tuple[float, float] | None:
+        g.count += 1
+        seen = g.seen
+        if t > seen.get(source, float("-inf")):
+            seen[source] = t
+        if self.sliding:
+            low = g.last - self.span
+            if len(seen) > 1:
+                for i in [i for i, last in seen.items() if last < low]:
+                    del seen[i]
+            if self.extended is None:
+                return len(seen), min(seen.values())
+        return self._temporal_value(g), min(seen.values())
+
+    def _add_sum(
+        self, g: Group, source: int, event: dict[str, Any], t: float
+    ) -> tuple[float, float] | None:
+        number = as_number(event.get(self.field))  # value_sum / value_avg
+        if number is None:
+            return None
+        g.count += 1
+        width = self.span / BUCKETS if self.sliding else float("inf")
+        if g.buckets and t < g.buckets[-1][0] + width:
+            g.buckets[-1][1] += number
+            g.buckets[-1][2] += 1
+        else:
+            g.buckets.append([t, number, 1])
+        if not self.sliding:
+            return None
+        low = g.last - self.span
+        while g.buckets and g.buckets[0][0] + width <= low:
+            g.buckets.popleft()
+        return self._sum_value(g), g.buckets[0][0]
+
+    def _sum_value(self, g: Group) -> float:
+        total = sum(b[1] for b in g.buckets)
+        if self.kind == "value_avg":
+            n = sum(b[2] for b in g.buckets)
+            return total / n if n else 0.0
+        return total
+
+    def _temporal_value(self, g: Group) -> float:
+        if self.extended is None:
+            return len(g.seen)
+        tree, index = self.extended
+        return 1 if evaluate_extended(tree, index, g.seen) else 0
+
+    # -- closing windows ----------------------------------------------------------------------
+    def _closing_value(self, g: Group) -> float:
+        if self.kind == "event_count":
+            return g.count
+        if self.kind == "value_count":
+            return len(g.values)
+        if self.kind == "temporal":
+            return self._temporal_value(g)
+        if self.kind == "temporal_ordered":
+            return max((i + 1 for i, s in enumerate(g.chain) if s is not None), default=0)
+        return self._sum_value(g)
+
+    def _close(self, key: tuple[Any, ...], g: Group) -> Fired | None:
+        self.groups.pop(key, None)
+        value = self._closing_value(g)
+        if g.count and self.relation(value, self.threshold):
+            return self._fired(key, g, g.start, g.last, value)
+        return None
+
+    def expire(self, now: float) -> list[Fired]:
+        """Drop (sliding) or close (other conditions) groups whose window has passed."""
+        fired = []
+        while self.groups:
+            key, group = next(iter(self.groups.items()))
+            edge = group.last if self.sliding else group.start
+            if edge + self.span >= now:
+                break
+            if self.sliding:
+                del self.groups[key]
+            elif (f := self._close(key, group)) is not None:
+                fired.append(f)
+        return fired
+
+    def flush(self) -> list[Fired]:
+        if self.sliding:
+            self.groups.clear()
+            return []
+        fired = [self._close(key, g) for key, g in list(self.groups.items())]
+        return [f for f in fired if f is not None]
+
+    def _fired(self, key: tuple[Any, ...], g: Group, start: float, t: float, value: float) -> Fired:
+        events = tuple(ev for seen, ev in g.sample if seen >= start)
+        return Fired(key, events, start, t, float(value))
+
+    def group_pairs(self, key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
+        return tuple(zip(self.group_by, key, strict=True))
+
+
+def group_key(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """The event's group-by values (None where absent); one or two fields (the usual) without
+    building a map object per event."""
+    if len(fields) == 1:
+        (first,) = fields
+        return lambda event: (event.get(first),)
+    if len(fields) == 2:
+        first, second = fields
+        return lambda event: (event.get(first), event.get(second))
+    return lambda event: tuple(map(event.get, fields))
+
+
+def has_negation(node: Any) -> bool:
+    if isinstance(node, CorrelationConditionNOT):
+        return True
+    return any(has_negation(a) for a in getattr(node, "args", ()))
+
+
+def evaluate_extended(node: Any, index: dict[str, int], seen: dict[int, float]) -> bool:
+    if isinstance(node, SigmaRuleReference):
+        return index[node.reference] in seen
+    if isinstance(node, CorrelationConditionAND):
+        return all(evaluate_extended(a, index, seen) for a in node.args)
+    if isinstance(node, CorrelationConditionOR):
+        return any(evaluate_extended(a, index, seen) for a in node.args)
+    if isinstance(node, CorrelationConditionNOT):
+        return not evaluate_extended(node.args[0], index, seen)
+    raise TypeError(f"unexpected correlation condition element {type(node).__name__}")
+
+
+def epoch(timestamp: Any) -> float | None:
+    """Event time in seconds, from an RFC 3339 `@timestamp`; None when it cannot be read."""
+    if timestamp.__class__ is not str:
+        return None
+    try:
+        moment = datetime.fromisoformat(timestamp)  # 3.11 reads a trailing Z itself
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def timestamp_text(seconds: float) -> str:
+    return rfc3339(datetime.fromtimestamp(seconds, UTC))

@@ -1,0 +1,390 @@
+"""The rule evaluation engine: events in, matches out.
+
+    engine = Engine(ruleset, placeholders={"admins": ["adm-carol"]})
+    matches = engine.evaluate(events)   # stateful across calls (correlation windows)
+    matches += engine.flush()           # end of input
+
+Routing: a detection rule only sees events whose `event.category` is its logsource category
+(`product: hpc`); rules are compiled per category (see compile.py) so an event runs only its
+category's rules. Sigma filters are AND-ed into the rules they name (their condition is written
+the Sigma way, e.g. `not selection`). Correlations (correlate.py) are fed by the rules they
+reference; a referenced rule alerts on its own only when the correlation says `generate: true`.
+
+Value semantics (tests/detector/test_engine_semantics.py has one test each):
+- strings match case-insensitively unless `|cased`; `*` and `?` are wildcards, `\\` escapes;
+  regexes (`|re`) search unanchored and are case-sensitive unless `|i`;
+- a field absent from the event (or null) matches nothing but `null` and `|exists: false`;
+  `|exists: true` needs a non-null value;
+- numeric rule values match numbers and numeric strings (never booleans); strings match numbers
+  by their JSON spelling; booleans match booleans and the strings `true`/`false`;
+- a list in the event (e.g. `slurm.job.gpus`) matches when one of its elements does;
+- `|cidr` compares addresses (IPv4, IPv6, any prefix; `::ffff:a.b.c.d` counts as IPv4);
+- `|fieldref` compares two fields case-insensitively; time parts read RFC 3339 strings or
+  epoch seconds in UTC, `|week` being the ISO 8601 week;
+- keywords (values without a field) search every string of the event for a substring.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sigma.conditions import ConditionOR
+from sigma.correlations import SigmaCorrelationRule
+from sigma.exceptions import SigmaError
+from sigma.filters import SigmaFilter
+from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
+from sigma.processing.transformations import ValueListPlaceholderTransformation
+from sigma.rule import SigmaDetection, SigmaRule
+from sigma.types import Placeholder, SigmaRegularExpression
+
+from hpcsec.detector.core.errors import RuleError, location
+from hpcsec.detector.core.schema import PRODUCT
+from hpcsec.detector.engine.compile import CategoryCompiler, UnsupportedValue
+from hpcsec.detector.engine.correlate import Correlation, EngineStats, Fired, epoch, timestamp_text
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
+
+NO_TIME = float("nan")  # an event whose @timestamp cannot be read: correlations skip it
+
+
+@dataclass(frozen=True)
+class Match:
+    rule: LoadedRule
+    events: tuple[dict[str, Any], ...]
+    group: tuple[tuple[str, Any], ...] = ()  # correlation group-by (field, value) pairs
+    window_start: str | None = None  # RFC 3339, correlations
+    value: float | None = None  # the count/sum/avg that fired, correlations
+
+    def __repr__(self) -> str:  # the rule's whole pySigma object would drown the output
+        extra = f", group={self.group}, value={self.value}" if self.group or self.value else ""
+        return f"Match(rule={self.rule.id!r}, events={len(self.events)}{extra})"
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Where a rule's matches go besides the output: a correlation and the source slot."""
+
+    correlation: Correlation
+    source: int
+
+
+@dataclass(frozen=True)
+class Slot:
+    rule: LoadedRule
+    emit: bool
+    feeds: tuple[Feed, ...]
+
+
+def rule_error(rule: LoadedRule, message: str) -> RuleError:
+    return RuleError(f"rule {rule.id}: {message}", location(rule.path, rule.line))
+
+
+def placeholder_names(rule: SigmaRule) -> set[str]:
+    names: set[str] = set()
+
+    def walk(detection: SigmaDetection) -> None:
+        for item in detection.detection_items:
+            if isinstance(item, SigmaDetection):
+                walk(item)
+                continue
+            for value in item.value:
+                parts = (
+                    value.regexp.s
+                    if isinstance(value, SigmaRegularExpression)
+                    else getattr(value, "s", ())
+                )
+                names.update(p.name for p in parts if isinstance(p, Placeholder))
+
+    for detection in rule.detection.detections.values():
+        walk(detection)
+    return names
+
+
+def filter_condition(filter_rule: LoadedRule, values: dict[str, list]) -> Any:
+    """A filter's condition tree, its placeholders filled like a rule's."""
+    sigma_filter: SigmaFilter = filter_rule.sigma  # type: ignore[assignment]
+    # pySigma pipelines transform rules: carry the filter's detections in a stand-in rule
+    stand_in = SigmaRule(
+        title=sigma_filter.title,
+        logsource=sigma_filter.logsource,
+        detection=copy.deepcopy(sigma_filter.filter),
+    )
+    filled = fill_placeholders(filter_rule, values, stand_in)
+    return filled.detection.parsed_condition[0].parse()
+
+
+def fill_placeholders(
+    rule: LoadedRule, values: dict[str, list], sigma: SigmaRule | None = None
+) -> SigmaRule:
+    """`|expand` placeholders, filled by pySigma's own ValueListPlaceholderTransformation."""
+    if sigma is None:
+        sigma = rule.sigma  # type: ignore[assignment]
+    names = placeholder_names(sigma)
+    if not names:
+        return sigma
+    missing = sorted(names - values.keys())
+    if missing:
+        listed = ", ".join(f"%{name}%" for name in missing)
+        raise rule_error(
+            rule,
+            f"placeholder {listed} has no value (placeholder values come from the site config)",
+        )
+    pipeline = ProcessingPipeline(
+        items=[ProcessingItem(ValueListPlaceholderTransformation(), identifier="hpcsec-expand")],
+        vars=dict(values),
+    )
+    filled = copy.deepcopy(sigma)
+    try:
+        pipeline.apply(filled)
+    except SigmaError as e:
+        raise rule_error(rule, str(e)) from e
+    return filled
+
+
+def routed_category(rule: LoadedRule) -> tuple[bool, str | None]:
+    """(routable, category); a rule of another product is not evaluated on our events."""
+    logsource = rule.sigma.logsource
+    product = (logsource.product or "").lower()
+    return product == PRODUCT, logsource.category
+
+
+class Engine:
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        placeholders: dict[str, list] | None = None,
+        *,
+        max_groups: int = 20_000,
+        sample_size: int = 10,
+    ):
+        """`max_groups` open groups per correlation (least recently touched evicted first),
+        each keeping at most `sample_size` events as evidence: that bounds the memory."""
+        self.placeholders = dict(placeholders or {})
+        self.stats = EngineStats()
+        self.watermark = float("-inf")  # latest event time seen by a correlation
+        detections = [r for r in ruleset.rules if r.kind == "detection"]
+        filters = [r for r in ruleset.rules if r.kind == "filter"]
+        correlation_rules = [r for r in ruleset.rules if r.kind == "correlation"]
+        routed = [r for r in detections if routed_category(r)[0]]
+        self.correlations: list[Correlation] = []
+        feeds, silenced = self._wire_correlations(
+            ruleset, correlation_rules, max_groups, sample_size
+        )
+        self.rules: list[LoadedRule] = routed + [c.rule for c in self.correlations]
+        self._corr_slots = {
+            c.rule.id: Slot(
+                c.rule, c.rule.id not in silenced, self._ordered(feeds.get(c.rule.id, []))
+            )
+            for c in self.correlations
+        }
+        compilers: dict[str | None, CategoryCompiler] = {}
+        slots: dict[str | None, list[Slot]] = {}
+        for rule in routed:
+            category = routed_category(rule)[1]
+            sigma = fill_placeholders(rule, self.placeholders)
+            try:
+                conditions = [c.parse() for c in sigma.detection.parsed_condition]
+                compiler = compilers.setdefault(category, CategoryCompiler())
+                trees = [_any_of(conditions)]
+                trees += [
+                    filter_condition(f, self.placeholders)
+                    for f in filters
+                    if _filter_applies(f, rule)
+                ]
+                compiler.add_rule(trees)
+            except (UnsupportedValue, SigmaError) as e:
+                raise rule_error(rule, str(e)) from e
+            except RecursionError as e:
+                raise rule_error(rule, "condition is nested too deeply to evaluate") from e
+            slots.setdefault(category, []).append(
+                Slot(rule, rule.id not in silenced, self._ordered(feeds.get(rule.id, [])))
+            )
+        self._by_category: dict[str | None, tuple[Any, tuple[Slot, ...]]] = {}
+        for category, compiler in compilers.items():
+            try:
+                function = compiler.build(_function_name(category))
+            except (SyntaxError, RecursionError, MemoryError) as e:  # pathological rule sizes
+                first = slots[category][0].rule
+                raise RuleError(
+                    f"the rules of category {category} are too large to compile: {e}",
+                    location(first.path, first.line),
+                ) from e
+            self._by_category[category] = (function, tuple(slots[category]))
+        self._any_category = self._by_category.pop(None, None)
+
+    @staticmethod
+    def _ordered(feeds: list[Feed]) -> tuple[Feed, ...]:
+        """Later steps of an ordered chain first, so that one event (matching two rules of a
+        temporal_ordered correlation) never completes two steps at once."""
+        return tuple(sorted(feeds, key=lambda f: -f.source))
+
+    def _wire_correlations(
+        self, ruleset: RuleSet, rules: list[LoadedRule], max_groups: int, sample_size: int
+    ) -> tuple[dict[str, list[Feed]], set[str]]:
+        feeds: dict[str, list[Feed]] = {}
+        silenced: set[str] = set()
+        for rule in rules:
+            sigma: SigmaCorrelationRule = rule.sigma  # type: ignore[assignment]
+            refs = (
+                [r.reference for r in sigma.rules]
+                if sigma.rules
+                else sigma.condition.get_referenced_rules()
+            )  # type: ignore[union-attr]
+            sources = []
+            for ref in refs:
+                source = ruleset.find(ref)
+                if source is None or source.kind == "filter":
+                    raise rule_error(rule, f"correlation refers to unknown rule '{ref}'")
+                sources.append(source)
+            kind = sigma.type.name.lower()
+            if kind in ("value_percentile", "value_median"):
+                raise rule_error(rule, f"correlation type {kind} is not supported")
+            correlation = Correlation(rule, sources, self.stats, max_groups, sample_size)
+            self.correlations.append(correlation)
+            for i, source in enumerate(sources):
+                feeds.setdefault(source.id, []).append(Feed(correlation, i))
+                if not sigma.generate:
+                    silenced.add(source.id)
+        self._check_chains()
+        return feeds, silenced
+
+    def _check_chains(self) -> None:
+        """A correlation must not (through others) refer to itself: it would feed itself."""
+        refers = {
+            c.rule.id: [s.id for s in c.sources if s.kind == "correlation"]
+            for c in self.correlations
+        }
+
+        def walk(rule_id: str, path: tuple[str, ...]) -> None:
+            for ref in refers.get(rule_id, ()):
+                if ref in path:
+                    rule = next(c.rule for c in self.correlations if c.rule.id == ref)
+                    chain = " -> ".join((*path[path.index(ref) :], ref))
+                    raise rule_error(rule, f"correlation chain refers to itself: {chain}")
+                walk(ref, (*path, ref))
+
+        for rule_id in refers:
+            walk(rule_id, (rule_id,))
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, events: Iterable[dict[str, Any]]) -> list[Match]:
+        out: list[Match] = []
+        route = self._by_category.get
+        any_category = self._any_category
+        hits_of = self._hits
+        for event in events:
+            try:
+                entry = route(event["event.category"])
+            except (KeyError, TypeError):  # no category, or a malformed unhashable one
+                entry = None
+            if entry is not None:
+                hits = entry[0](event)
+                if hits:
+                    hits_of(entry[1], hits, event, out)
+            if any_category is not None:
+                hits = any_category[0](event)
+                if hits:
+                    hits_of(any_category[1], hits, event, out)
+        if self.correlations:
+            self._expire(out)
+        return out
+
+    def _hits(
+        self,
+        slots: tuple[Slot, ...],
+        hits: tuple[int, ...],
+        event: dict[str, Any],
+        out: list[Match],
+    ) -> None:
+        self.stats.rule_hits += len(hits)
+        t: float | None = None  # event time, read once and only if a correlation needs it
+        evidence = (event,)
+        for i in hits:
+            slot = slots[i]
+            if slot.emit:
+                out.append(Match(slot.rule, evidence))
+            if slot.feeds:
+                if t is None:
+                    t = epoch(event.get("@timestamp"))
+                    if t is None:
+                        self.stats.untimed_events += 1
+                        t = NO_TIME
+                    elif t > self.watermark:
+                        self.watermark = t
+                if t is NO_TIME:
+                    continue
+                for feed in slot.feeds:
+                    fired = feed.correlation.feed(feed.source, event, t, evidence)
+                    if fired is not None:
+                        self._fire(feed.correlation, fired, out)
+
+    def _feed(
+        self,
+        feed: Feed,
+        event: dict[str, Any],
+        t: float,
+        evidence: tuple[dict[str, Any], ...],
+        out: list[Match],
+    ) -> None:
+        fired = feed.correlation.feed(feed.source, event, t, evidence)
+        if fired is not None:
+            self._fire(feed.correlation, fired, out)
+
+    def _fire(self, correlation: Correlation, fired: Fired, out: list[Match]) -> None:
+        slot = self._corr_slots[correlation.rule.id]
+        group = correlation.group_pairs(fired.key)
+        if slot.emit:
+            out.append(
+                Match(
+                    correlation.rule,
+                    fired.events,
+                    group,
+                    timestamp_text(fired.window_start),
+                    fired.value,
+                )
+            )
+        # chaining: the outer correlation sees the inner one's group values at its fire time
+        chained = {**dict(group), "@timestamp": timestamp_text(fired.time)}
+        for feed in slot.feeds:
+            self._feed(feed, chained, fired.time, fired.events, out)
+
+    def _expire(self, out: list[Match]) -> None:
+        for correlation in self.correlations:
+            for fired in correlation.expire(self.watermark):
+                self._fire(correlation, fired, out)
+
+    def flush(self) -> list[Match]:
+        """End of input: close every open window (conditions decided at window end)."""
+        out: list[Match] = []
+        pending = True
+        while pending:  # a chained correlation may open windows while inner ones close
+            pending = False
+            for correlation in self.correlations:
+                for fired in correlation.flush():
+                    self._fire(correlation, fired, out)
+                    pending = True
+        return out
+
+
+def _any_of(conditions: list[Any]) -> Any:
+    """A rule's list of conditions means any of them."""
+    if len(conditions) == 1:
+        return conditions[0]
+    return ConditionOR(conditions)
+
+
+def _filter_applies(filter_rule: LoadedRule, rule: LoadedRule) -> bool:
+    sigma_filter: SigmaFilter = filter_rule.sigma  # type: ignore[assignment]
+    if rule.sigma.logsource not in sigma_filter.logsource:
+        return False
+    refs = sigma_filter.filter.rules
+    if isinstance(refs, str):
+        return refs.lower() == "any"
+    names = {rule.id, getattr(rule.sigma, "name", None), str(rule.sigma.id or "")}
+    return any(ref.reference in names for ref in refs)
+
+
+def _function_name(category: str | None) -> str:
+    return "match_" + "".join(c if c.isalnum() else "_" for c in (category or "any_category"))

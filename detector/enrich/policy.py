@@ -1,0 +1,184 @@
+"""Site policy at enrichment: what the site config says about each event (a contract).
+
+Rules stay generic Sigma because the site-specific decisions are made here, once per event,
+and written into fields the rules test:
+
+- `file_access` under a protected asset: `hpcsec.asset.name`, `.kind`, `.read_allowed`,
+  `.write_allowed` (allowed by user name, or by the Slurm account of the accessing job);
+- events with a user: `user.is_admin`; with a uid: `user.is_system` (uid below 1000);
+- events with a process name: `process.is_gpu_service` (the site's `gpu_services`);
+- every event: `hpcsec.in_maintenance` (a maintenance window covers the host and the time);
+- `firmware` events: `firmware.baseline_version`, `firmware.drift`,
+  `firmware.known_vulnerable`, unless the sensor already set them.
+
+This runs on every event, so the per-config work (asset globs, windows) is prepared once and
+asset lookups are memoised by path.
+
+`annotate_fleet_majority` is the one policy that needs many hosts at once: it is applied to a
+whole scan's firmware events (collected from several nodes) before the rules run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from hpcsec.detector.config.site import Asset, SiteConfig
+from hpcsec.detector.core.schema import Event, parse_time
+
+SYSTEM_UID_LIMIT = 1000  # regular users are uid >= 1000 (Debian/Red Hat convention)
+MIN_FLEET_HOSTS = 3  # a majority of two hosts says nothing
+_PATH_CACHE_SIZE = 65536
+_NO_ASSET = object()
+
+
+class Policy:
+    """The site config prepared for per-event decisions."""
+
+    def __init__(self, config: SiteConfig):
+        self.config = config
+        self.admins = frozenset(config.admins.users)
+        self.gpu_services = frozenset(config.gpu_services)
+        self.windows = config.maintenance
+        self._assets: dict[str, Any] = {}
+        self._last_time: tuple[str, datetime | None] = ("", None)  # a sample shares its time
+
+    def asset_for(self, path: str) -> Asset | None:
+        found = self._assets.get(path)
+        if found is None:
+            if len(self._assets) >= _PATH_CACHE_SIZE:
+                self._assets.clear()  # bounded: an agent sees unbounded distinct paths
+            found = self.config.asset_for(path) or _NO_ASSET
+            self._assets[path] = found
+        return None if found is _NO_ASSET else found
+
+    def in_maintenance(self, host: str | None, timestamp: Any) -> bool:
+        if not self.windows or not isinstance(timestamp, str):
+            return False
+        if self._last_time[0] == timestamp:
+            moment = self._last_time[1]
+        else:
+            try:
+                moment = parse_time(timestamp)
+            except ValueError:
+                moment = None
+            self._last_time = (timestamp, moment)
+        return moment is not None and any(w.covers(host, moment) for w in self.windows)
+
+    def apply(self, event: Event, host: str | None = None) -> None:
+        host = host or event.get("host.name")
+        event["hpcsec.in_maintenance"] = self.in_maintenance(host, event.get("@timestamp"))
+        user = event.get("user.name")
+        if user is not None:
+            event["user.is_admin"] = user in self.admins
+        uid = event.get("user.id")
+        if isinstance(uid, int) and not isinstance(uid, bool):
+            event["user.is_system"] = uid < SYSTEM_UID_LIMIT
+        name = event.get("process.name")
+        if name is not None:
+            event["process.is_gpu_service"] = name in self.gpu_services
+        category = event.get("event.category")
+        if category == "file_access":
+            self._asset_fields(event, user)
+        elif category == "firmware":
+            self._firmware_fields(event)
+
+    def _asset_fields(self, event: Event, user: str | None) -> None:
+        path = event.get("file.path")
+        if not isinstance(path, str):
+            return
+        asset = self.asset_for(path)
+        if asset is None:
+            return
+        account = event.get("slurm.job.account")
+        event["hpcsec.asset.name"] = asset.name
+        event["hpcsec.asset.kind"] = asset.kind
+        # A job whose details Slurm did not give (an id from the cgroup, but no owner, account
+        # or partition) may be allowed by its account: undecided, so the fields stay absent
+        # rather than `false`. A known job without an account simply has none.
+        undecided = (
+            event.get("slurm.job.id") is not None
+            and account is None
+            and event.get("slurm.job.user") is None
+        )
+        read = asset.readers.allows(user, account) or asset.writers.allows(user, account)
+        write = asset.writers.allows(user, account)
+        if read or not undecided:
+            event["hpcsec.asset.read_allowed"] = read
+        if write or not undecided:
+            event["hpcsec.asset.write_allowed"] = write
+
+    def _firmware_fields(self, event: Event) -> None:
+        component, version = event.get("firmware.component"), event.get("firmware.version")
+        if not isinstance(component, str) or version is None:
+            return
+        version = str(version)
+        firmware = self.config.firmware
+        baseline = event.get("firmware.baseline_version")
+        if baseline is None:
+            baseline = firmware.baseline(self.config.node_class, component)
+            if baseline is not None:
+                event["firmware.baseline_version"] = baseline
+        if baseline is not None and "firmware.drift" not in event:
+            event["firmware.drift"] = version != str(baseline)
+        if "firmware.known_vulnerable" not in event:
+            event["firmware.known_vulnerable"] = firmware.is_vulnerable(component, version)
+
+
+# Policies prepared per config object: the agent reloads the config on SIGHUP, so a handful
+# of entries suffice; the config is kept alive with its policy so its id() stays unique.
+_POLICIES: dict[int, tuple[SiteConfig, Policy]] = {}
+
+
+def policy_for(config: SiteConfig) -> Policy:
+    entry = _POLICIES.get(id(config))
+    if entry is None or entry[0] is not config:
+        if len(_POLICIES) >= 4:
+            _POLICIES.clear()
+        entry = (config, Policy(config))
+        _POLICIES[id(config)] = entry
+    return entry[1]
+
+
+def apply_policy(event: Event, config: SiteConfig, host: str | None = None) -> None:
+    """Add the site-policy fields to `event` in place (see the module docstring)."""
+    policy_for(config).apply(event, host)
+
+
+def annotate_fleet_majority(events: Iterable[Event]) -> int:
+    """Set `firmware.fleet_majority_version` on firmware events, in place.
+
+    The majority is taken per component over hosts (each host votes once per component and
+    version, however many devices it has), and only where at least MIN_FLEET_HOSTS hosts
+    report the component and one version is held by more than half of them. Returns the
+    number of events annotated.
+    """
+    firmware = [
+        e
+        for e in events
+        if e.get("event.category") == "firmware"
+        and isinstance(e.get("firmware.component"), str)
+        and e.get("firmware.version") is not None
+        and e.get("host.name")
+    ]
+    hosts_by_version: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for e in firmware:
+        hosts_by_version[e["firmware.component"]][str(e["firmware.version"])].add(e["host.name"])
+    majority: dict[str, str] = {}
+    for component, versions in hosts_by_version.items():
+        hosts = set().union(*versions.values())
+        if len(hosts) < MIN_FLEET_HOSTS:
+            continue
+        votes = Counter({v: len(h) for v, h in versions.items()})
+        version, count = max(votes.items(), key=lambda item: (item[1], item[0]))
+        if count * 2 > len(hosts):
+            majority[component] = version
+    annotated = 0
+    for e in firmware:
+        version = majority.get(e["firmware.component"])
+        if version is not None:
+            e["firmware.fleet_majority_version"] = version
+            annotated += 1
+    return annotated

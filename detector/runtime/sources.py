@@ -1,0 +1,220 @@
+"""Where scan's events come from (events file, snapshot, live sensors) and their enrichment."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+import orjson
+
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.errors import SourceError, UsageError
+from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl
+from hpcsec.detector.core.schema import Event
+from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.enrich.policy import annotate_fleet_majority
+from hpcsec.detector.runtime import registry
+from hpcsec.detector.runtime.node import live_context
+from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.sensors.snapshot import close_sensor
+
+
+@dataclass
+class ScanReport:
+    """What the scan read, for stderr: sensors that ran (or not) and malformed input."""
+
+    sensor_runs: list[SensorRun] = field(default_factory=list)
+    inputs: list[InputReport] = field(default_factory=list)
+    skipped_samples: list[str] = field(default_factory=list)
+    events: int = 0
+
+    def print(self, out: TextIO) -> None:
+        """One line per sensor over all samples, then every distinct problem it reported
+        (its own status, or status records among its events, e.g. malformed inputs)."""
+        samples: dict[str, int] = {}
+        events: dict[str, int] = {}
+        problems: dict[tuple[str, str, str], int] = {}
+        for run in self.sensor_runs:
+            samples[run.name] = samples.get(run.name, 0) + 1
+            events[run.name] = events.get(run.name, 0) + sum(
+                1 for e in run.events if e.get("event.category") != "sensor_status"
+            )
+            for status in (
+                run.status,
+                *(e for e in run.events if e.get("event.category") == "sensor_status"),
+            ):
+                if status.get("event.action") != "ok":
+                    key = (
+                        run.name,
+                        str(status.get("event.action")),
+                        str(status.get("message", "")),
+                    )
+                    problems[key] = problems.get(key, 0) + 1
+        for name, count in samples.items():
+            bad = {k: v for k, v in problems.items() if k[0] == name}
+            state = "ok" if not bad else ", ".join(sorted({k[1] for k in bad}))
+            per = f" in {count} samples" if count > 1 else ""
+            print(f"hpcsec: sensor {name}: {state}: {events[name]} events{per}", file=out)
+            for (_, action, message), times in bad.items():
+                again = f" (x{times})" if times > 1 else ""
+                print(f"hpcsec:   {action}: {message}{again}", file=out)
+        for problem in self.skipped_samples:
+            print(f"hpcsec: skipped a snapshot sample: {problem}", file=out)
+        for report in self.inputs:
+            text = report.describe()
+            if text:
+                print(f"hpcsec: {text}", file=out)
+        print(f"hpcsec: {self.events} events evaluated", file=out)
+
+
+class SensorSet:
+    """Sensor instances kept across samples (NVML stays initialised), closed at the end."""
+
+    def __init__(self, specs: list[SensorSpec]):
+        self.sensors = [(spec, spec.factory()) for spec in specs]
+
+    def sample(self, ctx: SensorContext) -> list[SensorRun]:
+        """Every sensor once, in order; absent or failing ones give their status record."""
+        return [run_sensor(spec, sensor, ctx) for spec, sensor in self.sensors]
+
+    def close(self) -> None:
+        for _, sensor in self.sensors:
+            close_sensor(sensor)
+
+    def __enter__(self) -> SensorSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sample_sensors(ctx: SensorContext, specs: list[SensorSpec]) -> list[SensorRun]:
+    """One sample with fresh sensor instances (for one-shot callers)."""
+    with SensorSet(specs) as sensors:
+        return sensors.sample(ctx)
+
+
+def demo_snapshot_dir() -> Path:
+    return Path(str(files("hpcsec.demo")))
+
+
+def fleet_majority(stream: BinaryIO) -> dict[str, str]:
+    """Per firmware component, the version most hosts of an events file run (see policy).
+
+    A first pass that parses only firmware lines, so the majority is known before the
+    events are evaluated; other lines cost a substring test.
+    """
+    firmware: list[Event] = []
+    for raw in stream:
+        if b"firmware.component" in raw:
+            try:
+                event = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and event.get("event.category") == "firmware":
+                event, problem = checked_event(event)  # read_jsonl skips and reports the rest
+                if problem is None:
+                    firmware.append(event)
+    if not firmware:
+        return {}
+    annotate_fleet_majority(firmware)
+    return {
+        e["firmware.component"]: e["firmware.fleet_majority_version"]
+        for e in firmware
+        if "firmware.fleet_majority_version" in e
+    }
+
+
+def annotate(event: Event, majority: dict[str, str]) -> Event:
+    if event.get("event.category") == "firmware":
+        version = majority.get(event.get("firmware.component"))  # type: ignore[arg-type]
+        if version is not None:
+            event.setdefault("firmware.fleet_majority_version", version)
+    return event
+
+
+class EventSources:
+    def __init__(self, config: SiteConfig, report: ScanReport):
+        self.config = config
+        self.report = report
+        self.enricher = Enricher(config)
+
+    def _batches(self, events: Iterator[Event], size: int) -> Iterator[list[Event]]:
+        batch: list[Event] = []
+        for event in events:
+            batch.append(event)
+            if len(batch) >= size:
+                self.report.events += len(batch)
+                yield self.enricher.enrich(batch)
+                batch = []
+        if batch:
+            self.report.events += len(batch)
+            yield self.enricher.enrich(batch)
+
+    def from_events_file(self, path: str, size: int) -> Iterator[list[Event]]:
+        report = InputReport("stdin" if path == "-" else path)
+        self.report.inputs.append(report)
+        if path == "-":
+            yield from self._batches(read_jsonl(sys.stdin.buffer, report), size)
+            return
+        try:
+            stream = open(path, "rb")  # noqa: SIM115 - closed below, after the generator
+        except OSError as exc:
+            raise UsageError(f"cannot read events file {path}: {exc.strerror}") from None
+        with stream:
+            majority = fleet_majority(stream)
+            stream.seek(0)
+            events = read_jsonl(stream, report)
+            if majority:
+                events = (annotate(e, majority) for e in events)
+            yield from self._batches(events, size)
+
+    def _sample(self, ctx: SensorContext, sensors: SensorSet) -> list[Event]:
+        runs = sensors.sample(ctx)
+        self.report.sensor_runs.extend(runs)
+        events = [e for run in runs for e in run.events]
+        self.report.events += len(events)
+        return self.enricher.enrich(events, ctx)
+
+    def from_snapshot(self, path: str | None, demo: bool = False) -> Iterator[list[Event]]:
+        from hpcsec.sensors.snapshot import open_snapshot
+
+        snapshot = open_snapshot(demo_snapshot_dir() if demo else Path(path or "."))
+        state: dict[str, Any] = {}
+        with SensorSet(registry.select(None)) as sensors:
+            for sample in snapshot.samples:
+                try:
+                    ctx = sample.context(self.config, state)
+                except SourceError as exc:  # one unreadable sample; the others still count
+                    self.report.skipped_samples.append(str(exc))
+                    continue
+                yield self._sample(ctx, sensors)
+
+    def live(self, args: Any) -> Iterator[list[Event]]:
+        try:
+            specs = registry.select(args.sensor)
+        except KeyError as exc:
+            raise UsageError(f"unknown sensor {exc.args[0]}") from None
+        options: dict[str, Any] = {}
+        capture = getattr(args, "pcap", None) or getattr(args, "interface", None)
+        if capture:  # RoCE flows come from a capture: scan it beside the node's sensors
+            options = {
+                k: v
+                for k, v in (
+                    ("pcap", args.pcap),
+                    ("interface", args.interface),
+                    ("duration", args.duration),
+                )
+                if v is not None
+            }
+            if "roce" not in {s.name for s in specs}:
+                specs = [*specs, registry.by_name()["roce"]]
+        ctx = live_context(
+            self.config, args.sysfs_root, args.procfs_root, args.etc_root, options=options
+        )
+        with SensorSet(specs) as sensors:
+            yield self._sample(ctx, sensors)

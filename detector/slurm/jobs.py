@@ -1,0 +1,381 @@
+"""JobContext: which Slurm job a process belongs to, with a cached view of the jobs.
+
+The agent must never wait on Slurm. Every command runs with a short timeout; the job table is
+cached for `ttl` seconds and refreshed early when a job starts or ends (the prolog/epilog
+events file changes, or a process names a job we have not seen). When the controller cannot be
+reached the context emits ONE `sensor_status` event and events keep flowing without job fields;
+it retries after the TTL and emits one more status when Slurm answers again.
+
+Raw inputs go through `ctx.raw_input` under their snapshot names, so a snapshot replays them:
+  slurm-jobs.json         `squeue --json` (every job; Slurm 22.05 ignores filters with --json)
+  slurm-listpids.txt      `scontrol listpids` (every job on this node)
+  slurm-jobs-detail.txt   `scontrol show job -d` (GRES IDX per node, when the JSON lacks it)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hpcsec.detector.core.schema import Event
+from hpcsec.detector.slurm import parse as slurm
+from hpcsec.detector.slurm.parse import JobRecord, PidJob
+from hpcsec.sensors.base import SensorContext
+
+SENSOR = "slurm_context"
+STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.state
+# Job states (as parsed) of a job that holds resources on its nodes.
+ON_NODE_STATES = (
+    "RUNNING",
+    "COMPLETING",
+    "CONFIGURING",
+    "SUSPENDED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+)
+# How far up the process tree a pid unknown to listpids is looked for (a job's script, its
+# interpreter and a launcher or two sit between the step and the reader).
+MAX_ANCESTORS = 8
+DEFAULT_HOOK_STATE_DIR = "/var/lib/hpcsec"
+HOOK_EVENTS_FILE = "slurm-events.jsonl"  # appended by the prolog/epilog, tailed by slurm_jobs
+INPUTS = ("slurm-jobs.json", "slurm-listpids.txt", "slurm-jobs-detail.txt")
+
+
+class SlurmUnreachable(Exception):
+    """A Slurm command is missing, timed out or failed."""
+
+
+@dataclass(frozen=True)
+class SlurmCommands:
+    """Runs the Slurm client commands with a hard timeout each."""
+
+    timeout_s: float = 3.0
+    env: dict[str, str] | None = None  # e.g. SLURM_CONF for a non-default config
+
+    def available(self) -> bool:
+        return shutil.which("squeue") is not None and shutil.which("scontrol") is not None
+
+    def _run(self, argv: list[str]) -> str:
+        if shutil.which(argv[0]) is None:
+            raise SlurmUnreachable(f"{argv[0]} not found")
+        env = None if self.env is None else {**os.environ, **self.env}
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise SlurmUnreachable(
+                f"{' '.join(argv)} timed out after {self.timeout_s:g}s"
+            ) from None
+        except OSError as exc:
+            raise SlurmUnreachable(f"{' '.join(argv)}: {exc}") from None
+        if proc.returncode != 0:
+            err = (proc.stderr or proc.stdout).strip().splitlines()
+            raise SlurmUnreachable(
+                f"{' '.join(argv)} exited {proc.returncode}: {err[-1] if err else 'no output'}"
+            )
+        return proc.stdout
+
+    def jobs_json(self) -> str:
+        return self._run(["squeue", "--json"])
+
+    def listpids(self) -> str:
+        # exits 1 with "No job steps exist on this node." when nothing runs here: not an outage
+        try:
+            return self._run(["scontrol", "listpids"])
+        except SlurmUnreachable as exc:
+            if "No job steps exist" in str(exc):
+                return ""
+            raise
+
+    def jobs_detail(self) -> str:
+        return self._run(["scontrol", "show", "job", "-d"])
+
+
+@dataclass(frozen=True)
+class JobTable:
+    jobs: dict[str, JobRecord]
+    listpids: dict[int, PidJob]
+    errors: tuple[str, ...] = ()
+
+
+class JobContext:
+    """pid -> job and job id -> details, refreshed at most every `ttl` seconds."""
+
+    def __init__(
+        self,
+        commands: SlurmCommands | None = None,
+        ttl_s: float = 30.0,
+        events_file: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.commands = commands or SlurmCommands()
+        self.ttl_s = ttl_s
+        self.events_file = events_file
+        self.clock = clock
+        self.table = JobTable({}, {})
+        self.reachable: bool | None = None  # None: never asked
+        self._fetched_at: float | None = None
+        self._raw: dict[str, str | None] = {}
+        self._events_mtime: float | None = None
+        self._pending_status: list[Event] = []
+        self.refreshes = 0
+
+    # -------------------------------------------------------------- refresh
+    def invalidate(self) -> None:
+        """Forget the cache: the next lookup asks Slurm again (job started or ended)."""
+        self._fetched_at = None
+
+    def _stale(self) -> bool:
+        if self._fetched_at is None or self.clock() - self._fetched_at >= self.ttl_s:
+            return True
+        if self.events_file:  # the prolog/epilog appended a job start or end
+            try:
+                mtime = os.stat(self.events_file).st_mtime
+            except OSError:
+                mtime = None
+            if mtime != self._events_mtime:
+                self._events_mtime = mtime
+                return True
+        return False
+
+    def refresh(self, ctx: SensorContext, force: bool = False) -> None:
+        """Load the job table (from the snapshot when replaying, else Slurm or the cache)."""
+        if ctx.replaying:
+            raw = {name: ctx.raw_input(name, lambda: None) for name in INPUTS}
+            self.table = build_table(raw)
+            # a sample recorded while Slurm did not answer has no job list
+            self.reachable = raw["slurm-jobs.json"] is not None
+            return
+        if not force and not self._stale():
+            for name, data in self._raw.items():  # every snapshot sample gets the inputs
+                if data is not None and ctx.recorder is not None:
+                    ctx.recorder.record_input(name, data)
+            return
+        self._fetched_at = self.clock()
+        self.refreshes += 1
+        try:
+            raw = self._fetch(ctx)
+        except SlurmUnreachable as exc:
+            if self.reachable is not False:
+                self._pending_status.append(
+                    ctx.status(
+                        SENSOR, "unavailable", f"Slurm unreachable, events carry no job: {exc}"
+                    )
+                )
+            self.reachable = False
+            self.table = JobTable({}, {})
+            self._raw = {}
+            return
+        if self.reachable is False:
+            self._pending_status.append(ctx.status(SENSOR, "ok", "Slurm reachable again"))
+        self.reachable = True
+        self._raw = raw
+        self.table = build_table(raw)
+        if self.table.errors:
+            errors = list(self.table.errors)
+            self._pending_status.append(
+                ctx.status(
+                    SENSOR,
+                    "malformed",
+                    f"{len(errors)} Slurm records skipped: " + "; ".join(errors[:5]),
+                    **{"hpcsec.parse_errors": errors[:50]},
+                )
+            )
+
+    def _fetch(self, ctx: SensorContext) -> dict[str, str | None]:
+        cmds = self.commands
+        raw: dict[str, str | None] = {}
+        raw["slurm-jobs.json"] = ctx.raw_input("slurm-jobs.json", cmds.jobs_json)
+        raw["slurm-listpids.txt"] = ctx.raw_input("slurm-listpids.txt", cmds.listpids)
+        jobs = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
+        # 22.05's JSON already carries gres_detail; ask for the text only when it does not
+        if any(j.gpus_by_node is None and j.nodes for j in jobs.jobs):
+            raw["slurm-jobs-detail.txt"] = ctx.raw_input("slurm-jobs-detail.txt", cmds.jobs_detail)
+        return raw
+
+    def take_status(self) -> list[Event]:
+        """Status events produced since the last call (outage, recovery, parse errors)."""
+        out, self._pending_status = self._pending_status, []
+        return out
+
+    # -------------------------------------------------------------- lookups
+    def job(self, job_id: str) -> JobRecord | None:
+        return self.table.jobs.get(job_id)
+
+    def jobs_on(self, host: str, states: tuple[str, ...] = ON_NODE_STATES) -> list[JobRecord]:
+        return sorted(
+            (j for j in self.table.jobs.values() if j.runs_on(host) and (j.state in states)),
+            key=lambda j: int(j.job_id),
+        )
+
+    def pid_job(
+        self,
+        ctx: SensorContext,
+        pid: int,
+        use_environ: bool = True,
+        seen: dict[str, Any] | None = None,
+    ) -> PidJob | None:
+        """The job of `pid`: cgroup, then listpids (the process or its nearest listed
+        ancestor), then (marked) the environment.
+
+        `seen` is the event's own fields (`process.cgroup`, `process.parent.pid`,
+        `process.env.SLURM_JOB_ID`, `user.id`), captured when the sensor saw the process. They
+        win over /proc now: a short-lived reader of a model file is gone by the time its event
+        is enriched, and its pid may already name another process.
+        """
+        seen = seen or {}
+        text = seen.get("process.cgroup")
+        if not isinstance(text, str):
+            text = ctx.proc.read_text(f"{pid}/cgroup")
+        found = slurm.job_from_cgroup(text) if text else None
+        if found is None:
+            found = self.table.listpids.get(pid) or self._listed_ancestor(ctx, pid, seen)
+        if found is None and use_environ:
+            found = self._from_environ(ctx, pid, seen)
+        if (
+            found is not None
+            and found.job_id not in self.table.jobs
+            and not ctx.replaying
+            and self.reachable
+            and self._fetched_at is not None
+            and self.clock() - self._fetched_at >= 1.0
+        ):
+            self.refresh(ctx, force=True)  # a job newer than our cache
+        return found
+
+    def _listed_ancestor(self, ctx: SensorContext, pid: int, seen: dict[str, Any]) -> PidJob | None:
+        """The job of the nearest ancestor `scontrol listpids` lists.
+
+        Without Slurm cgroups (proctrack/linuxproc, pgid) a job is its processes and their
+        descendants, and listpids only knows the pids alive when it ran: a `cat` the job's
+        script started after that, and that exited before enrichment, is found through its
+        parent (the script). A process that left its job (setsid, double fork) was re-parented
+        to init and has no listed ancestor.
+        """
+        if not self.table.listpids:
+            return None
+        parent = seen.get("process.parent.pid")
+        if isinstance(parent, bool) or not isinstance(parent, int):
+            parent = _parent_pid(ctx, pid)
+        for _ in range(MAX_ANCESTORS):
+            if parent is None or parent <= 1:
+                return None
+            found = self.table.listpids.get(parent)
+            if found is not None:
+                return found
+            parent = _parent_pid(ctx, parent)
+        return None
+
+    def _from_environ(self, ctx: SensorContext, pid: int, seen: dict[str, Any]) -> PidJob | None:
+        if isinstance(seen.get("process.env.SLURM_JOB_ID"), str):
+            raw: bytes | None = b"SLURM_JOB_ID=" + seen["process.env.SLURM_JOB_ID"].encode()
+            uid = seen.get("user.id") if isinstance(seen.get("user.id"), int) else None
+        else:
+            raw = ctx.proc.read_bytes(f"{pid}/environ")
+            uid = _process_uid(ctx, pid)
+        found = slurm.job_from_environ(raw) if raw else None
+        if found is None:
+            return None
+        # A user can only claim their own job: the job's owner must be the process's uid.
+        job = self.table.jobs.get(found.job_id)
+        if job is None or job.user_id is None or uid is None or job.user_id != uid:
+            return None
+        return found
+
+    def fields_for_pid(
+        self, ctx: SensorContext, pid: int, seen: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """`slurm.job.*` of the process's job ({} when it has none); `seen` as in pid_job."""
+        found = self.pid_job(ctx, pid, seen=seen)
+        if found is None:
+            return {}
+        job = self.table.jobs.get(found.job_id) or JobRecord(found.job_id)
+        fields = job.fields(ctx.host_name)
+        fields["slurm.job.id_source"] = found.source
+        if found.step is not None:
+            fields["slurm.job.step"] = found.step
+        return fields
+
+
+def _status_value(ctx: SensorContext, pid: int, key: str) -> int | None:
+    """The first number of a `Key:` line of /proc/<pid>/status (Uid: real uid, PPid:)."""
+    text = ctx.proc.read_text(f"{pid}/status")
+    for line in (text or "").splitlines():
+        if line.startswith(key + ":"):
+            parts = line.split()
+            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return None
+
+
+def _process_uid(ctx: SensorContext, pid: int) -> int | None:
+    return _status_value(ctx, pid, "Uid")
+
+
+def _parent_pid(ctx: SensorContext, pid: int) -> int | None:
+    return _status_value(ctx, pid, "PPid")
+
+
+def build_table(raw: dict[str, str | None]) -> JobTable:
+    """Parse the raw inputs into one table; problems are collected, not raised."""
+    errors: list[str] = []
+    jobs: dict[str, JobRecord] = {}
+    if raw.get("slurm-jobs.json"):
+        parsed = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
+        errors.extend(parsed.errors)
+        jobs = {j.job_id: j for j in parsed.jobs}
+    if raw.get("slurm-jobs-detail.txt"):
+        detail, derr = slurm.parse_show_job_detail(raw["slurm-jobs-detail.txt"] or "")
+        errors.extend(derr)
+        for job_id, pairs in detail.items():
+            if job_id in jobs and jobs[job_id].gpus_by_node is None:
+                jobs[job_id] = replace(jobs[job_id], gpus_by_node=tuple(pairs))
+    pids: dict[int, PidJob] = {}
+    if raw.get("slurm-listpids.txt"):
+        listed = slurm.parse_listpids(raw["slurm-listpids.txt"] or "")
+        errors.extend(listed.errors)
+        pids = listed.pids
+    return JobTable(jobs, pids, tuple(errors))
+
+
+def default_hook_state_dir() -> str:
+    """Where `hpcsec slurm prolog|epilog` write when not given --state-dir."""
+    return os.environ.get("HPCSEC_STATE_DIR") or DEFAULT_HOOK_STATE_DIR
+
+
+def hook_state_dir(ctx: SensorContext) -> str:
+    """The hooks' state dir for this node: option `slurm_state_dir`, else the hooks' default,
+    so an agent started without options still sees job starts and ends."""
+    return ctx.options.get("slurm_state_dir") or default_hook_state_dir()
+
+
+def job_context(ctx: SensorContext) -> JobContext:
+    """The JobContext shared by the sensors and the enrichment of one node (kept in ctx.state).
+
+    `ctx.options` may carry `slurm_ttl_s`, `slurm_timeout_s` and `slurm_state_dir` (where the
+    prolog/epilog write slurm-events.jsonl; default as the hooks': $HPCSEC_STATE_DIR, else
+    /var/lib/hpcsec).
+    """
+    existing = ctx.state.get(STATE_KEY)
+    if isinstance(existing, JobContext):
+        return existing
+    events_file = os.path.join(hook_state_dir(ctx), HOOK_EVENTS_FILE)
+    jc = JobContext(
+        SlurmCommands(float(ctx.options.get("slurm_timeout_s", 3.0))),
+        ttl_s=float(ctx.options.get("slurm_ttl_s", 30.0)),
+        events_file=events_file,
+    )
+    ctx.state[STATE_KEY] = jc
+    return jc

@@ -1,0 +1,359 @@
+"""The DuckDB alert store: events (kept `retention_days`), alerts, and delivery state.
+
+Times are stored as naive UTC TIMESTAMPs (DuckDB's TIMESTAMPTZ would need pytz to read
+back). Each alert and event is also kept whole as JSON in `doc`, so nothing a rule or an
+analyst may need is lost to the columns picked for filtering.
+
+A DuckDB file has one writer at a time. With `hold=False` (the default) every call opens the
+file and closes it again, so `hpcsec alerts` can read while the agent runs; a busy file is
+retried for `lock_wait_s` before StoreError says which process holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+
+from hpcsec.detector.core.errors import HpcsecError, UsageError
+from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.core.schema import parse_time
+
+SCHEMA_VERSION = 1
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+    """CREATE TABLE IF NOT EXISTS events (
+        event_id VARCHAR PRIMARY KEY, ts TIMESTAMP, category VARCHAR, action VARCHAR,
+        host VARCHAR, sensor VARCHAR, job_id VARCHAR, user_name VARCHAR, doc VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS alerts (
+        alert_id VARCHAR PRIMARY KEY, ts TIMESTAMP, first_seen TIMESTAMP, last_seen TIMESTAMP,
+        rule_id VARCHAR, rule_title VARCHAR, rule_level VARCHAR, rule_vector VARCHAR,
+        host VARCHAR, job_id VARCHAR, user_name VARCHAR, count BIGINT,
+        disposition VARCHAR, reason VARCHAR, summary VARCHAR, doc VARCHAR,
+        stored_at TIMESTAMP)""",
+    """CREATE TABLE IF NOT EXISTS deliveries (
+        alert_id VARCHAR, destination VARCHAR, state VARCHAR, error VARCHAR,
+        updated TIMESTAMP, PRIMARY KEY (alert_id, destination))""",
+    "CREATE INDEX IF NOT EXISTS events_ts ON events (ts)",
+)
+DISPOSITIONS = ("sent", "silenced", "rate_limited")
+_ROWS_PER_INSERT = 400  # multi-row VALUES: far faster than executemany in DuckDB
+_DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class StoreError(HpcsecError):
+    """The store file cannot be opened or written."""
+
+
+def _utc(value: Any) -> datetime | None:
+    if value in (None, ""):
+        return None
+    try:
+        return parse_time(str(value)).replace(tzinfo=None)
+    except ValueError:
+        return None
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """`90s`, `15m`, `1h`, `7d`, `2w` before now, or an RFC 3339 time; aware UTC."""
+    now = now or datetime.now(UTC)
+    m = _DURATION.match(text.strip())
+    if m:
+        return now - timedelta(seconds=int(m[1]) * _UNITS[m[2]])
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r}: expected a duration (30m, 1h, 7d) or an RFC 3339 time"
+        ) from None
+
+
+@dataclass(frozen=True)
+class AlertQuery:
+    since: datetime | None = None
+    job: str | None = None
+    user: str | None = None
+    rule: str | None = None
+    vector: str | None = None
+    disposition: str | None = None
+    limit: int = 1000
+
+
+class Store:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        retention_days: int = 30,
+        hold: bool = False,
+        lock_wait_s: float = 5.0,
+        read_only: bool = False,
+    ):
+        self.path = str(path)
+        self.retention_days = retention_days
+        self.hold, self.lock_wait_s, self.read_only = hold, lock_wait_s, read_only
+        self._con: duckdb.DuckDBPyConnection | None = None
+        if read_only and not Path(self.path).is_file():
+            raise StoreError(f"alert store {self.path} does not exist")
+        if not read_only:
+            with self._connect() as con:
+                for ddl in _DDL:
+                    con.execute(ddl)
+                con.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                    [str(SCHEMA_VERSION)],
+                )
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + self.lock_wait_s
+        while True:
+            try:
+                return duckdb.connect(self.path, read_only=self.read_only)
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"cannot open alert store {self.path}: {str(exc).splitlines()[0]}"
+                    ) from None
+                time.sleep(0.1)
+            except duckdb.Error as exc:
+                raise StoreError(
+                    f"cannot open alert store {self.path}: {str(exc).splitlines()[0]}"
+                ) from None
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._con is not None:
+            yield self._con
+            return
+        con = self._open()
+        if self.hold:
+            self._con = con
+            yield con
+            return
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _insert(con: duckdb.DuckDBPyConnection, verb: str, table: str, rows: list[tuple]) -> None:
+        if not rows:
+            return
+        marks = "(" + ", ".join("?" * len(rows[0])) + ")"
+        con.execute("BEGIN")
+        try:
+            for i in range(0, len(rows), _ROWS_PER_INSERT):
+                chunk = rows[i : i + _ROWS_PER_INSERT]
+                con.execute(
+                    f"{verb} INTO {table} VALUES " + ", ".join([marks] * len(chunk)),
+                    [v for row in chunk for v in row],
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def insert_events(self, events: Iterable[dict[str, Any]]) -> int:
+        """Append events (an event id seen before is kept once). Returns rows offered."""
+        rows = {}
+        for e in events:
+            eid = _str(e.get("event.id")) or dumps(e).hex()[:40]
+            rows[eid] = (
+                eid,
+                _utc(e.get("@timestamp")),
+                _str(e.get("event.category")),
+                _str(e.get("event.action")),
+                _str(e.get("host.name")),
+                _str(e.get("hpcsec.sensor")),
+                _str(e.get("slurm.job.id")),
+                _str(e.get("user.name")),
+                dumps(e).decode(),
+            )
+        with self._connect() as con:
+            self._insert(con, "INSERT OR IGNORE", "events", list(rows.values()))
+        return len(rows)
+
+    def insert_alerts(
+        self, alerts: Iterable[dict[str, Any]], disposition: str = "sent", reason: str = ""
+    ) -> int:
+        """Store alerts; an alert id stored before is replaced (dedup grew its count)."""
+        if disposition not in DISPOSITIONS:
+            raise ValueError(f"disposition must be one of {DISPOSITIONS}")
+        now = datetime.now(UTC).replace(tzinfo=None)
+        rows = {}
+        for a in alerts:
+            aid = str(a.get("alert.id"))
+            rows[aid] = (
+                aid,
+                _utc(a.get("@timestamp")),
+                _utc(a.get("alert.first_seen")),
+                _utc(a.get("alert.last_seen")),
+                _str(a.get("rule.id")),
+                _str(a.get("rule.title")),
+                _str(a.get("rule.level")),
+                _str(a.get("rule.vector")),
+                _str(a.get("host.name")),
+                _str(a.get("slurm.job.id")),
+                _str(a.get("user.name")),
+                int(a.get("count") or 1),
+                disposition,
+                reason,
+                _str(a.get("alert.summary")),
+                dumps(a).decode(),
+                now,
+            )
+        with self._connect() as con:
+            self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
+        return len(rows)
+
+    def insert_decision(self, decision: Any) -> None:
+        """Every alert of a suppression.Decision with its disposition: sent (summaries
+        included), silenced (with the silence that matched) or rate_limited."""
+        self.insert_alerts(decision.send, "sent")
+        by_reason: dict[str, list[dict[str, Any]]] = {}
+        for alert, silence in decision.silenced:
+            reason = "silenced by " + ", ".join(
+                f"{k}={v}"
+                for k, v in (
+                    ("rule_id", silence.rule_id),
+                    ("host", silence.host),
+                    ("job", silence.job),
+                    ("user", silence.user),
+                )
+                if v is not None
+            )
+            if silence.comment:
+                reason += f" ({silence.comment})"
+            by_reason.setdefault(reason, []).append(alert)
+        for reason, alerts in by_reason.items():
+            self.insert_alerts(alerts, "silenced", reason)
+        self.insert_alerts(decision.rate_limited, "rate_limited", "over the per-rule rate limit")
+
+    def record_deliveries(self, outcomes: Iterable[Any]) -> int:
+        """Delivery state per (alert, destination): DeliveryOutcome-like objects with
+        alert_id, destination, state and error; the latest state wins."""
+        now = datetime.now(UTC).replace(tzinfo=None)
+        rows = {
+            (o.alert_id, o.destination): (o.alert_id, o.destination, o.state, o.error or None, now)
+            for o in outcomes
+        }
+        with self._connect() as con:
+            self._insert(con, "INSERT OR REPLACE", "deliveries", list(rows.values()))
+        return len(rows)
+
+    def prune(self, now: datetime | None = None) -> int:
+        """Delete events older than the retention; alerts are evidence and are kept."""
+        cutoff = (now or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None) - timedelta(
+            days=self.retention_days
+        )
+        with self._connect() as con:
+            (deleted,) = con.execute(
+                "SELECT count(*) FROM events WHERE ts < ?", [cutoff]
+            ).fetchone()
+            con.execute("DELETE FROM events WHERE ts < ?", [cutoff])
+        return int(deleted)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def query_alerts(self, q: AlertQuery) -> list[dict[str, Any]]:
+        """Matching alerts by their time (first seen), oldest first (the newest `limit` of
+        them), each the stored alert plus `hpcsec.disposition` and `hpcsec.deliveries`
+        {destination: state}."""
+        where, params = ["TRUE"], []
+        if q.since is not None:
+            where.append("coalesce(last_seen, ts) >= ?")
+            params.append(q.since.astimezone(UTC).replace(tzinfo=None))
+        for column, value in (
+            ("job_id", q.job),
+            ("user_name", q.user),
+            ("rule_id", q.rule),
+            ("disposition", q.disposition),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if q.vector is not None:
+            where.append("lower(rule_vector) = lower(?)")
+            params.append(q.vector)
+        sql = (
+            f"SELECT alert_id, doc, disposition, reason FROM alerts WHERE "
+            f"{' AND '.join(where)} ORDER BY ts DESC, alert_id "
+            f"LIMIT {int(q.limit)}"
+        )
+        with self._connect() as con:
+            rows = con.execute(sql, params).fetchall()
+            states: dict[str, dict[str, str]] = {}
+            if rows:
+                ids = [r[0] for r in rows]
+                marks = ", ".join("?" * len(ids))
+                for aid, dest, state in con.execute(
+                    f"SELECT alert_id, destination, state FROM deliveries WHERE alert_id IN "
+                    f"({marks}) ORDER BY destination",
+                    ids,
+                ).fetchall():
+                    states.setdefault(aid, {})[dest] = state
+        out = []
+        for aid, doc, disposition, reason in reversed(rows):
+            alert = orjson.loads(doc)
+            alert["hpcsec.disposition"] = disposition
+            if reason:
+                alert["hpcsec.disposition_reason"] = reason
+            alert["hpcsec.deliveries"] = states.get(aid, {})
+            out.append(alert)
+        return out
+
+    def count(self, table: str) -> int:
+        if table not in ("events", "alerts", "deliveries"):
+            raise ValueError(table)
+        with self._connect() as con:
+            return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def export_events(self, path: str | Path, since: datetime | None = None) -> int:
+        """Events to a Parquet file (columns named as the event schema, `doc` whole JSON)."""
+        where, params = "", []
+        if since is not None:
+            where, params = "WHERE ts >= ?", [since.astimezone(UTC).replace(tzinfo=None)]
+        target = str(path).replace("'", "''")  # COPY takes no parameter for the file name
+        select = (
+            'SELECT event_id AS "event.id", ts AS "@timestamp", category AS '
+            '"event.category", action AS "event.action", host AS "host.name", sensor AS '
+            '"hpcsec.sensor", job_id AS "slurm.job.id", user_name AS "user.name", doc '
+            f"FROM events {where} ORDER BY ts"
+        )
+        with self._connect() as con:
+            try:
+                con.execute(f"COPY ({select}) TO '{target}' (FORMAT PARQUET)", params)
+            except duckdb.Error as exc:
+                raise StoreError(
+                    f"cannot export events to {path}: {str(exc).splitlines()[0]}"
+                ) from None
+            (n,) = con.execute(f"SELECT count(*) FROM events {where}", params).fetchone()
+        return int(n)

@@ -1,0 +1,241 @@
+"""RDMA queue pairs from iproute2's `rdma -j res show qp`: one `rdma_qp` event per QP.
+
+The kernel's RDMA netlink (nldev) reports every QP with its owner: a process id for QPs
+created from user space, or the kernel module's name for kernel QPs (the GSI/SMI management
+QPs of ib_core, IPoIB, Lustre's ko2iblnd, NVMe-oF, …). iproute2 prints, per QP
+(rdma/res-qp.c, rdma/res.c):
+
+    JSON  {"ifindex":0,"ifname":"mlx5_0","port":1,"lqpn":4735,"rqpn":6114,"type":"RC",
+           "state":"RTS","rq-psn":…,"sq-psn":…,"path-mig-state":"MIGRATED","pdn":9,
+           "pid":41000,"comm":"python3"}
+    text  link mlx5_0/1 lqpn 4735 rqpn 6114 type RC state RTS … pid 41000 comm python3
+
+`port` is absent (text: `mlx5_0/-`) until the QP is bound to a port; kernel QPs have no `pid`
+(iproute2 before 5.x printed `pid 0`) and, in text, their `comm` in brackets. JSON is the
+input we run and store in snapshots; the text parser reads saved text outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from hpcsec.detector.core.schema import Event, new_event
+from hpcsec.sensors.base import SensorContext, SensorUnavailable
+
+NAME = "rdma_qp"
+INPUT_NAME = "rdma-res-qp.json"
+COMMAND = ("rdma", "-j", "res", "show", "qp")
+TIMEOUT_S = 10.0
+MAX_REPORTED_ERRORS = 20
+U32_MAX = (1 << 32) - 1
+
+
+class QpOutputError(ValueError):
+    """The whole output is unusable (not JSON, not a list of QPs)."""
+
+
+@dataclass(frozen=True)
+class QueuePair:
+    device: str
+    port: int | None
+    lqpn: int
+    qp_type: str
+    state: str
+    rqpn: int | None = None
+    sq_psn: int | None = None
+    rq_psn: int | None = None
+    path_mig_state: str | None = None
+    pdn: int | None = None
+    pid: int | None = None
+    comm: str | None = None
+
+    @property
+    def kernel(self) -> bool:
+        return not self.pid
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "rdma.device": self.device,
+            "rdma.port": self.port,
+            "rdma.qp.lqpn": self.lqpn,
+            "rdma.qp.rqpn": self.rqpn,
+            "rdma.qp.type": self.qp_type,
+            "rdma.qp.state": self.state,
+            "rdma.qp.sq_psn": self.sq_psn,
+            "rdma.qp.rq_psn": self.rq_psn,
+            "rdma.qp.path_mig_state": self.path_mig_state,
+            "rdma.qp.pdn": self.pdn,
+            "rdma.qp.kernel": self.kernel,
+            "process.pid": None if self.kernel else self.pid,
+            "process.name": None if self.kernel else self.comm,
+            "rdma.qp.kernel_owner": self.comm if self.kernel else None,
+        }
+
+
+@dataclass(frozen=True)
+class QpParse:
+    qps: tuple[QueuePair, ...]
+    errors: tuple[str, ...]  # "record N: why" for each record that was skipped
+
+
+def _uint(record: dict, key: str, required: bool = False) -> int | None:
+    value = record.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U32_MAX:
+        raise ValueError(f"{key} is not a 32-bit unsigned integer: {value!r}")
+    return value
+
+
+def _text(record: dict, key: str, required: bool = False) -> str | None:
+    value = record.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key} is not a string: {value!r}")
+    return value
+
+
+def qp_from_record(record: Any) -> QueuePair:
+    """One QP object of the JSON output; ValueError naming the bad key."""
+    if not isinstance(record, dict):
+        raise ValueError(f"not an object: {type(record).__name__}")
+    for key in ("ifname", "lqpn", "type", "state"):
+        if key not in record:
+            raise ValueError(f"no {key}")
+    return QueuePair(
+        device=_text(record, "ifname", True),
+        port=_uint(record, "port"),
+        lqpn=_uint(record, "lqpn", True),
+        qp_type=_text(record, "type", True),
+        state=_text(record, "state", True),
+        rqpn=_uint(record, "rqpn"),
+        sq_psn=_uint(record, "sq-psn"),
+        rq_psn=_uint(record, "rq-psn"),
+        path_mig_state=_text(record, "path-mig-state"),
+        pdn=_uint(record, "pdn"),
+        pid=_uint(record, "pid"),
+        comm=_text(record, "comm"),
+    )
+
+
+def _collect(records: list[Any]) -> QpParse:
+    qps, errors = [], []
+    for number, record in enumerate(records, 1):
+        try:
+            qps.append(qp_from_record(record))
+        except ValueError as exc:
+            errors.append(f"record {number}: {exc}")
+    return QpParse(tuple(qps), tuple(errors))
+
+
+def parse_qp_json(text: str) -> QpParse:
+    """`rdma -j res show qp` output; QpOutputError if it is not a JSON list."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QpOutputError(f"{INPUT_NAME}: not JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise QpOutputError(f"{INPUT_NAME}: expected a JSON list, got {type(data).__name__}")
+    return _collect(data)
+
+
+_TEXT_NUMBERS = {"lqpn", "rqpn", "rq-psn", "sq-psn", "pdn", "pid"}
+
+
+def _text_record(line: str) -> dict[str, Any]:
+    tokens = line.split()
+    if len(tokens) % 2:
+        raise ValueError(f"odd number of words in {line.strip()!r}")
+    record: dict[str, Any] = {}
+    for key, value in zip(tokens[::2], tokens[1::2], strict=True):
+        if key == "link":
+            device, sep, port = value.rpartition("/")
+            if not sep or not device:
+                raise ValueError(f"bad link {value!r}")
+            record["ifname"] = device
+            if port != "-":
+                record["port"] = int(port) if port.isdigit() else port
+        elif key in _TEXT_NUMBERS:
+            record[key] = int(value) if value.isdigit() else value
+        elif key == "comm" and value.startswith("[") and value.endswith("]"):
+            record["comm"] = value[1:-1]  # kernel owner, printed in brackets
+        else:
+            record[key] = value
+    return record
+
+
+def parse_qp_text(text: str) -> QpParse:
+    """`rdma res show qp` text output, one QP per line."""
+    records: list[Any] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(_text_record(line))
+        except ValueError as exc:
+            records.append(exc)  # keeps the record numbering of the output
+    qps, errors = [], []
+    for number, record in enumerate(records, 1):
+        try:
+            if isinstance(record, ValueError):
+                raise record
+            qps.append(qp_from_record(record))
+        except ValueError as exc:
+            errors.append(f"record {number}: {exc}")
+    return QpParse(tuple(qps), tuple(errors))
+
+
+def parse_qp_output(text: str) -> QpParse:
+    """JSON when it looks like JSON, else the text form."""
+    stripped = text.lstrip()
+    if not stripped or stripped[0] in "[{":
+        return parse_qp_json(stripped or "[]")
+    return parse_qp_text(text)
+
+
+def run_rdma_tool(timeout_s: float = TIMEOUT_S) -> str:
+    """Run `rdma -j res show qp`; SensorUnavailable when the tool or its netlink is missing."""
+    try:
+        done = subprocess.run(
+            COMMAND, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except FileNotFoundError:
+        raise SensorUnavailable("iproute2 `rdma` tool not found") from None
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"`{' '.join(COMMAND)}` did not finish in {timeout_s:g} s") from None
+    if done.returncode != 0:
+        reason = (
+            done.stderr.strip().splitlines()[-1]
+            if done.stderr.strip()
+            else (f"exit status {done.returncode}")
+        )
+        raise SensorUnavailable(f"`{' '.join(COMMAND)}` failed: {reason}")
+    return done.stdout
+
+
+class RdmaQpSensor:
+    name = NAME
+
+    def collect(self, ctx: SensorContext) -> list[Event]:
+        text = ctx.raw_input(INPUT_NAME, run_rdma_tool)
+        if text is None:
+            raise SensorUnavailable(f"no {INPUT_NAME} in this sample")
+        parsed = parse_qp_output(text)
+        events = [
+            new_event("rdma_qp", "sample", NAME, ctx.host_name, ctx.timestamp, qp.fields())
+            for qp in parsed.qps
+        ]
+        if parsed.errors:
+            events.append(
+                ctx.status(
+                    NAME,
+                    "dropped",
+                    f"{len(parsed.errors)} QP records skipped as malformed",
+                    **{"hpcsec.parse_errors": list(parsed.errors[:MAX_REPORTED_ERRORS])},
+                )
+            )
+        return events

@@ -1,0 +1,267 @@
+"""RoCE v2 flows from a capture: one `roce_flow` event per (source.ip, destination.ip,
+rdma.qp.dqpn) and interval of packet time.
+
+Reads a pcap/pcapng file (`--pcap FILE`) or sniffs an interface, typically a mirror port
+(`--interface IFACE`, for `--duration` seconds, 10 by default). RoCE v2 is UDP to port 4791
+carrying an InfiniBand BTH; the RETH of RDMA WRITE FIRST/ONLY and READ REQUEST packets gives
+the rkey and length of each remote access (see roce_headers). Intervals are aligned to
+multiples of `--flow-interval` seconds (10 by default) of packet time, and an event's
+@timestamp is the start of its interval, so a replayed capture gives the same events.
+
+Malformed packets never stop the capture: a RoCE packet too short for its BTH cannot be
+tied to a flow and is reported by a `dropped` status record; a packet whose BTH names an
+extension header that is missing or cut short is counted in its flow and named in the
+flow's `hpcsec.parse_errors`. This sensor is capture-based: node snapshots hold no packets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from scapy.contrib.roce import AETH, BTH
+from scapy.error import Scapy_Exception
+from scapy.layers.inet import UDP
+from scapy.packet import Packet
+from scapy.utils import PcapReader
+
+from hpcsec.detector.core.schema import Event, new_event, rfc3339
+from hpcsec.sensors.base import SensorContext, SensorUnavailable
+from hpcsec.sensors.rdma.roce_headers import (
+    ACK_OPS,
+    ATOMIC_OPS,
+    NAK_SYNDROME,
+    OPERATION_MASK,
+    READ_REQUEST_OP,
+    RETH,
+    SEND_OPS,
+    TRANSPORT_MASK,
+    VALID_OPS,
+    WRITE_REQUEST_OPS,
+    AtomicETH,
+    required_header,
+)
+
+NAME = "roce"
+ROCE_V2_PORT = 4791
+DEFAULT_INTERVAL_S = 10.0
+DEFAULT_DURATION_S = 10.0
+MAX_REPORTED_ERRORS = 20
+LOOPBACK = "lo"
+SOL_PACKET, PACKET_IGNORE_OUTGOING = 263, 23  # linux/socket.h, linux/if_packet.h
+
+
+class CaptureError(Exception):
+    """The capture cannot be read at all (missing file, not a capture, no interface)."""
+
+
+@dataclass
+class FlowCounts:
+    packets: int = 0
+    bytes: int = 0
+    write_requests: int = 0
+    write_bytes: int = 0
+    read_requests: int = 0
+    read_bytes: int = 0
+    atomic_requests: int = 0
+    sends: int = 0
+    acks: int = 0
+    naks: int = 0
+    rkeys: set[int] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    error_count: int = 0
+
+
+FlowKey = tuple[float, str, str, int]  # interval start, source, destination, dqpn
+
+
+class FlowAggregator:
+    """Folds packets into per-flow, per-interval counts."""
+
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S):
+        if not interval_s > 0:
+            raise ValueError(f"flow interval must be positive, got {interval_s!r}")
+        self.interval_s = interval_s
+        self.flows: dict[FlowKey, FlowCounts] = {}
+        self.packets_seen = 0
+        self.unattributed: list[str] = []
+        self.unattributed_count = 0
+
+    def add(self, packet: Packet) -> None:
+        """One captured frame; frames that are not RoCE v2 are ignored."""
+        self.packets_seen += 1
+        udp = packet.getlayer(UDP)
+        if udp is None or udp.dport != ROCE_V2_PORT or udp.underlayer is None:
+            return
+        bth = udp.getlayer(BTH)
+        if bth is None:
+            self.unattributed_count += 1
+            if len(self.unattributed) < MAX_REPORTED_ERRORS:
+                self.unattributed.append(f"packet {self.packets_seen}: too short for a BTH")
+            return
+        ip = udp.underlayer
+        start = math.floor(float(packet.time) / self.interval_s) * self.interval_s
+        key = (start, str(ip.src), str(ip.dst), int(bth.dqpn))
+        counts = self.flows.get(key)
+        if counts is None:
+            counts = self.flows[key] = FlowCounts()
+        counts.packets += 1
+        counts.bytes += getattr(packet, "wirelen", None) or len(packet)
+        self._count_operation(counts, bth)
+
+    def _count_operation(self, counts: FlowCounts, bth: Packet) -> None:
+        opcode = int(bth.opcode)
+        transport, operation = opcode & TRANSPORT_MASK, opcode & OPERATION_MASK
+        if operation not in VALID_OPS.get(transport, ()):
+            return  # CNP, RD, vendor-specific or newer opcodes: packets and bytes only
+        needed = required_header(opcode)
+        if needed is not None and bth.getlayer(needed) is None:
+            counts.error_count += 1
+            if len(counts.errors) < MAX_REPORTED_ERRORS:
+                counts.errors.append(
+                    f"packet {self.packets_seen}: opcode {opcode:#04x} without a whole "
+                    f"{needed.__name__}"
+                )
+            return
+        if operation in WRITE_REQUEST_OPS:
+            reth = bth[RETH]
+            counts.write_requests += 1
+            counts.write_bytes += int(reth.dma_length)
+            counts.rkeys.add(int(reth.rkey))
+        elif operation == READ_REQUEST_OP:
+            reth = bth[RETH]
+            counts.read_requests += 1
+            counts.read_bytes += int(reth.dma_length)
+            counts.rkeys.add(int(reth.rkey))
+        elif operation in ATOMIC_OPS:
+            counts.atomic_requests += 1
+            counts.rkeys.add(int(bth[AtomicETH].rkey))
+        elif operation in SEND_OPS:
+            counts.sends += 1
+        elif operation in ACK_OPS:
+            counts.acks += 1
+            if int(bth[AETH].syndrome) >> 5 == NAK_SYNDROME:
+                counts.naks += 1
+
+    def events(self, ctx: SensorContext) -> list[Event]:
+        out = []
+        for key in sorted(self.flows):
+            start, source, destination, dqpn = key
+            c = self.flows[key]
+            fields: dict[str, Any] = {
+                "source.ip": source,
+                "destination.ip": destination,
+                "destination.port": ROCE_V2_PORT,
+                "network.transport": "udp",
+                "rdma.qp.dqpn": dqpn,
+                "network.packets": c.packets,
+                "network.bytes": c.bytes,
+                "rdma.flow.write_requests": c.write_requests,
+                "rdma.flow.write_bytes": c.write_bytes,
+                "rdma.flow.read_requests": c.read_requests,
+                "rdma.flow.read_bytes": c.read_bytes,
+                "rdma.flow.atomic_requests": c.atomic_requests,
+                "rdma.flow.sends": c.sends,
+                "rdma.flow.acks": c.acks,
+                "rdma.flow.naks": c.naks,
+                "rdma.flow.rkeys": len(c.rkeys),
+                "rdma.flow.interval_s": self.interval_s,
+            }
+            if c.errors:
+                fields["hpcsec.parse_errors"] = list(c.errors)
+            timestamp = rfc3339(datetime.fromtimestamp(start, UTC))
+            out.append(new_event("roce_flow", "flow", NAME, ctx.host_name, timestamp, fields))
+        return out
+
+
+def read_pcap(path: str, aggregator: FlowAggregator) -> None:
+    try:
+        with PcapReader(path) as reader:
+            for packet in reader:
+                aggregator.add(packet)
+    except OSError as exc:
+        raise CaptureError(f"cannot read capture {path}: {exc.strerror or exc}") from None
+    except Scapy_Exception as exc:
+        raise CaptureError(f"{path}: not a pcap or pcapng capture ({exc})") from None
+
+
+def _is_roce(packet: Packet) -> bool:
+    udp = packet.getlayer(UDP)
+    return udp is not None and udp.dport == ROCE_V2_PORT
+
+
+def _listen(interface: str):
+    """A PF_PACKET socket on `interface`. On loopback every packet passes twice (leaving and
+    arriving); like libpcap, keep only the arriving copy."""
+    from scapy.config import conf
+
+    sock = conf.L2listen(iface=interface)
+    if interface == LOOPBACK:
+        with contextlib.suppress(OSError):  # PACKET_IGNORE_OUTGOING needs Linux 4.20
+            sock.ins.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    return sock
+
+
+def sniff_interface(interface: str, duration_s: float, aggregator: FlowAggregator) -> None:
+    """Sniff for `duration_s` seconds. The filter runs in Python: a BPF filter would need
+    libpcap or tcpdump, which compute nodes often lack."""
+    from scapy.sendrecv import sniff
+
+    try:
+        socket.if_nametoindex(interface)
+    except OSError:
+        raise CaptureError(f"cannot sniff {interface}: no such network interface") from None
+    try:
+        sock = _listen(interface)
+    except PermissionError:
+        raise SensorUnavailable(f"sniffing {interface} needs root or CAP_NET_RAW") from None
+    except OSError as exc:
+        raise CaptureError(f"cannot sniff {interface}: {exc.strerror or exc}") from None
+    try:
+        sniff(
+            opened_socket=sock,
+            timeout=duration_s,
+            store=False,
+            prn=aggregator.add,
+            lfilter=_is_roce,
+        )
+    finally:
+        sock.close()
+
+
+class RoceSensor:
+    name = NAME
+
+    def collect(self, ctx: SensorContext) -> list[Event]:
+        if ctx.replaying:
+            raise SensorUnavailable("capture-based: node snapshots hold no packets")
+        pcap, interface = ctx.options.get("pcap"), ctx.options.get("interface")
+        if not pcap and not interface:
+            raise SensorUnavailable(
+                "reads a capture: give --pcap FILE or --interface IFACE (snapshots hold no packets)"
+            )
+        aggregator = FlowAggregator(float(ctx.options.get("flow_interval") or DEFAULT_INTERVAL_S))
+        if pcap:
+            read_pcap(str(pcap), aggregator)
+        else:
+            duration = ctx.options.get("duration")
+            sniff_interface(
+                str(interface),
+                float(DEFAULT_DURATION_S if duration is None else duration),
+                aggregator,
+            )
+        events = aggregator.events(ctx)
+        if aggregator.unattributed_count:
+            events.append(
+                ctx.status(
+                    NAME,
+                    "dropped",
+                    f"{aggregator.unattributed_count} RoCE packets too short for a BTH",
+                    **{"hpcsec.parse_errors": list(aggregator.unattributed)},
+                )
+            )
+        return events
