@@ -1,4 +1,4 @@
-"""Node snapshots (contract in DESIGN.md): record the raw inputs sensors read, replay them.
+"""Node snapshots (contract: docs/architecture.md, "Node snapshot"): record, then replay.
 
 A snapshot stores what the sensors *read*, not the events they made: files under
 DIR/<n>/sys|proc|etc in kernel layout (links as symlinks), command outputs and library dumps

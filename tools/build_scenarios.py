@@ -4,7 +4,7 @@
     .venv/bin/python tools/build_scenarios.py            # rewrite fixtures/ in place
     .venv/bin/python tools/build_scenarios.py --out DIR  # write elsewhere (tests compare)
 
-Each scenario becomes a node snapshot (DESIGN.md contract) plus `site-config.yml` (the example
+Each scenario becomes a node snapshot (docs/architecture.md) plus `site-config.yml` (the example
 config, examples/site-config.yml) and `expected.yml` (the alerts it must raise, with the
 host, job, user and GPU they must name). The output is deterministic: regenerating without
 changing a description changes no byte, so a review reads the descriptions, and the diff of

@@ -1,4 +1,4 @@
-"""A small model of one GPU node, written out as a node snapshot (DESIGN.md, the contract).
+"""A small model of one GPU node, written out as a node snapshot (docs/architecture.md).
 
 tools/build_scenarios.py describes scenarios with these classes; `write_snapshot` turns one
 into `DIR/meta.json` and `DIR/<n>/…` in the kernel and tool layouts the sensors read. Every

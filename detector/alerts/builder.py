@@ -1,4 +1,4 @@
-"""Matches -> alerts (the alert schema of DESIGN.md), with dedup.
+"""Matches -> alerts (docs/architecture.md, "Alert schema"), with dedup.
 
 Dedup folds matches of one rule with the same grouping key inside one window of event time
 into one alert whose `count` says how many were folded. `alert.id` is a hash of (rule, key,

@@ -1,10 +1,11 @@
 """Ask NVML (through nvidia-ml-py, imported as `pynvml`) what the GPUs are and who uses them.
 
 The result is the `nvml.json` raw input of a node snapshot (its shape is a contract, see
-DESIGN.md): plain JSON, so a replayed snapshot runs exactly the parsing code a live sample runs
-(sensors/gpu.py, sensors/firmware.py). Only NVML itself being absent (no library, no driver) is
-fatal; a call a GPU does not support (InfoROM power object on H100, GSP on older boards) or
-that fails for one device gives `null` for that field, never an exception.
+docs/architecture.md, "Node snapshot"): plain JSON, so a replayed snapshot runs exactly the
+parsing code a live sample runs (sensors/gpu/nvml.py, sensors/firmware.py). Only NVML itself
+being absent (no library, no driver) is fatal; a call a GPU does not support (InfoROM power
+object on H100, GSP on older boards) or that fails for one device gives `null` for that field,
+never an exception.
 
 NVML stays initialised between samples: `nvmlInit` walks every GPU and costs tens to hundreds
 of milliseconds without the persistence daemon, far more than the sample itself.
