@@ -42,6 +42,17 @@ TEMPLATE = (
 )
 
 
+def complete_lines(path: Path) -> list[str]:
+    """The lines rsyslog has finished writing to `path`.
+
+    omfile writes through a buffer (ioBufferSize, 4 KiB by default) and writes it out when it
+    is full, which can be in the middle of a record: two records of ~2 KiB in one batch end the
+    first write() inside the second. Until the rest arrives, the file ends in a partial line
+    (possibly inside a UTF-8 character): only what ends in a newline is a record."""
+    data = path.read_bytes() if path.exists() else b""
+    return data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines()
+
+
 def free_port(kind: int) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
@@ -94,7 +105,7 @@ action(type="omfile" file="{self.out}" template="fields")
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"rsyslogd exited: {self.proc.stdout.read().decode()}")
                 udp.sendto(probe, ("127.0.0.1", self.udp))
-                if self.out.exists() and probe.split()[-1].decode() in self.out.read_text():
+                if any(probe.split()[-1].decode() in line for line in complete_lines(self.out)):
                     try:
                         socket.create_connection(("127.0.0.1", self.tcp), timeout=1).close()
                         return
@@ -107,8 +118,7 @@ action(type="omfile" file="{self.out}" template="fields")
         """The first n records whose raw message contains marker, waiting for them."""
         deadline = time.monotonic() + 15
         while True:
-            lines = self.out.read_text(encoding="utf-8").splitlines() if self.out.exists() else []
-            found = [json.loads(line) for line in lines if marker in line]
+            found = [json.loads(line) for line in complete_lines(self.out) if marker in line]
             if len(found) >= n or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
@@ -116,6 +126,16 @@ action(type="omfile" file="{self.out}" template="fields")
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+def test_a_record_rsyslog_is_still_writing_is_not_read(tmp_path):
+    out = tmp_path / "received.jsonl"
+    assert complete_lines(out) == []
+    whole = json.dumps({"msg": "zoë"}, ensure_ascii=False)
+    out.write_bytes(whole.encode() + b"\n" + whole.encode()[:-3])  # cut inside the ë
+    assert complete_lines(out) == [whole]
+    out.write_bytes(whole.encode() + b"\n" + whole.encode() + b"\n")
+    assert complete_lines(out) == [whole, whole]
 
 
 @pytest.fixture(scope="module")
