@@ -7,6 +7,7 @@ from types import MappingProxyType
 
 from hpcsec.detector.outputs.alertjson import alert_bytes, alert_dict
 from hpcsec.detector.outputs.registry import open_outputs
+from hpcsec.detector.outputs.spool import Spool
 from tests.detector.outputs.sample_alerts import make_alert
 
 
@@ -39,3 +40,14 @@ def test_outputs_write_read_only_alerts_and_leave_them_unchanged(tmp_path, capsy
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert written == printed == [make_alert("ro", i) for i in range(3)]
     assert [json.dumps(alert_dict(a), sort_keys=True) for a in alerts] == before
+
+
+def test_the_spool_keeps_a_read_only_alert_as_its_fields(tmp_path):
+    alert = make_alert("ro", 9)
+    spool = Spool.open(tmp_path, "syslog+tcp://h:514", max_bytes=1 << 20)
+    try:
+        assert spool.add_many([frozen(alert)]).dropped_ids == ()
+        entry = spool.next_entry()
+        assert entry is not None and entry.alert == alert and entry.alert_id == "ro-9"
+    finally:
+        spool.close()
