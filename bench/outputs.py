@@ -24,7 +24,9 @@ import sys
 import tempfile
 import time
 
-from hpcsec.detector.outputs.base import OutputOptions, OutputSet, open_output
+from hpcsec.detector.outputs.delivery import OutputSet
+from hpcsec.detector.outputs.protocol import OutputOptions
+from hpcsec.detector.outputs.registry import open_output
 
 SECRET = b"bench-secret"
 

@@ -15,7 +15,7 @@ from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.engine import thresholds
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
-from hpcsec.detector.outputs.base import OutputSet
+from hpcsec.detector.outputs.delivery import OutputSet
 from hpcsec.detector.runtime.delivery import (
     deliver_alerts,
     open_scan_outputs,

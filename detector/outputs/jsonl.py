@@ -9,11 +9,11 @@ rate (a few hundred per second).
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
-from hpcsec.detector.core.jsonenc import dumps
-from hpcsec.detector.outputs.base import DeliveryFailed, OutputError
+from hpcsec.detector.outputs.alertjson import alert_bytes
+from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed, OutputError
 
 
 class JsonlOutput:
@@ -57,8 +57,8 @@ class JsonlOutput:
             )
         return cls(path)
 
-    def _write(self, alert: dict[str, Any]) -> None:
-        line = dumps(alert) + b"\n"
+    def _write(self, alert: Alert) -> None:
+        line = alert_bytes(alert) + b"\n"
         try:
             if self._fd < 0:
                 self._open()
@@ -76,11 +76,11 @@ class JsonlOutput:
         except OSError as exc:
             raise DeliveryFailed(f"{self.name}: {exc.strerror or exc}") from None
 
-    def send(self, alert: dict[str, Any]) -> None:
+    def send(self, alert: Alert) -> None:
         self._write(alert)
         self._sync()
 
-    def send_many(self, alerts: list[dict[str, Any]]) -> list[str | None]:
+    def send_many(self, alerts: Sequence[Alert]) -> list[str | None]:
         """Every alert written, then one fsync; per alert None (on disk) or the error."""
         errors: list[str | None] = []
         for alert in alerts:

@@ -31,23 +31,27 @@ import fcntl
 import hashlib
 import os
 import re
-import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any
 
 import orjson
 
 from hpcsec.detector.core.errors import HpcsecError
-from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import LEVELS, rfc3339
-
-Alert = dict[str, Any]
-SPOOL_FULL_RULE_ID = "hpcsec-spool-full"
-MAX_IDS_IN_NOTICE = 100
-_SEGMENT = re.compile(r"^\d{20}-\d+-\d{6}\.jsonl$")
-_NOTICE = re.compile(r"^\d{20}-\d+-\d{6}-notice\.json$")
+from hpcsec.detector.outputs.alertjson import alert_bytes
+from hpcsec.detector.outputs.protocol import Alert
+from hpcsec.detector.outputs.spool_files import (
+    NOTICE_NAME,
+    SEGMENT_NAME,
+    SegmentFiles,
+    fsync_dir,
+    settled_lines,
+    write_durably,
+)
+from hpcsec.detector.outputs.spool_notice import new_notice, with_drops
 
 
 class SpoolError(HpcsecError):
@@ -69,14 +73,15 @@ def destination_key(destination: str) -> str:
 @dataclass(frozen=True)
 class SpoolEntry:
     key: tuple[str, int]  # (file in pending/, line number)
-    alert: Alert
+    alert: Mapping[str, Any]
     alert_id: str
 
 
 @dataclass(frozen=True)
 class Admission:
     dropped_ids: tuple[str, ...]
-    notice: Alert | None  # the episode's `spool full` notice when this call dropped alerts
+    notice: Mapping[str, Any] | None  # the episode's `spool full` notice, when this call
+    #                                   dropped alerts
 
 
 @dataclass
@@ -85,14 +90,6 @@ class _Meta:
     offset: int
     size: int
     notice: bool = False
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Spool:
@@ -105,10 +102,9 @@ class Spool:
         self._used = 0  # bytes of unsettled alerts, the notice excluded
         self._seq = 0
         self._notice_name: str | None = None
-        self._notice: Alert | None = None
+        self._notice: dict[str, Any] | None = None
         self.corrupt = 0  # unreadable lines moved to failed/
-        self._reader: tuple[str, BinaryIO] | None = None  # segment being delivered, open
-        self._done: tuple[str, TextIO] | None = None  # its .done file, open for appending
+        self._files = SegmentFiles(self.pending)
 
     @classmethod
     def open(cls, root: Path, destination: str, *, max_bytes: int) -> Spool:
@@ -139,24 +135,20 @@ class Spool:
             leftover.unlink(missing_ok=True)
         for entry in sorted(self.pending.iterdir()):
             name = entry.name
-            if _NOTICE.match(name):
+            if NOTICE_NAME.match(name):
                 self._notice_name = name
                 self._index[(name, 0)] = _Meta(
                     LEVELS.index("high"), 0, entry.stat().st_size, notice=True
                 )
                 with contextlib.suppress(OSError, orjson.JSONDecodeError):
                     self._notice = orjson.loads(entry.read_bytes())
-            elif _SEGMENT.match(name):
+            elif SEGMENT_NAME.match(name):
                 self._load_segment(name)
             elif not name.endswith(".done"):
                 self._quarantine_file(name, "not a spool file name")
 
     def _load_segment(self, name: str) -> None:
-        done: set[int] = set()
-        with contextlib.suppress(FileNotFoundError):
-            for line in (self.pending / (name[:-6] + ".done")).read_text().split():
-                if line.isdigit():
-                    done.add(int(line))
+        done = settled_lines(self.pending, name)
         offset = 0
         with open(self.pending / name, "rb") as fh:
             for number, line in enumerate(fh):
@@ -188,11 +180,7 @@ class Spool:
         meta = self._index[key]
         if meta.notice:
             return (self.pending / key[0]).read_bytes()
-        # Delivery reads one segment line after line: keep it open rather than reopen it.
-        if self._reader is None or self._reader[0] != key[0]:
-            self._close_files()
-            self._reader = (key[0], open(self.pending / key[0], "rb"))  # noqa: SIM115
-        return os.pread(self._reader[1].fileno(), meta.size, meta.offset)
+        return self._files.read(key[0], meta.offset, meta.size)
 
     def next_entry(self) -> SpoolEntry | None:
         """The oldest pending alert (the `spool full` notice first)."""
@@ -229,7 +217,7 @@ class Spool:
             self._quarantine_file(entry.key[0], reason)
             self._forget_notice(entry.key)
             return
-        self._quarantine_line(entry.key[0], entry.key[1], dumps(entry.alert), reason)
+        self._quarantine_line(entry.key[0], entry.key[1], alert_bytes(entry.alert), reason)
         self._settle(entry.key)
 
     def _forget_notice(self, key: tuple[str, int]) -> None:
@@ -245,40 +233,18 @@ class Spool:
         self._live[segment] -= 1
         if self._live[segment] == 0:
             self._drop_segment(segment)
-            return
-        try:
-            if self._done is None or self._done[0] != segment:
-                if self._done is not None:
-                    self._done[1].close()
-                done = self.pending / (segment[:-6] + ".done")
-                self._done = (segment, open(done, "a"))  # noqa: SIM115 - kept open on purpose
-            self._done[1].write(f"{number}\n")
-            self._done[1].flush()  # in the kernel: a crash of this process loses none of it
-        except OSError:
-            # Not recorded (disk full): the alert is sent again after a restart, which
-            # at-least-once delivery allows; it is not a reason to stop delivering.
-            self._close_files(segment)
-
-    def _close_files(self, segment: str | None = None) -> None:
-        """Close the cached reader and .done writer (those of `segment` only, if given)."""
-        for attr in ("_reader", "_done"):
-            cached = getattr(self, attr)
-            if cached is not None and segment in (None, cached[0]):
-                cached[1].close()
-                setattr(self, attr, None)
+        else:
+            self._files.mark_done(segment, number)
 
     def _drop_segment(self, segment: str) -> None:
-        self._close_files(segment)
         self._live.pop(segment, None)
-        (self.pending / segment).unlink(missing_ok=True)
-        (self.pending / (segment[:-6] + ".done")).unlink(missing_ok=True)
+        self._files.drop(segment)
 
     def _quarantine_line(self, segment: str, number: int, line: bytes, reason: str) -> None:
         base = self.path / "failed" / f"{segment[:-6]}-{number}.json"
         with contextlib.suppress(OSError):
             if not line:
-                with open(self.pending / segment, "rb") as fh:
-                    line = fh.readlines()[number]
+                line = self._files.read_line(segment, number)
             base.write_bytes(line)
             base.with_name(base.name + ".reason").write_text(reason + "\n")
         if reason.startswith("unreadable"):
@@ -298,15 +264,7 @@ class Spool:
         return f"{time.time_ns():020d}-{os.getpid()}-{self._seq:06d}"
 
     def _write_tmp(self, name: str, data: bytes) -> None:
-        tmp = self.path / "tmp" / name
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durably(self.path / "tmp" / name, data)
 
     def _evict_for(self, level: int, need: int) -> list[tuple[str, int]] | None:
         """Keys to evict so `need` more bytes fit, or None when evicting cannot make room."""
@@ -324,7 +282,7 @@ class Spool:
                 return chosen
         return None
 
-    def add_many(self, alerts: list[Alert]) -> Admission:
+    def add_many(self, alerts: Sequence[Alert]) -> Admission:
         """Commit `alerts` to disk (one segment: write, fsync, rename) before returning."""
         dropped: list[tuple[str, int]] = []
         lines: list[bytes] = []
@@ -333,7 +291,7 @@ class Spool:
         sizes: dict[tuple[str, int], int] = {}
         reserved = 0
         for alert in alerts:
-            line = dumps(alert) + b"\n"
+            line = alert_bytes(alert) + b"\n"
             level = level_rank(alert)
             self._used += reserved  # count this batch's lines while choosing victims
             try:
@@ -361,7 +319,7 @@ class Spool:
             if lines:
                 os.replace(self.path / "tmp" / segment, self.pending / segment)
             if lines or notice is not None:
-                _fsync_dir(self.pending)
+                fsync_dir(self.pending)
         except OSError as exc:
             for victim in evicted:  # nothing was evicted after all
                 self._index[victim].size = sizes[victim]
@@ -382,48 +340,16 @@ class Spool:
         except (OSError, ValueError, AttributeError):
             return f"<unreadable {key[0]}:{key[1]}>"
 
-    def _record_drops(self, dropped: list[tuple[str, int]]) -> Alert:
+    def _record_drops(self, dropped: list[tuple[str, int]]) -> dict[str, Any]:
         now = rfc3339()
         notice = self._notice
         if notice is None or (self._notice_name, 0) not in self._index:
-            episode = f"{self.destination}\x1f{time.time_ns()}"
-            notice = {
-                "alert.id": hashlib.sha256(episode.encode()).hexdigest()[:32],
-                "@timestamp": now,
-                "rule.id": SPOOL_FULL_RULE_ID,
-                "rule.title": "Alert spool full: alerts were dropped",
-                "rule.level": "high",
-                "rule.tags": [],
-                "rule.vector": "hpcsec",
-                "host.name": socket.gethostname(),
-                "events": [],
-                "count": 0,
-                "alert.first_seen": now,
-                "hpcsec.spool.destination": self.destination,
-                "hpcsec.spool.dropped_by_level": {},
-                "hpcsec.spool.dropped_alert_ids": [],
-            }
+            notice = new_notice(self.destination, now)
             self._notice_name = self._new_stem() + "-notice.json"
-        by_level = dict(notice["hpcsec.spool.dropped_by_level"])
-        ids = list(notice["hpcsec.spool.dropped_alert_ids"])
-        for alert_id, level in dropped:
-            by_level[LEVELS[level]] = by_level.get(LEVELS[level], 0) + 1
-            if len(ids) < MAX_IDS_IN_NOTICE:
-                ids.append(alert_id)
-        total = notice["count"] + len(dropped)
-        notice = {
-            **notice,
-            "count": total,
-            "alert.last_seen": now,
-            "hpcsec.spool.dropped_by_level": by_level,
-            "hpcsec.spool.dropped_alert_ids": ids,
-            "hpcsec.spool.max_bytes": self.max_bytes,
-            "alert.summary": f"spool for {self.destination} is full "
-            f"({self.max_bytes} bytes): {total} alert(s) dropped "
-            f"({', '.join(f'{k} {v}' for k, v in by_level.items())}); "
-            "they are in the alert store",
-        }
-        data = dumps(notice)
+        notice = with_drops(
+            notice, dropped, destination=self.destination, max_bytes=self.max_bytes, now=now
+        )
+        data = alert_bytes(notice)
         name = self._notice_name
         assert name is not None
         self._write_tmp(name, data)
@@ -433,7 +359,7 @@ class Spool:
         return notice
 
     def close(self) -> None:
-        self._close_files()
+        self._files.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
-from hpcsec.detector.core.jsonenc import dumps
-from hpcsec.detector.outputs.base import DeliveryFailed
+from hpcsec.detector.outputs.alertjson import alert_bytes
+from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed
 
 
 class StdoutOutput:
@@ -16,10 +16,10 @@ class StdoutOutput:
     def __init__(self, stream: TextIO | None = None):
         self._stream = stream
 
-    def send(self, alert: dict[str, Any]) -> None:
+    def send(self, alert: Alert) -> None:
         stream = self._stream or sys.stdout  # looked up late: tests and pagers swap it
         try:
-            stream.write(dumps(alert).decode() + "\n")
+            stream.write(alert_bytes(alert).decode() + "\n")
             stream.flush()
         except OSError as exc:
             raise DeliveryFailed(f"stdout: {exc.strerror or exc}") from None

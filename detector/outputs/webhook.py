@@ -7,7 +7,7 @@ Headers a receiver relies on (docs/outputs.md shows how to verify them):
 - `Idempotency-Key`: the alert's `alert.id`; delivery is at least once, so deduplicate on it.
 
 One attempt per `send`. Retrying (exponential backoff with jitter, Retry-After on 429/503) is
-the delivery loop's, in base.py, so the spool keeps the alert between attempts.
+the delivery loop's, in delivery.py, so the spool keeps the alert between attempts.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ import hmac
 import time
 from datetime import UTC
 from email.utils import parsedate_to_datetime
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from hpcsec.detector.core.jsonenc import dumps
-from hpcsec.detector.outputs.base import DeliveryFailed, OutputError, OutputOptions, redact
+from hpcsec.detector.outputs.alertjson import alert_bytes
+from hpcsec.detector.outputs.protocol import (
+    Alert,
+    DeliveryFailed,
+    OutputError,
+    OutputOptions,
+    redact,
+)
 
 # Refusals that are about this one alert: sending it again cannot help. Every other 4xx
 # (401 wrong secret, 404 wrong path, 403, 405, …) is a receiver or config problem that an
@@ -96,7 +101,7 @@ class WebhookOutput:
             )
         return cls(url, read_secret(options.secret_file, url), options.timeout_s)
 
-    def request_headers(self, alert: dict[str, Any], body: bytes) -> dict[str, str]:
+    def request_headers(self, alert: Alert, body: bytes) -> dict[str, str]:
         timestamp = str(int(time.time()))
         return {
             "Content-Type": "application/json",
@@ -105,8 +110,8 @@ class WebhookOutput:
             "Idempotency-Key": str(alert.get("alert.id", "")),
         }
 
-    def send(self, alert: dict[str, Any]) -> None:
-        body = dumps(alert)
+    def send(self, alert: Alert) -> None:
+        body = alert_bytes(alert)
         try:
             response = self._client.post(
                 self.url, content=body, headers=self.request_headers(alert, body)

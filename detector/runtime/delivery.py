@@ -13,7 +13,8 @@ from typing import Any
 
 from hpcsec.detector.alerts.suppression import Decision, Suppressor
 from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.outputs.base import DeliveryReport, OutputSet, open_outputs
+from hpcsec.detector.outputs.delivery import DeliveryReport, OutputSet
+from hpcsec.detector.outputs.registry import open_outputs
 
 Alert = dict[str, Any]
 

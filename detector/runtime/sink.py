@@ -90,7 +90,7 @@ def open_alert_outputs(
     urls: tuple[str, ...], secret_file: str | None, spool_dir: str | None, config: SiteConfig
 ) -> Any:
     """The OutputSet; with no output configured, stdout (the journal, under systemd)."""
-    from hpcsec.detector.outputs.base import open_outputs
+    from hpcsec.detector.outputs.registry import open_outputs
 
     return open_outputs(
         list(urls or ("-",)), secret_file=secret_file, spool_dir=spool_dir, config=config

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from hpcsec.detector.core.errors import UsageError
-from hpcsec.detector.outputs.base import DeliveryOutcome
+from hpcsec.detector.outputs.delivery import DeliveryOutcome
 from hpcsec.detector.store.alert_store import AlertQuery, Store, StoreError, parse_since
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from hpcsec.detector.core.errors import HpcsecError
-from hpcsec.detector.outputs.base import OutputError, open_outputs
+from hpcsec.detector.outputs.protocol import OutputError
+from hpcsec.detector.outputs.registry import open_outputs
 from tests.rule_texts import MINER_RULE
 
 ALERTS = [

@@ -8,8 +8,10 @@ import orjson
 import pytest
 
 from hpcsec.detector.core.errors import HpcsecError
-from hpcsec.detector.outputs.base import DeliveryFailed, OutputSet
-from hpcsec.detector.outputs.spool import SPOOL_FULL_RULE_ID, Spool, SpoolError, destination_key
+from hpcsec.detector.outputs.delivery import OutputSet
+from hpcsec.detector.outputs.protocol import DeliveryFailed
+from hpcsec.detector.outputs.spool import Spool, SpoolError, destination_key
+from hpcsec.detector.outputs.spool_notice import SPOOL_FULL_RULE_ID
 
 DEST = "https://siem.example/hook"
 

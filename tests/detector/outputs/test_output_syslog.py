@@ -5,7 +5,6 @@ by the openssl CLI (certificate checks, framing of raw bytes)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import socket
 import ssl
@@ -17,16 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.outputs.base import DeliveryFailed, OutputOptions, open_outputs
-from hpcsec.detector.outputs.syslog import (
-    CEF_PRODUCT_VERSION,
-    SyslogOutput,
-    format_message,
-    msgid,
-    octet_frame,
-    sd_escape,
-    structured_data,
-)
+from hpcsec.detector.outputs.cef import CEF_PRODUCT_VERSION
+from hpcsec.detector.outputs.protocol import DeliveryFailed, OutputOptions
+from hpcsec.detector.outputs.registry import open_outputs
+from hpcsec.detector.outputs.syslog import SyslogOutput, octet_frame
+from tests.detector.outputs.sample_alerts import SD_EXPECTED, make_alert
 
 RSYSLOGD = shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
 # rsyslog's TLS driver (Debian package rsyslog-gnutls), next to its other modules
@@ -46,6 +40,17 @@ TEMPLATE = (
     '"sd":"%structured-data:::json%","msg":"%msg:::json%","version":'
     '"%protocol-version%"}\\n'
 )
+
+
+def complete_lines(path: Path) -> list[str]:
+    """The lines rsyslog has finished writing to `path`.
+
+    omfile writes through a buffer (ioBufferSize, 4 KiB by default) and writes it out when it
+    is full, which can be in the middle of a record: two records of ~2 KiB in one batch end the
+    first write() inside the second. Until the rest arrives, the file ends in a partial line
+    (possibly inside a UTF-8 character): only what ends in a newline is a record."""
+    data = path.read_bytes() if path.exists() else b""
+    return data[: data.rfind(b"\n") + 1].decode("utf-8").splitlines()
 
 
 def free_port(kind: int) -> int:
@@ -100,7 +105,7 @@ action(type="omfile" file="{self.out}" template="fields")
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"rsyslogd exited: {self.proc.stdout.read().decode()}")
                 udp.sendto(probe, ("127.0.0.1", self.udp))
-                if self.out.exists() and probe.split()[-1].decode() in self.out.read_text():
+                if any(probe.split()[-1].decode() in line for line in complete_lines(self.out)):
                     try:
                         socket.create_connection(("127.0.0.1", self.tcp), timeout=1).close()
                         return
@@ -113,8 +118,7 @@ action(type="omfile" file="{self.out}" template="fields")
         """The first n records whose raw message contains marker, waiting for them."""
         deadline = time.monotonic() + 15
         while True:
-            lines = self.out.read_text(encoding="utf-8").splitlines() if self.out.exists() else []
-            found = [json.loads(line) for line in lines if marker in line]
+            found = [json.loads(line) for line in complete_lines(self.out) if marker in line]
             if len(found) >= n or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
@@ -122,6 +126,16 @@ action(type="omfile" file="{self.out}" template="fields")
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+def test_a_record_rsyslog_is_still_writing_is_not_read(tmp_path):
+    out = tmp_path / "received.jsonl"
+    assert complete_lines(out) == []
+    whole = json.dumps({"msg": "zoë"}, ensure_ascii=False)
+    out.write_bytes(whole.encode() + b"\n" + whole.encode()[:-3])  # cut inside the ë
+    assert complete_lines(out) == [whole]
+    out.write_bytes(whole.encode() + b"\n" + whole.encode() + b"\n")
+    assert complete_lines(out) == [whole, whole]
 
 
 @pytest.fixture(scope="module")
@@ -145,36 +159,6 @@ def rsyslog_tls(tmp_path_factory):
     server.cert = cert[0]
     yield server
     server.stop()
-
-
-def make_alert(marker: str, n: int, level: str = "high", **fields) -> dict:
-    return {
-        "alert.id": f"{marker}-{n}",
-        "@timestamp": "2026-11-30T01:02:03.456Z",
-        "rule.id": "6f1d2c3b-0a9e-4c1d-8e7f-112233445566",
-        "rule.title": "Model weights read by a copy tool",
-        "rule.level": level,
-        "rule.tags": ["attack.exfiltration", "attack.t1005"],
-        "rule.vector": "model_theft",
-        "host.name": "gpu-017",
-        "slurm.job.id": "4242",
-        "user.name": 'eve "x"]\\',
-        "process.pid": 31337,
-        "process.name": "rclone",
-        "count": 3,
-        "events": [{"event.id": "e1", "file.path": "/lustre/models/llama/w.bin"}],
-        "alert.first_seen": "2026-11-30T01:02:03.456Z",
-        "alert.last_seen": "2026-11-30T01:04:00.000Z",
-        "alert.summary": f"alert {n}: rclone read llama weights",
-        **fields,
-    }
-
-
-SD_EXPECTED = (
-    '[hpcsec@32473 id="{id}" rule="6f1d2c3b-0a9e-4c1d-8e7f-112233445566" '
-    'level="{level}" vector="model_theft" host="gpu-017" job="4242" '
-    'user="eve \\"x\\"\\]\\\\" count="3"]'
-)
 
 
 @pytest.mark.rsyslog
@@ -371,32 +355,6 @@ def test_tls_with_octet_counting_and_certificate_check(tmp_path):
     assert all(f.startswith(b"<83>1 2026-11-30T01:02:03.456Z ") for f in frames)
 
 
-def test_message_format_details():
-    alert = make_alert(
-        "fmt", 0, events=[{"event.id": str(i), "pad": "x" * 200} for i in range(100)]
-    )
-    message = format_message(alert, hostname="node-a", procid=7, max_bytes=2048)
-    assert len(message) <= 2048
-    head, body = message.split(b"] ", 1)
-    assert head.startswith(b"<83>1 2026-11-30T01:02:03.456Z node-a hpcsec 7 ")
-    parsed = json.loads(body)
-    assert "events" not in parsed and parsed["hpcsec.events_omitted"] == 100
-    assert parsed["alert.id"] == "fmt-0"
-    # the whole alert when it fits
-    assert json.loads(format_message(alert, max_bytes=1 << 20).split(b"] ", 1)[1]) == alert
-    assert sd_escape('a"b\\c]d') == 'a\\"b\\\\c\\]d'
-    assert msgid("short-rule") == "short-rule"
-    assert msgid("x" * 40) == "x" * 32
-    assert msgid("has space") == "-"
-    assert structured_data({"alert.id": "i", "rule.id": "r"}) == '[hpcsec@32473 id="i" rule="r"]'
-    unknown = format_message({"rule.level": "weird", "@timestamp": "bad"}, hostname="h")
-    assert re.match(
-        rb"<84>1 \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z h hpcsec \d+ - "
-        rb"\[hpcsec@32473 level=\"weird\"\] \{",
-        unknown,
-    )
-
-
 def test_a_datagram_too_big_for_udp_is_refused_not_retried_forever(tmp_path):
     port = free_port(socket.SOCK_DGRAM)
     url = f"syslog+udp://127.0.0.1:{port}"
@@ -406,91 +364,6 @@ def test_a_datagram_too_big_for_udp_is_refused_not_retried_forever(tmp_path):
     d = report.destinations[url]
     assert (d.delivered, d.pending, d.failed) == (1, 0, 1)
     assert "Message too long" in d.last_error
-
-
-def test_json_message_byte_for_byte():
-    alert = {
-        "alert.id": "0123abcd",
-        "@timestamp": "2026-11-30T03:04:05.678+02:00",
-        "rule.id": "fw-drift",
-        "rule.level": "medium",
-        "rule.vector": "firmware_drift",
-        "host.name": "gpu-002",
-        "slurm.job.id": 17,
-        "user.name": "zoë",
-        "rule.title": "Fïrmware",
-    }
-    message = format_message(alert, hostname="collector.example", procid=4711)
-    # header: version 1, UTC time with milliseconds, MSGID = the short rule id; SD values are
-    # UTF-8 (allowed), the JSON body is ASCII with \\u escapes, hence no BOM
-    assert (
-        message
-        == (
-            "<84>1 2026-11-30T01:04:05.678Z collector.example hpcsec 4711 fw-drift "
-            '[hpcsec@32473 id="0123abcd" rule="fw-drift" level="medium" vector="firmware_drift" '
-            'host="gpu-002" job="17" user="zoë"] '
-            '{"alert.id":"0123abcd","@timestamp":"2026-11-30T03:04:05.678+02:00",'
-            '"rule.id":"fw-drift","rule.level":"medium","rule.vector":"firmware_drift",'
-            '"host.name":"gpu-002","slurm.job.id":17,"user.name":"zo\\u00eb",'
-            '"rule.title":"F\\u00efrmware"}'
-        ).encode()
-    )
-    assert message.split(b"] ", 1)[1].isascii()
-    # NILVALUE for header fields that have no valid value
-    nil = format_message(
-        {"rule.id": "", "rule.level": "low"}, hostname="bad host", procid=1, facility=16
-    )
-    assert nil.startswith(b"<133>1 ")
-    assert nil.split(b" ")[2:6] == [b"-", b"hpcsec", b"1", b"-"]
-
-
-def test_cef_message_byte_for_byte():
-    alert = {
-        "alert.id": "id1",
-        "@timestamp": "2026-11-30T01:00:00Z",
-        "rule.id": "r|1",
-        "rule.title": "line\r\nbreak \\ and = sign",
-        "rule.level": "informational",
-        "host.name": "gpu-003",
-        "process.name": "a=b\\c\rd",
-        "count": 2,
-    }
-    message = format_message(alert, body_format="cef", hostname="h", procid=9)
-    assert message == (
-        b'<86>1 2026-11-30T01:00:00.000Z h hpcsec 9 r|1 [hpcsec@32473 id="id1" rule="r|1" '
-        b'level="informational" host="gpu-003" count="2"] '
-        b"CEF:0|hpcsec|hpcsec|"
-        + CEF_PRODUCT_VERSION.encode()
-        + b"|r\\|1|line break \\\\ and = sign|1|"
-        b"rt=1796000400000 externalId=id1 dvchost=gpu-003 dproc=a\\=b\\\\c\\rd cnt=2"
-    )
-    utf8 = format_message(
-        {**alert, "user.name": "jürgen"}, body_format="cef", hostname="h", procid=9
-    )
-    body = utf8.split(b"] ", 1)[1]
-    assert body.startswith(b"\xef\xbb\xbfCEF:0|")  # the UTF-8 BOM
-    assert "duser=jürgen".encode() in body
-
-
-def test_bytes_that_are_not_utf8_do_not_make_an_alert_undeliverable():
-    # a file name with a byte that is not UTF-8, as os.readlink hands it to the sensor
-    path = "/lustre/models/\udcff\udcfe.bin"
-    alert = {
-        "alert.id": "s1",
-        "rule.id": "r",
-        "rule.level": "high",
-        "user.name": "\udce9ve",
-        "@timestamp": "2026-11-30T01:00:00Z",
-        "file.path": path,
-        "events": [{"file.path": path}],
-    }
-    message = format_message(alert, hostname="h", procid=1)
-    message.decode("utf-8")  # valid UTF-8 throughout
-    assert b' user="\\\\xe9ve"]' in message  # SD escapes the backslash
-    body = json.loads(message.split(b"] ", 1)[1])
-    assert body["file.path"] == body["events"][0]["file.path"] == "/lustre/models/\\xff\\xfe.bin"
-    cef = format_message(alert, body_format="cef", hostname="h", procid=1)
-    assert b"duser=\\\\xe9ve" in cef  # the escape's backslash, escaped for CEF
 
 
 @pytest.mark.rsyslog

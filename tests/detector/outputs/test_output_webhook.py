@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hpcsec.detector.outputs.base import open_outputs
+from hpcsec.detector.outputs.registry import open_outputs
 from hpcsec.detector.outputs.webhook import parse_retry_after
 
 SECRET = b"s3cret-shared-with-the-receiver"
@@ -215,7 +215,7 @@ def test_a_refused_alert_is_moved_aside_and_reported(receiver, secret_file, tmp_
 
 CHILD = """
 import sys
-from hpcsec.detector.outputs.base import open_outputs
+from hpcsec.detector.outputs.registry import open_outputs
 url, secret, spool, n = sys.argv[1:5]
 alerts = [{"alert.id": f"k{i:03d}", "rule.id": "r", "rule.level": "high", "events": [],
            "count": 1} for i in range(int(n))]
@@ -282,7 +282,7 @@ def test_parse_retry_after():
 
 
 def test_backoff_grows_with_jitter_up_to_the_cap_and_retry_after_wins():
-    from hpcsec.detector.outputs.base import RetryPolicy
+    from hpcsec.detector.outputs.delivery import RetryPolicy
 
     policy = RetryPolicy(base_s=0.5, cap_s=60.0, max_retry_after_s=3600.0)
     for failures, ceiling in ((1, 0.5), (2, 1.0), (3, 2.0), (8, 60.0), (30, 60.0)):

@@ -1,0 +1,70 @@
+"""What every output is and what it may raise; nothing here knows an implementation.
+
+One way to name an output (a contract, the same in the config file and on the command line):
+`syslog+udp|tcp|tls://HOST:PORT`, `http(s)://…` (signed webhook), `file:///PATH.jsonl`, `-`.
+registry.py turns such a URL into an Output; delivery.py sends alerts through a set of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from hpcsec.detector.core.errors import HpcsecError
+
+# Outputs only read alerts: an alert is a value that other outputs, the store and the
+# suppression state share, so no output may change it.
+Alert = Mapping[str, Any]
+
+
+class OutputError(HpcsecError):
+    """An output URL or its settings are invalid (unknown type, bad URL, unreadable secret)."""
+
+
+class DeliveryFailed(Exception):
+    """One attempt did not get the alert to the receiver.
+
+    `permanent`: the receiver refused this alert and will refuse it again (HTTP 400, 413, …);
+    it is moved aside instead of being retried forever. `retry_after`: seconds the receiver
+    asked us to wait (HTTP 429/503 Retry-After).
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False, retry_after: float | None = None):
+        super().__init__(message)
+        self.permanent = permanent
+        self.retry_after = retry_after
+
+
+class Output(Protocol):
+    """A destination. `send` delivers one alert or raises DeliveryFailed; it never retries
+    itself: retries, backoff and Retry-After are the delivery loop's job (one policy for all)."""
+
+    name: str  # the URL without credentials or query: what reports and the store show
+    durable: bool  # True: goes through the spool (network outputs)
+
+    def send(self, alert: Alert) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What an output needs besides its URL."""
+
+    secret_file: str | None = None
+    syslog_format: str = "json"
+    timeout_s: float = 10.0
+
+
+def redact(url: str) -> str:
+    """The URL without user info, query or fragment (webhook URLs often carry tokens).
+
+    Here rather than in the registry: outputs name themselves with it, and an output must not
+    import the registry that opens it."""
+    if url == "-":
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
