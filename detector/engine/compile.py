@@ -298,19 +298,18 @@ class CategoryCompiler:
         slow = self.const(m.lift(scalar_matcher(value)))
         if isinstance(value, SigmaString):
             cased = isinstance(value, SigmaCasedString)
-            kind, text = string_shape(value, lower=not cased)
-            if kind == "glob":
-                text = None
+            kind, const = string_shape(value, lower=not cased)
             subject = raw if cased else self.var(field, folded=True)
-            fast = {
-                "eq": f"{subject} == {text!r}",
-                "contains": f"{text!r} in {subject}",
-                "startswith": f"{subject}.startswith({text!r})",
-                "endswith": f"{subject}.endswith({text!r})",
-                "any": "True",
-                "glob": f"{self.const(string_shape(value, lower=not cased)[1])}"
-                f".fullmatch({subject}) is not None",
-            }[kind]
+            if kind == "glob":  # a wildcard.Glob: linear, never a backtracking regex
+                fast = f"{self.const(const.matches)}({subject})"
+            else:
+                fast = {
+                    "eq": f"{subject} == {const!r}",
+                    "contains": f"{const!r} in {subject}",
+                    "startswith": f"{subject}.startswith({const!r})",
+                    "endswith": f"{subject}.endswith({const!r})",
+                    "any": "True",
+                }[kind]
             guard = f"{raw}.__class__ is str" if cased else f"{subject} is not None"
             return f"(({fast}) if {guard} else {raw} is not None and {slow}({raw}))"
         if isinstance(value, SigmaBool):

@@ -11,6 +11,7 @@ values reports three lines. Correlation documents have checks of their own (corr
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,12 @@ from sigma.exceptions import SigmaError, SigmaRuleLocation
 from sigma.filters import SigmaFilter
 from sigma.rule import SigmaRule
 from sigma.rule.detection import SigmaDetectionItem, SigmaDetections
+from sigma.types import SigmaRegularExpression
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.yamlsrc import YamlDocument
 from hpcsec.detector.engine import correlation_rules
+from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex
 from hpcsec.detector.engine.ruleset import SigmaItem
 
 DETECTION_META_KEYS = ("condition", "timeframe")
@@ -130,17 +133,22 @@ def _item_errors(key: str | None, value: Any, at: Key) -> list[tuple[SigmaError,
     return [(error, at)]
 
 
-def _definition_errors(definition: Any, at: Key) -> list[tuple[SigmaError, Key]]:
+def _field_items(definition: Any, at: Key) -> Iterator[tuple[str | None, Any, Key]]:
+    """(`field|modifiers` key or None for keywords, value(s), where) of a detection's items."""
     if isinstance(definition, dict):
-        return [e for k, v in definition.items() for e in _item_errors(str(k), v, (*at, k))]
-    if isinstance(definition, list) and any(isinstance(d, dict) for d in definition):
-        return [
-            e
-            for i, d in enumerate(definition)
-            if isinstance(d, dict)
-            for e in _definition_errors(d, (*at, i))
-        ]
-    return _item_errors(None, definition, at)
+        for key, value in definition.items():
+            yield str(key), value, (*at, key)
+    elif isinstance(definition, list) and any(isinstance(d, dict) for d in definition):
+        for i, one in enumerate(definition):
+            if isinstance(one, dict):
+                yield from _field_items(one, (*at, i))
+    else:
+        yield None, definition, at
+
+
+def _definition_errors(definition: Any, at: Key) -> list[tuple[SigmaError, Key]]:
+    items = _field_items(definition, at)
+    return [e for key, value, where in items for e in _item_errors(key, value, where)]
 
 
 def detection_errors(section: Any, section_name: str) -> list[tuple[SigmaError, Key]]:
@@ -154,6 +162,45 @@ def detection_errors(section: Any, section_name: str) -> list[tuple[SigmaError, 
         if ident not in skip
         for e in _definition_errors(definition, (section_name, ident))
     ]
+
+
+def _regex_problem(key: str, value: Any) -> str | None:
+    """Why RE2 cannot run the `|re` value, if it cannot (placeholders are checked once filled)."""
+    try:
+        item = SigmaDetectionItem.from_mapping(key, [value])
+    except Exception:  # reported by the parse already
+        return None
+    for parsed in item.value:
+        if isinstance(parsed, SigmaRegularExpression) and not parsed.regexp.contains_placeholder():
+            try:
+                compile_regex(parsed)
+            except UnsupportedRegex as exc:
+                return str(exc)
+    return None
+
+
+def regex_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
+    """`|re` values RE2 cannot run, each at its value: the rule must not load, rather than
+    load and never match or fall back to a matcher that backtracks."""
+    section = doc.data.get(section_name)
+    if not isinstance(section, dict):
+        return []
+    skip = (*DETECTION_META_KEYS, "rules") if section_name == "filter" else DETECTION_META_KEYS
+    errors = []
+    for ident, definition in section.items():
+        if ident in skip:
+            continue
+        for key, value, at in _field_items(definition, (section_name, ident)):
+            if key is None or "re" not in key.split("|")[1:]:
+                continue
+            listed = isinstance(value, list)
+            for i, one in enumerate(value if listed else [value]):
+                problem = _regex_problem(key, one)
+                if problem is not None:
+                    line = doc.line_of(*at, i) if listed else doc.line_of(*at)
+                    message = f"{key}: {problem}; the rule is not loaded"
+                    errors.append(RuleError(message, location(doc.path, line)))
+    return errors
 
 
 def condition_errors(item: SigmaItem, doc: YamlDocument) -> list[RuleError]:
@@ -233,6 +280,8 @@ def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]
         return None, [RuleError(f"not a valid Sigma {section} rule: {exc}", where)]
     if not item.errors:
         errors = logsource_errors(item, doc) + condition_errors(item, doc)
+        if section != "correlation":
+            errors += regex_errors(doc, section)
         return (None, errors) if errors else (item, [])
     located = detection_errors(data.get(section), section)
     messages = {error_message(e) for e, _ in located}

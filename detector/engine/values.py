@@ -7,7 +7,6 @@ value found in an unusual form, e.g. a number where a string was expected) goes 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,8 @@ from sigma.types import (
 )
 
 from hpcsec.detector.engine import matchers as m
+from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex
+from hpcsec.detector.engine.wildcard import Glob
 
 
 class UnsupportedValue(ValueError):
@@ -34,7 +35,8 @@ class UnsupportedValue(ValueError):
 
 def string_shape(value: SigmaString, lower: bool) -> tuple[str, Any]:
     """Classify a Sigma string: ('eq'|'contains'|'startswith'|'endswith'|'any', text) or
-    ('glob', compiled regex) for wildcards elsewhere. `lower` folds the constant's case."""
+    ('glob', Glob) for wildcards elsewhere (matched without backtracking, see wildcard.py).
+    `lower` folds the constant's case."""
     parts = []
     for part in value.s:
         if isinstance(part, Placeholder):
@@ -52,10 +54,7 @@ def string_shape(value: SigmaString, lower: bool) -> tuple[str, Any]:
             return ("startswith", parts[0]) if parts[1] is multi else ("endswith", parts[1])
         if len(parts) == 3 and parts[0] is multi and parts[2] is multi:
             return "contains", parts[1]
-    pattern = "".join(
-        re.escape(p) if isinstance(p, str) else (".*" if p is multi else ".") for p in parts
-    )
-    return "glob", re.compile(pattern, re.DOTALL)
+    return "glob", Glob(parts)
 
 
 def string_test(shape: tuple[str, Any]) -> Callable[[str], bool]:
@@ -71,7 +70,7 @@ def string_test(shape: tuple[str, Any]) -> Callable[[str], bool]:
         return lambda s: s.endswith(const)
     if kind == "any":
         return lambda s: True
-    return lambda s: const.fullmatch(s) is not None
+    return const.matches
 
 
 def scalar_matcher(value: Any) -> Callable[[Any], bool]:
@@ -89,10 +88,10 @@ def scalar_matcher(value: Any) -> Callable[[Any], bool]:
     if isinstance(value, SigmaRegularExpression):
         if value.regexp.contains_placeholder():
             raise UnsupportedValue(f"unfilled placeholder in regular expression {value.regexp}")
-        flags = 0
-        for flag in value.flags:
-            flags |= SigmaRegularExpression.sigma_to_python_flags[flag]
-        return m.regex(re.compile(str(value.regexp), flags))
+        try:
+            return m.regex(compile_regex(value))
+        except UnsupportedRegex as exc:
+            raise UnsupportedValue(str(exc)) from None
     if isinstance(value, SigmaCIDRExpression):
         return m.cidr(value.network)
     if isinstance(value, SigmaCompareExpression):
