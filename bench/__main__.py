@@ -13,6 +13,7 @@ BENCHES = {
     "file_access": "bench.file_access",
     "agent": "bench.agent",
     "outputs": "bench.outputs",
+    "regex": "bench.regex",
 }
 
 

@@ -6,7 +6,8 @@ into one generated function: each field the category's rules read is fetched fro
 (and lower-cased once where a case-insensitive comparison needs it), constants are literals or
 precompiled objects, and the common value shapes (equality, contains, startswith, endswith, set
 membership) are plain string operations. Everything unusual (lists in events, numbers compared
-with strings, CIDR, regexes, time parts, keywords) goes through a small closure built once here.
+with strings, CIDR, regexes, time parts, keywords) goes through a small closure built once
+(values.py).
 
 The tree is pySigma's own (`SigmaCondition.parse()`) with pySigma's typed values: nothing here
 parses Sigma.
@@ -15,7 +16,6 @@ parses Sigma.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,101 +27,31 @@ from sigma.conditions import (
     ConditionValueExpression,
 )
 from sigma.types import (
-    Placeholder,
     SigmaBool,
     SigmaCasedString,
-    SigmaCIDRExpression,
     SigmaCompareExpression,
     SigmaExists,
     SigmaExpansion,
     SigmaFieldReference,
     SigmaNull,
     SigmaNumber,
-    SigmaRegularExpression,
     SigmaString,
     SigmaTimestampPart,
-    SpecialChars,
 )
 
 from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.condtree import conjuncts, necessary_fields, necessary_test
+from hpcsec.detector.engine.values import (
+    UnsupportedValue,
+    scalar_keyword,
+    scalar_matcher,
+    string_shape,
+)
 
 Predicate = Callable[[dict[str, Any]], tuple[int, ...]]
-
-
-class UnsupportedValue(ValueError):
-    """A value type the engine cannot evaluate (the caller turns it into a RuleError)."""
-
-
-def string_shape(value: SigmaString, lower: bool) -> tuple[str, Any]:
-    """Classify a Sigma string: ('eq'|'contains'|'startswith'|'endswith'|'any', text) or
-    ('glob', compiled regex) for wildcards elsewhere. `lower` folds the constant's case."""
-    parts = []
-    for part in value.s:
-        if isinstance(part, Placeholder):
-            raise UnsupportedValue(f"unfilled placeholder %{part.name}%")
-        parts.append(part.lower() if lower and isinstance(part, str) else part)
-    multi = SpecialChars.WILDCARD_MULTI
-    texts = [p for p in parts if isinstance(p, str)]
-    specials = [p for p in parts if isinstance(p, SpecialChars)]
-    if not specials:
-        return "eq", "".join(texts)
-    if all(p is multi for p in specials):
-        if len(parts) == 1:
-            return "any", ""
-        if len(parts) == 2:
-            return ("startswith", parts[0]) if parts[1] is multi else ("endswith", parts[1])
-        if len(parts) == 3 and parts[0] is multi and parts[2] is multi:
-            return "contains", parts[1]
-    pattern = "".join(
-        re.escape(p) if isinstance(p, str) else (".*" if p is multi else ".") for p in parts
-    )
-    return "glob", re.compile(pattern, re.DOTALL)
-
-
-def string_test(shape: tuple[str, Any]) -> Callable[[str], bool]:
-    """The shape as a function of an (already case-folded) string."""
-    kind, const = shape
-    if kind == "eq":
-        return const.__eq__
-    if kind == "contains":
-        return lambda s: const in s
-    if kind == "startswith":
-        return lambda s: s.startswith(const)
-    if kind == "endswith":
-        return lambda s: s.endswith(const)
-    if kind == "any":
-        return lambda s: True
-    return lambda s: const.fullmatch(s) is not None
-
-
-def scalar_matcher(value: Any) -> Callable[[Any], bool]:
-    """Match one non-None, non-list event value against one typed Sigma value."""
-    if isinstance(value, SigmaCasedString):
-        return m.on_text(string_test(string_shape(value, lower=False)), fold=False)
-    if isinstance(value, SigmaString):
-        return m.on_text(string_test(string_shape(value, lower=True)), fold=True)
-    if isinstance(value, SigmaTimestampPart):
-        return m.time_part(value.timestamp_part.name.lower(), value.number)
-    if isinstance(value, SigmaNumber):
-        return m.number_equals(value.number)
-    if isinstance(value, SigmaBool):
-        return m.bool_equals(value.boolean)
-    if isinstance(value, SigmaRegularExpression):
-        if value.regexp.contains_placeholder():
-            raise UnsupportedValue(f"unfilled placeholder in regular expression {value.regexp}")
-        flags = 0
-        for flag in value.flags:
-            flags |= SigmaRegularExpression.sigma_to_python_flags[flag]
-        return m.regex(re.compile(str(value.regexp), flags))
-    if isinstance(value, SigmaCIDRExpression):
-        return m.cidr(value.network)
-    if isinstance(value, SigmaCompareExpression):
-        if isinstance(value.number, SigmaTimestampPart):  # e.g. |hour|gte
-            part = value.number.timestamp_part.name.lower()
-            return m.time_part(part, value.number.number, value.op.name)
-        return m.compare(value.op.name, value.number.number)
-    raise UnsupportedValue(f"value type {type(value).__name__} is not supported")
+# a test a rule cannot match without: (code, fields it reads, index of the conjunct it
+# replaces, or None when it is implied by one rather than one itself)
+PreCheck = tuple[str, frozenset[str], int | None]
 
 
 def _affix_test(
@@ -175,46 +105,26 @@ class CategoryCompiler:
         rule first runs a test it cannot match without (its first conjunct, or for an OR the
         OR of each branch's first test) before fetching the rest of its fields: most events
         fail it."""
-        groups: dict[str | None, list[int]] = {}
+        groups: dict[str, list[int]] = {}  # guard field -> rules, in rule order
+        unguarded: list[int] = []
         for i, (_, necessary) in enumerate(self.rules):
-            groups.setdefault(necessary[0] if necessary else None, []).append(i)
-        top = set().union(*(self.fields_of(i) for i in groups.get(None, ())))
+            if necessary:
+                groups.setdefault(necessary[0], []).append(i)
+            else:
+                unguarded.append(i)
+        top: set[str] = set().union(*(self.fields_of(i) for i in unguarded))
         # generate every test before emitting fetches: tests may need folded variables
         checks = {
             i: self.pre_check(i, top | {guard})
             for guard, members in groups.items()
-            if guard is not None
             for i in members
         }
         lines = [f"def {name}(ev):", "    g = ev.get", "    r = ()"]
         self._fetch(lines, "    ", sorted(top))
-        for i in groups.pop(None, ()):
+        for i in unguarded:
             lines += [f"    if {self.code(i)}:", f"        r += ({i},)"]
         for guard, members in groups.items():
-            n = self.fields[guard]
-            if guard not in top:
-                lines.append(f"    v{n} = g({guard!r})")
-            lines.append(f"    if v{n} is not None:")
-            if n in self.folded and guard not in top:
-                lines.append(f"        l{n} = v{n}.lower() if v{n}.__class__ is str else None")
-            known = top | {guard}
-            header = set().union(
-                *(self.fields_of(i) if checks[i] is None else checks[i][1] for i in members)
-            )
-            self._fetch(lines, "        ", sorted(header - known))
-            known |= header
-            for i in members:
-                if checks[i] is None:
-                    lines += [f"        if {self.code(i)}:", f"            r += ({i},)"]
-                    continue
-                test, _, skip = checks[i]
-                lines.append(f"        if {test}:")
-                self._fetch(lines, "            ", sorted(self.fields_of(i) - known))
-                rest = self.code(i, skip)
-                if rest == "True":
-                    lines.append(f"            r += ({i},)")
-                    continue
-                lines += [f"            if {rest}:", f"                r += ({i},)"]
+            self._emit_group(lines, guard, members, top, checks)
         lines.append("    return r")
         source = "\n".join(lines)
         code = compile(source, f"<hpcsec rules {name}>", "exec")
@@ -222,6 +132,42 @@ class CategoryCompiler:
         fn = self.namespace[name]
         fn.source = source
         return fn
+
+    def _emit_group(
+        self,
+        lines: list[str],
+        guard: str,
+        members: list[int],
+        top: set[str],
+        checks: dict[int, PreCheck | None],
+    ) -> None:
+        """The rules guarded by one field: run only when the event carries it."""
+        n = self.fields[guard]
+        if guard not in top:
+            lines.append(f"    v{n} = g({guard!r})")
+        lines.append(f"    if v{n} is not None:")
+        if n in self.folded and guard not in top:
+            lines.append(f"        l{n} = v{n}.lower() if v{n}.__class__ is str else None")
+        known = top | {guard}
+        header: set[str] = set()
+        for i in members:
+            check = checks[i]
+            header |= self.fields_of(i) if check is None else check[1]
+        self._fetch(lines, "        ", sorted(header - known))
+        known |= header
+        for i in members:
+            check = checks[i]
+            if check is None:
+                lines += [f"        if {self.code(i)}:", f"            r += ({i},)"]
+                continue
+            test, _, skip = check
+            lines.append(f"        if {test}:")
+            self._fetch(lines, "            ", sorted(self.fields_of(i) - known))
+            rest = self.code(i, skip)
+            if rest == "True":
+                lines.append(f"            r += ({i},)")
+                continue
+            lines += [f"            if {rest}:", f"                r += ({i},)"]
 
     def fields_of(self, rule: int) -> set[str]:
         return set().union(*(part[1] for part in self.rules[rule][0]))
@@ -231,14 +177,12 @@ class CategoryCompiler:
         parts = [part[0] for k, part in enumerate(self.rules[rule][0]) if k != skip]
         return " and ".join(parts) or "True"
 
-    def pre_check(
-        self, rule: int, known: set[str]
-    ) -> tuple[str, frozenset[str], int | None] | None:
+    def pre_check(self, rule: int, known: set[str]) -> PreCheck | None:
         """(code, fields read, conjunct it replaces) of a test the rule cannot match without,
         reading `known` fields where the rule has one, when the rule reads other fields."""
         if self.fields_of(rule) <= known:
             return None
-        options = []
+        options: list[PreCheck] = []
         for k, (code, fields, node) in enumerate(self.rules[rule][0]):
             needed = necessary_test(node)
             if needed is node and fields:
@@ -290,7 +234,8 @@ class CategoryCompiler:
         """OR-ed plain equalities on one field (strings or numbers) become one set lookup
         (value lists), OR-ed prefixes or suffixes one `startswith`/`endswith` call with a
         tuple."""
-        by_field: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        # (field, shape) -> (constant, the expression it came from)
+        by_field: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
         others = []
         for arg in args:
             value = getattr(arg, "value", None)
@@ -353,19 +298,18 @@ class CategoryCompiler:
         slow = self.const(m.lift(scalar_matcher(value)))
         if isinstance(value, SigmaString):
             cased = isinstance(value, SigmaCasedString)
-            kind, text = string_shape(value, lower=not cased)
-            if kind == "glob":
-                text = None
+            kind, const = string_shape(value, lower=not cased)
             subject = raw if cased else self.var(field, folded=True)
-            fast = {
-                "eq": f"{subject} == {text!r}",
-                "contains": f"{text!r} in {subject}",
-                "startswith": f"{subject}.startswith({text!r})",
-                "endswith": f"{subject}.endswith({text!r})",
-                "any": "True",
-                "glob": f"{self.const(string_shape(value, lower=not cased)[1])}"
-                f".fullmatch({subject}) is not None",
-            }[kind]
+            if kind == "glob":  # a wildcard.Glob: linear, never a backtracking regex
+                fast = f"{self.const(const.matches)}({subject})"
+            else:
+                fast = {
+                    "eq": f"{subject} == {const!r}",
+                    "contains": f"{const!r} in {subject}",
+                    "startswith": f"{subject}.startswith({const!r})",
+                    "endswith": f"{subject}.endswith({const!r})",
+                    "any": "True",
+                }[kind]
             guard = f"{raw}.__class__ is str" if cased else f"{subject} is not None"
             return f"(({fast}) if {guard} else {raw} is not None and {slow}({raw}))"
         if isinstance(value, SigmaBool):
@@ -387,20 +331,3 @@ class CategoryCompiler:
                 f"else {raw} is not None and {slow}({raw}))"
             )
         return f"({raw} is not None and {slow}({raw}))"
-
-
-def scalar_keyword(value: Any) -> Callable[[Any], bool]:
-    """A field-less (keyword) value: a substring search unless the rule anchors it with
-    wildcards of its own, case-insensitive like every Sigma string."""
-    if isinstance(value, SigmaString):
-        if not value.startswith(SpecialChars.WILDCARD_MULTI):
-            value = SpecialChars.WILDCARD_MULTI + value
-        if not value.endswith(SpecialChars.WILDCARD_MULTI):
-            value = value + SpecialChars.WILDCARD_MULTI
-        return scalar_matcher(value)
-    if isinstance(value, SigmaNumber):
-        return scalar_keyword(SigmaString.from_str(str(value.number)))
-    if isinstance(value, SigmaExpansion):
-        tests = [scalar_keyword(v) for v in value.values]
-        return lambda v: any(t(v) for t in tests)
-    return scalar_matcher(value)

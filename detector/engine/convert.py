@@ -6,25 +6,25 @@ a SIEM query needs that our engine gets elsewhere:
   hpcsec event, the query itself must say `event.category: <logsource category>`;
 - placeholder values: `%name%` with `|expand` are filled from the site config (thresholds and
   named lists), or, for lists the SIEM keeps itself, replaced by a lookup expression;
-- field names the target spells differently: `field_map` renames fields (or give a pySigma
-  pipeline file with `-p`).
+- field names the target spells differently: a pySigma pipeline given with `-p` renames them
+  (it runs after ours).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from sigma.collection import SigmaCollection
+from sigma.conversion.base import Backend
 from sigma.exceptions import SigmaError, SigmaPipelineNotFoundError
 from sigma.plugins import InstalledSigmaPlugins
 from sigma.processing.conditions import LogsourceCondition
 from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
 from sigma.processing.transformations import (
     AddConditionTransformation,
-    FieldMappingTransformation,
     QueryExpressionPlaceholderTransformation,
     ValueListPlaceholderTransformation,
 )
@@ -32,10 +32,9 @@ from sigma.rule import SigmaRule
 
 from hpcsec.detector.core.errors import RuleError, UsageError, location
 from hpcsec.detector.core.schema import CATEGORIES, PRODUCT
-from hpcsec.detector.engine.evaluate import placeholder_names
+from hpcsec.detector.engine.prepare import placeholder_names
 from hpcsec.detector.engine.ruleset import RuleSet
 
-PIPELINE_NAME = "hpcsec"
 # Runs before pipelines given with -p (pySigma orders pipelines by priority, lowest first), so
 # a site's own mapping sees our field names.
 PIPELINE_PRIORITY = 10
@@ -63,10 +62,9 @@ def placeholder_values(values: dict[str, list[Any]]) -> dict[str, list[str | int
 
 def hpcsec_pipeline(
     placeholders: dict[str, list[Any]] | None = None,
-    field_map: dict[str, str] | None = None,
     placeholder_expression: str | None = None,
 ) -> ProcessingPipeline:
-    """Log source -> `event.category` condition, placeholders filled, fields renamed.
+    """Log source -> `event.category` condition, placeholders filled.
 
     `placeholder_expression` (pySigma's QueryExpressionPlaceholderTransformation, with `{field}`
     and `{id}`) replaces the placeholders that have no value; without it they are an error.
@@ -94,13 +92,6 @@ def hpcsec_pipeline(
                 transformation=QueryExpressionPlaceholderTransformation(
                     expression=placeholder_expression
                 ),
-            )
-        )
-    if field_map:
-        items.append(
-            ProcessingItem(
-                identifier="hpcsec_field_names",
-                transformation=FieldMappingTransformation(field_map),
             )
         )
     return ProcessingPipeline(
@@ -169,7 +160,8 @@ def convert_rules(
 ) -> list[Any]:
     """Queries for `target` (an installed pySigma backend), our pipeline applied first."""
     plugins = InstalledSigmaPlugins.autodiscover()
-    backend_class = plugins.backends.get(target)
+    # pySigma annotates its backend registry with instances; it holds the classes
+    backend_class = cast("type[Backend] | None", plugins.backends.get(target))
     if backend_class is None:
         raise UsageError(
             f"unknown target {target!r} (installed pySigma backends: "
@@ -198,9 +190,9 @@ def convert_rules(
         # a -p pipeline with a well-formed shape but wrong values (`mapping: 5`) fails only here
         raise UsageError(f"{target}: cannot apply the processing pipelines: {exc}") from None
     by_id = {str(r.sigma.id or r.sigma.title): r for r in ruleset.rules}
-    for rule, exc in backend.errors:
+    for rule, error in backend.errors:
         loaded = by_id.get(str(rule.id or rule.title))
         where = location(loaded.path, loaded.line) if loaded else None
-        message = str(exc.args[0]) if exc.args else type(exc).__name__
+        message = str(error.args[0]) if error.args else type(error).__name__
         raise RuleError(f"cannot convert rule {rule.title!r} to {target}: {message}", where)
     return list(queries) if isinstance(queries, list) else [queries]

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sigma.correlations import (
@@ -35,7 +33,7 @@ from sigma.correlations import (
     SigmaRuleReference,
 )
 
-from hpcsec.detector.core.schema import rfc3339
+from hpcsec.detector.engine.groups import EngineStats, Fired, Group, group_key, hashable
 from hpcsec.detector.engine.matchers import as_number
 from hpcsec.detector.engine.ruleset import LoadedRule
 
@@ -50,66 +48,6 @@ RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-@dataclass
-class EngineStats:
-    rule_hits: int = 0  # detection rule matches, including those that only feed correlations
-    evicted_groups: int = 0  # correlation groups dropped because max_groups were open
-    untimed_events: int = 0  # events without a readable @timestamp (correlations skip them)
-    late_events: int = 0  # events too old for their group's window (see Correlation.feed)
-
-
-@dataclass(frozen=True)
-class Fired:
-    """A correlation that fired: what the engine turns into a Match and feeds to chains."""
-
-    key: tuple[Any, ...]
-    events: tuple[dict[str, Any], ...]
-    window_start: float
-    time: float  # event time of the event that completed it
-    value: float
-
-
-class Group:
-    """One group's window state; only the containers its correlation type needs are made."""
-
-    __slots__ = (
-        "buckets",
-        "chain",
-        "count",
-        "last",
-        "reached_at",
-        "sample",
-        "seen",
-        "start",
-        "times",
-        "values",
-    )
-
-    def __init__(self, start: float, kind: str, sources: int, sample_size: int):
-        self.start = start  # first event of the window (closing windows) or of the group
-        self.last = start
-        self.count = 0
-        # the most recent events, as evidence of what made the group fire
-        self.sample: deque[tuple[float, dict[str, Any]]] = deque(maxlen=sample_size)
-        self.times: deque[float] = deque() if kind == "event_count" else None  # type: ignore
-        self.values: dict[Any, float] = {} if kind == "value_count" else None  # type: ignore
-        self.seen: dict[int, float] = {} if kind == "temporal" else None  # type: ignore
-        self.chain: list[float | None] = [None] * sources if kind == "temporal_ordered" else None  # type: ignore
-        self.reached_at: list[float] = (
-            [float("inf")] * sources if kind == "temporal_ordered" else None
-        )  # type: ignore
-        self.buckets: deque[list[float]] = deque() if kind in ("value_sum", "value_avg") else None  # type: ignore
-
-
-def hashable(value: Any) -> Any:
-    """Group keys and distinct values from JSON values (lists and objects included)."""
-    if isinstance(value, list | tuple):
-        return tuple(hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), hashable(v)) for k, v in value.items()))
-    return value
-
-
 class Correlation:
     """The running state of one correlation rule."""
 
@@ -121,7 +59,8 @@ class Correlation:
         max_groups: int,
         sample_size: int,
     ):
-        sigma: SigmaCorrelationRule = rule.sigma  # type: ignore[assignment]
+        sigma = rule.sigma
+        assert isinstance(sigma, SigmaCorrelationRule)
         self.rule = rule
         self.kind = sigma.type.name.lower()
         self.span = float(sigma.timespan.seconds)
@@ -135,6 +74,8 @@ class Correlation:
         self.keys_by_source = [group_key(fields) for fields in self.fields_by_source]
         condition = sigma.condition
         self.extended = None
+        # value_count/sum/avg: the field (or fields) counted or summed
+        self.field: str | tuple[str, ...] | None
         if isinstance(condition, SigmaExtendedCorrelationCondition):
             names = [self._ref_index(sigma, r) for r in condition.get_referenced_rules()]
             self.extended = (
@@ -231,6 +172,7 @@ class Correlation:
         if not self.sliding:
             return None
         times = g.times
+        assert times is not None  # made for event_count groups
         if not times or t >= times[-1]:
             times.append(t)
         else:  # a late event (within the window): keep the times sorted
@@ -246,16 +188,18 @@ class Correlation:
         self, g: Group, source: int, event: dict[str, Any], t: float
     ) -> tuple[float, float] | None:
         g.count += 1
-        value = (
-            tuple(map(event.get, self.field))
-            if isinstance(self.field, tuple)
-            else event.get(self.field)
-        )
+        field = self.field
+        value: Any
+        if isinstance(field, tuple):
+            value = tuple(map(event.get, field))
+        else:
+            value = None if field is None else event.get(field)
         if value.__class__ is not str:
             value = hashable(value)
         if value is None:
             return None
         values = g.values
+        assert values is not None  # made for value_count groups
         if not self.sliding and value not in values and len(values) > self.threshold:
             return None  # min(count, threshold + 1) decides every condition: saturate
         previous = values.pop(value, None)
@@ -278,18 +222,21 @@ class Correlation:
         low = g.last - self.span
         chain = g.chain  # chain[i]: latest start of an in-order chain that reached rule i
         reached_at = g.reached_at  # reached_at[i]: event time of that chain's step i
+        assert chain is not None and reached_at is not None  # temporal_ordered groups
         if source == 0:
             if chain[0] is None or t >= chain[0]:
                 chain[0] = reached_at[0] = t
-        elif (
-            chain[source - 1] is not None
-            and chain[source - 1] >= t - self.span
-            and reached_at[source - 1] <= t
-        ):  # in order of event time, not of arrival
-            chain[source] = chain[source - 1]
-            reached_at[source] = t
-        reached = max((i + 1 for i, s in enumerate(chain) if s is not None and s >= low), default=0)
-        start = chain[reached - 1] if reached else t
+        else:
+            previous = chain[source - 1]
+            if (
+                previous is not None and previous >= t - self.span and reached_at[source - 1] <= t
+            ):  # in order of event time, not of arrival
+                chain[source] = previous
+                reached_at[source] = t
+        reached, start = 0, t  # the furthest step a chain still in the window reached
+        for i, chain_start in enumerate(chain):
+            if chain_start is not None and chain_start >= low:
+                reached, start = i + 1, chain_start
         return reached, start
 
     def _add_seen(
@@ -297,6 +244,7 @@ class Correlation:
     ) -> tuple[float, float] | None:
         g.count += 1
         seen = g.seen
+        assert seen is not None  # made for temporal groups
         if t > seen.get(source, float("-inf")):
             seen[source] = t
         if self.sliding:
@@ -311,46 +259,52 @@ class Correlation:
     def _add_sum(
         self, g: Group, source: int, event: dict[str, Any], t: float
     ) -> tuple[float, float] | None:
-        number = as_number(event.get(self.field))  # value_sum / value_avg
+        field = self.field  # value_sum / value_avg name one field
+        number = as_number(event.get(field)) if isinstance(field, str) else None
         if number is None:
             return None
         g.count += 1
+        buckets = g.buckets
+        assert buckets is not None  # made for value_sum/value_avg groups
         width = self.span / BUCKETS if self.sliding else float("inf")
-        if g.buckets and t < g.buckets[-1][0] + width:
-            g.buckets[-1][1] += number
-            g.buckets[-1][2] += 1
+        if buckets and t < buckets[-1][0] + width:
+            buckets[-1][1] += number
+            buckets[-1][2] += 1
         else:
-            g.buckets.append([t, number, 1])
+            buckets.append([t, number, 1])
         if not self.sliding:
             return None
         low = g.last - self.span
-        while g.buckets and g.buckets[0][0] + width <= low:
-            g.buckets.popleft()
-        return self._sum_value(g), g.buckets[0][0]
+        while buckets and buckets[0][0] + width <= low:
+            buckets.popleft()
+        return self._sum_value(g), buckets[0][0]
 
     def _sum_value(self, g: Group) -> float:
-        total = sum(b[1] for b in g.buckets)
+        buckets = g.buckets or ()
+        total = sum(b[1] for b in buckets)
         if self.kind == "value_avg":
-            n = sum(b[2] for b in g.buckets)
+            n = sum(b[2] for b in buckets)
             return total / n if n else 0.0
         return total
 
     def _temporal_value(self, g: Group) -> float:
+        seen = g.seen or {}
         if self.extended is None:
-            return len(g.seen)
+            return len(seen)
         tree, index = self.extended
-        return 1 if evaluate_extended(tree, index, g.seen) else 0
+        return 1 if evaluate_extended(tree, index, seen) else 0
 
     # -- closing windows ----------------------------------------------------------------------
     def _closing_value(self, g: Group) -> float:
         if self.kind == "event_count":
             return g.count
         if self.kind == "value_count":
-            return len(g.values)
+            return len(g.values or ())
         if self.kind == "temporal":
             return self._temporal_value(g)
         if self.kind == "temporal_ordered":
-            return max((i + 1 for i, s in enumerate(g.chain) if s is not None), default=0)
+            chain = g.chain or ()
+            return max((i + 1 for i, s in enumerate(chain) if s is not None), default=0)
         return self._sum_value(g)
 
     def _close(self, key: tuple[Any, ...], g: Group) -> Fired | None:
@@ -389,18 +343,6 @@ class Correlation:
         return tuple(zip(self.group_by, key, strict=True))
 
 
-def group_key(fields: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """The event's group-by values (None where absent); one or two fields (the usual) without
-    building a map object per event."""
-    if len(fields) == 1:
-        (first,) = fields
-        return lambda event: (event.get(first),)
-    if len(fields) == 2:
-        first, second = fields
-        return lambda event: (event.get(first), event.get(second))
-    return lambda event: tuple(map(event.get, fields))
-
-
 def has_negation(node: Any) -> bool:
     if isinstance(node, CorrelationConditionNOT):
         return True
@@ -417,20 +359,3 @@ def evaluate_extended(node: Any, index: dict[str, int], seen: dict[int, float]) 
     if isinstance(node, CorrelationConditionNOT):
         return not evaluate_extended(node.args[0], index, seen)
     raise TypeError(f"unexpected correlation condition element {type(node).__name__}")
-
-
-def epoch(timestamp: Any) -> float | None:
-    """Event time in seconds, from an RFC 3339 `@timestamp`; None when it cannot be read."""
-    if timestamp.__class__ is not str:
-        return None
-    try:
-        moment = datetime.fromisoformat(timestamp)  # 3.11 reads a trailing Z itself
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def timestamp_text(seconds: float) -> str:
-    return rfc3339(datetime.fromtimestamp(seconds, UTC))

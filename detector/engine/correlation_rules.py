@@ -16,6 +16,7 @@ from sigma.correlations import (
     SigmaCorrelationConditionOperator,
     SigmaCorrelationRule,
     SigmaCorrelationType,
+    SigmaExtendedCorrelationCondition,
     SigmaRuleReference,
 )
 
@@ -77,6 +78,15 @@ def document_errors(doc: YamlDocument) -> list[RuleError]:
     ]
 
 
+def referenced_rules(corr: SigmaCorrelationRule) -> list[str]:
+    """The rules an extended temporal condition (`a and not b`) names; other conditions name
+    none (their rules are listed under `rules`)."""
+    condition = corr.condition
+    if isinstance(condition, SigmaExtendedCorrelationCondition):
+        return list(condition.get_referenced_rules())
+    return []
+
+
 def _reference_errors(rule: LoadedRule, collection: SigmaCollection) -> list[RuleError]:
     corr = rule.sigma
     assert isinstance(corr, SigmaCorrelationRule)
@@ -86,7 +96,7 @@ def _reference_errors(rule: LoadedRule, collection: SigmaCollection) -> list[Rul
     if corr.rules is None:  # an extended temporal condition names the rules itself
         refs = [
             (SigmaRuleReference(name), ("correlation", "condition"))
-            for name in corr.condition.get_referenced_rules()
+            for name in referenced_rules(corr)
         ]
     for alias in corr.aliases:
         refs += [(ref, ("correlation", "aliases", alias.alias)) for ref in alias.mapping]
@@ -115,6 +125,7 @@ def resolve_correlations(ruleset: RuleSet) -> None:
             if errors:
                 ruleset.errors.extend(errors)
                 continue
-            rule.sigma.resolve_rule_references(collection)  # type: ignore[union-attr]
+            assert isinstance(rule.sigma, SigmaCorrelationRule)
+            rule.sigma.resolve_rule_references(collection)
         kept.append(rule)
     ruleset.rules = kept

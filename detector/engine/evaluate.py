@@ -26,7 +26,6 @@ Value semantics (tests/detector/test_engine_semantics.py has one test each):
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -34,17 +33,22 @@ from typing import Any
 from sigma.conditions import ConditionOR
 from sigma.correlations import SigmaCorrelationRule
 from sigma.exceptions import SigmaError
-from sigma.filters import SigmaFilter
-from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
-from sigma.processing.transformations import ValueListPlaceholderTransformation
-from sigma.rule import SigmaDetection, SigmaRule
-from sigma.types import Placeholder, SigmaRegularExpression
+from sigma.rule import SigmaRule
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.schema import PRODUCT
-from hpcsec.detector.engine.compile import CategoryCompiler, UnsupportedValue
-from hpcsec.detector.engine.correlate import Correlation, EngineStats, Fired, epoch, timestamp_text
+from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
+from hpcsec.detector.engine.correlate import Correlation
+from hpcsec.detector.engine.correlation_rules import referenced_rules
+from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
+from hpcsec.detector.engine.prepare import (
+    fill_placeholders,
+    filter_applies,
+    filter_condition,
+    rule_error,
+)
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
+from hpcsec.detector.engine.values import UnsupportedValue
 
 NO_TIME = float("nan")  # an event whose @timestamp cannot be read: correlations skip it
 
@@ -77,74 +81,10 @@ class Slot:
     feeds: tuple[Feed, ...]
 
 
-def rule_error(rule: LoadedRule, message: str) -> RuleError:
-    return RuleError(f"rule {rule.id}: {message}", location(rule.path, rule.line))
-
-
-def placeholder_names(rule: SigmaRule) -> set[str]:
-    names: set[str] = set()
-
-    def walk(detection: SigmaDetection) -> None:
-        for item in detection.detection_items:
-            if isinstance(item, SigmaDetection):
-                walk(item)
-                continue
-            for value in item.value:
-                parts = (
-                    value.regexp.s
-                    if isinstance(value, SigmaRegularExpression)
-                    else getattr(value, "s", ())
-                )
-                names.update(p.name for p in parts if isinstance(p, Placeholder))
-
-    for detection in rule.detection.detections.values():
-        walk(detection)
-    return names
-
-
-def filter_condition(filter_rule: LoadedRule, values: dict[str, list]) -> Any:
-    """A filter's condition tree, its placeholders filled like a rule's."""
-    sigma_filter: SigmaFilter = filter_rule.sigma  # type: ignore[assignment]
-    # pySigma pipelines transform rules: carry the filter's detections in a stand-in rule
-    stand_in = SigmaRule(
-        title=sigma_filter.title,
-        logsource=sigma_filter.logsource,
-        detection=copy.deepcopy(sigma_filter.filter),
-    )
-    filled = fill_placeholders(filter_rule, values, stand_in)
-    return filled.detection.parsed_condition[0].parse()
-
-
-def fill_placeholders(
-    rule: LoadedRule, values: dict[str, list], sigma: SigmaRule | None = None
-) -> SigmaRule:
-    """`|expand` placeholders, filled by pySigma's own ValueListPlaceholderTransformation."""
-    if sigma is None:
-        sigma = rule.sigma  # type: ignore[assignment]
-    names = placeholder_names(sigma)
-    if not names:
-        return sigma
-    missing = sorted(names - values.keys())
-    if missing:
-        listed = ", ".join(f"%{name}%" for name in missing)
-        raise rule_error(
-            rule,
-            f"placeholder {listed} has no value (placeholder values come from the site config)",
-        )
-    pipeline = ProcessingPipeline(
-        items=[ProcessingItem(ValueListPlaceholderTransformation(), identifier="hpcsec-expand")],
-        vars=dict(values),
-    )
-    filled = copy.deepcopy(sigma)
-    try:
-        pipeline.apply(filled)
-    except SigmaError as e:
-        raise rule_error(rule, str(e)) from e
-    return filled
-
-
 def routed_category(rule: LoadedRule) -> tuple[bool, str | None]:
     """(routable, category); a rule of another product is not evaluated on our events."""
+    if not isinstance(rule.sigma, SigmaRule):
+        return False, None
     logsource = rule.sigma.logsource
     product = (logsource.product or "").lower()
     return product == PRODUCT, logsource.category
@@ -179,6 +119,17 @@ class Engine:
             )
             for c in self.correlations
         }
+        self._by_category = self._compile(routed, filters, feeds, silenced)
+        self._any_category = self._by_category.pop(None, None)
+
+    def _compile(
+        self,
+        routed: list[LoadedRule],
+        filters: list[LoadedRule],
+        feeds: dict[str, list[Feed]],
+        silenced: set[str],
+    ) -> dict[str | None, tuple[Predicate, tuple[Slot, ...]]]:
+        """One generated match function per category, with the slot of each of its rules."""
         compilers: dict[str | None, CategoryCompiler] = {}
         slots: dict[str | None, list[Slot]] = {}
         for rule in routed:
@@ -191,7 +142,7 @@ class Engine:
                 trees += [
                     filter_condition(f, self.placeholders)
                     for f in filters
-                    if _filter_applies(f, rule)
+                    if filter_applies(f, rule)
                 ]
                 compiler.add_rule(trees)
             except (UnsupportedValue, SigmaError) as e:
@@ -201,7 +152,7 @@ class Engine:
             slots.setdefault(category, []).append(
                 Slot(rule, rule.id not in silenced, self._ordered(feeds.get(rule.id, [])))
             )
-        self._by_category: dict[str | None, tuple[Any, tuple[Slot, ...]]] = {}
+        by_category: dict[str | None, tuple[Predicate, tuple[Slot, ...]]] = {}
         for category, compiler in compilers.items():
             try:
                 function = compiler.build(_function_name(category))
@@ -211,8 +162,8 @@ class Engine:
                     f"the rules of category {category} are too large to compile: {e}",
                     location(first.path, first.line),
                 ) from e
-            self._by_category[category] = (function, tuple(slots[category]))
-        self._any_category = self._by_category.pop(None, None)
+            by_category[category] = (function, tuple(slots[category]))
+        return by_category
 
     @staticmethod
     def _ordered(feeds: list[Feed]) -> tuple[Feed, ...]:
@@ -226,12 +177,9 @@ class Engine:
         feeds: dict[str, list[Feed]] = {}
         silenced: set[str] = set()
         for rule in rules:
-            sigma: SigmaCorrelationRule = rule.sigma  # type: ignore[assignment]
-            refs = (
-                [r.reference for r in sigma.rules]
-                if sigma.rules
-                else sigma.condition.get_referenced_rules()
-            )  # type: ignore[union-attr]
+            sigma = rule.sigma
+            assert isinstance(sigma, SigmaCorrelationRule)
+            refs = [r.reference for r in sigma.rules] if sigma.rules else referenced_rules(sigma)
             sources = []
             for ref in refs:
                 source = ruleset.find(ref)
@@ -373,17 +321,6 @@ def _any_of(conditions: list[Any]) -> Any:
     if len(conditions) == 1:
         return conditions[0]
     return ConditionOR(conditions)
-
-
-def _filter_applies(filter_rule: LoadedRule, rule: LoadedRule) -> bool:
-    sigma_filter: SigmaFilter = filter_rule.sigma  # type: ignore[assignment]
-    if rule.sigma.logsource not in sigma_filter.logsource:
-        return False
-    refs = sigma_filter.filter.rules
-    if isinstance(refs, str):
-        return refs.lower() == "any"
-    names = {rule.id, getattr(rule.sigma, "name", None), str(rule.sigma.id or "")}
-    return any(ref.reference in names for ref in refs)
 
 
 def _function_name(category: str | None) -> str:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sigma.correlations import SigmaCorrelationRule
 from sigma.filters import SigmaFilter
@@ -14,9 +14,14 @@ from sigma.plugins import InstalledSigmaPlugins
 from sigma.rule.detection import SigmaDetectionItem
 from sigma.types import SigmaFieldReference
 from sigma.validation import SigmaValidator
-from sigma.validators.base import SigmaValidationIssue, SigmaValidationIssueSeverity
+from sigma.validators.base import (
+    SigmaRuleValidator,
+    SigmaValidationIssue,
+    SigmaValidationIssueSeverity,
+)
 
 from hpcsec.detector.core import schema
+from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.ruletests import coverage_gaps, tests_file_for
 
@@ -129,8 +134,9 @@ def field_findings(rule: LoadedRule) -> list[Finding]:
     if isinstance(corr, SigmaCorrelationRule):
         aliases = {alias.alias for alias in corr.aliases}
         names: list[tuple[tuple[str, ...], str]] = [(("group-by",), f) for f in corr.group_by or []]
-        if getattr(corr.condition, "fieldref", None):
-            names.append((("condition",), corr.condition.fieldref))
+        fieldref = getattr(corr.condition, "fieldref", None)  # value_* conditions only
+        for field_name in [fieldref] if isinstance(fieldref, str) else fieldref or []:
+            names.append((("condition",), field_name))
         # an alias stands for one field of each rule it maps
         names += [
             (("aliases", alias.alias, ref.reference), f)
@@ -267,9 +273,9 @@ def _issue_location(issue: SigmaValidationIssue, rule: LoadedRule) -> tuple[str 
         for key, name in detection_keys(rule):
             if name == item.field:
                 return key
-    name = getattr(issue, "detection_name", None) or getattr(issue, "detection", None)
-    if isinstance(name, str):
-        return ("detection", name)
+    detection = getattr(issue, "detection_name", None) or getattr(issue, "detection", None)
+    if isinstance(detection, str):
+        return ("detection", detection)
     return ()
 
 
@@ -291,7 +297,10 @@ def _run_validators(ruleset: RuleSet) -> tuple[list[SigmaValidationIssue], list[
     pySigma accepts shapes its validators do not expect (`references: [{a: b}]` makes one
     raise TypeError), so each validator runs alone on each rule rather than all in one call.
     """
-    installed = InstalledSigmaPlugins.autodiscover().validators
+    # pySigma annotates its validator registry with instances; it holds the classes
+    installed = cast(
+        "dict[str, type[SigmaRuleValidator]]", InstalledSigmaPlugins.autodiscover().validators
+    )
     names = {cls: name for name, cls in installed.items()}
     validators = SigmaValidator(
         [cls for name, cls in installed.items() if name not in SKIPPED_VALIDATORS]
@@ -299,11 +308,12 @@ def _run_validators(ruleset: RuleSet) -> tuple[list[SigmaValidationIssue], list[
     issues: list[SigmaValidationIssue] = []
     crashes: list[Finding] = []
     for rule in ruleset.rules:
-        if rule.kind == "filter":
+        sigma = rule.sigma
+        if isinstance(sigma, SigmaFilter):
             continue
         for validator in validators:
             try:
-                issues += validator.validate(rule.sigma)  # type: ignore[arg-type]
+                issues += validator.validate(sigma)
             except Exception as exc:  # reported as a finding, never a traceback
                 crashes.append(
                     _at(
@@ -363,6 +373,4 @@ def lint(ruleset: RuleSet) -> list[Finding]:
 
 
 def check_paths(paths: Sequence[str | Path] | None) -> list[Finding]:
-    from hpcsec.detector.engine.loader import load_rules
-
     return lint(load_rules(paths, collect_errors=True))

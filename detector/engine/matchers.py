@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from hpcsec.detector.core.schema import parse_time
+from hpcsec.detector.engine.regex import Searcher
 
 Test = Callable[[Any], bool]
 
@@ -87,7 +88,7 @@ def bool_equals(expected: bool) -> Test:
     return equals
 
 
-def regex(pattern: Any) -> Test:
+def regex(pattern: Searcher) -> Test:
     """Sigma regexes are unanchored (search), case-sensitive unless the `i` flag is set."""
 
     def search(value: Any) -> bool:

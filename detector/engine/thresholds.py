@@ -16,10 +16,15 @@ the rules are loaded.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from sigma.rule import SigmaRule
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.yamlsrc import YamlDocument
+from hpcsec.detector.engine.prepare import placeholder_names
+from hpcsec.detector.engine.ruleset import LoadedRule
 
 ATTRIBUTE = "thresholds"
 
@@ -79,7 +84,7 @@ def declared(doc: YamlDocument) -> tuple[dict[str, tuple[str | int, ...]], list[
     return paths, errors
 
 
-def apply(doc: YamlDocument, values: dict[str, Any]) -> list[RuleError]:
+def apply(doc: YamlDocument, values: Mapping[str, Any]) -> list[RuleError]:
     """Replace the declared numbers that `values` names, in place; errors for bad ones."""
     paths, errors = declared(doc)
     for name, path in paths.items():
@@ -101,19 +106,14 @@ def apply(doc: YamlDocument, values: dict[str, Any]) -> list[RuleError]:
     return errors
 
 
-def unused(values: dict[str, Any], rules: list[Any]) -> list[str]:
+def unused(values: Mapping[str, Any], rules: Sequence[LoadedRule]) -> list[str]:
     """Config threshold names no loaded rule declares or uses as a placeholder (typos)."""
-    from hpcsec.detector.engine.evaluate import (
-        placeholder_names,  # the engine knows how to walk detections
-    )
-
     known: set[str] = set()
     for rule in rules:
         attrs = getattr(rule.sigma, "custom_attributes", None) or {}
         declared_names = attrs.get(ATTRIBUTE)
         if isinstance(declared_names, dict):
             known.update(str(name) for name in declared_names)
-        detection = getattr(rule.sigma, "detection", None)
-        if detection is not None:
+        if isinstance(rule.sigma, SigmaRule):  # filters and correlations have no detection
             known |= placeholder_names(rule.sigma)
     return sorted(name for name in values if name not in known)
