@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from hpcsec.detector.core.schema import new_event
 from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.schema import new_event
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, SlurmUnreachable
