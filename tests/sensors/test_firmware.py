@@ -25,8 +25,9 @@ from hpcsec.sensors.firmware import (
     nic_items,
     physical_interfaces,
 )
-from hpcsec.sensors.snapshot import record_snapshot, replay_snapshot
+from hpcsec.sensors.snapshot import record_snapshot
 from tests.fakes.nvml import FakeNvml, h100_node, installed
+from tests.sensors.replay import replay
 
 POLICY_KEYS = ("firmware.baseline_version", "firmware.drift", "firmware.known_vulnerable")
 
@@ -304,7 +305,7 @@ def test_snapshot_round_trip_replays_the_same_inventory(tmp_path):
     assert (stored / "nvml.json").exists()
     # no NVML, no fixture roots: only the snapshot
     with installed(FakeNvml([], library_missing=True)):
-        (replayed,) = replay_snapshot(tmp_path / "snap", [spec], None)
+        (replayed,) = replay(tmp_path / "snap", [spec], None)
     assert replayed.events == live.events and len(live.events) == 52
 
 
