@@ -194,8 +194,8 @@ def annotate_fleet_majority(events: Iterable[Event]) -> int:
             majority[component] = version
     annotated = 0
     for e in firmware:
-        version = majority.get(e["firmware.component"])
-        if version is not None:
-            e["firmware.fleet_majority_version"] = version
+        fleet_version = majority.get(e["firmware.component"])
+        if fleet_version is not None:
+            e["firmware.fleet_majority_version"] = fleet_version
             annotated += 1
     return annotated

@@ -319,9 +319,10 @@ class FanotifyWatch:
             if event.mask & (fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO)
             else None
         )
-        if action and (old or new) and self.protected(old or new):
+        path = old or new
+        if action and path and self.protected(path):
             self._remember(event.pid, fresh=False)
-            self.folder.add(when, event.pid, old or new, action)
+            self.folder.add(when, event.pid, path, action)
 
     def _id_path(self, fid: fan.FileId) -> str | None:
         mount_fd = self._mount_fds.get(fid.fsid)

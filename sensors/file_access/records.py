@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hpcsec.detector.core.schema import FILE_ACTIONS
 from hpcsec.sensors.base import SensorContext
@@ -215,3 +215,11 @@ class Drained:
     proc_inputs: dict[int, tuple[ProcInput, ...]]  # pid -> its /proc files (when recording)
     errors: int
     last_error: str | None
+
+
+class AccessStream(Protocol):
+    """What the sensor needs of its live stream (fanwatch.FanotifyWatch)."""
+
+    def pending(self) -> bool: ...
+    def drain(self) -> Drained: ...
+    def stop(self) -> None: ...

@@ -22,6 +22,7 @@ from hpcsec.sensors.base import SensorContext, SensorUnavailable
 from hpcsec.sensors.file_access.records import (
     DEFAULT_MAX_RECORDS,
     AccessRecord,
+    AccessStream,
     Folder,
     access_process_fields,
     file_fields,
@@ -84,7 +85,7 @@ class FileAccessSensor:
 
     def __init__(self, max_records: int = DEFAULT_MAX_RECORDS):
         self.max_records = max_records
-        self._watch = None  # fanwatch.FanotifyWatch, started by the first streaming sample
+        self._watch: AccessStream | None = None  # started by the first streaming sample
         self._dropped = 0
         self._errors: tuple[int, str | None] = (0, None)
         self._notes: list[str] = []
@@ -153,7 +154,7 @@ class FileAccessSensor:
                         ctx.recorder.record_link("proc", rel, data)
         return records_jsonl(drained.records)
 
-    def _start(self, ctx: SensorContext, roots: list[str]):
+    def _start(self, ctx: SensorContext, roots: list[str]) -> AccessStream:
         snapshot_dir = getattr(ctx.recorder, "directory", None)
         if snapshot_dir is not None:
             where = os.path.abspath(snapshot_dir)
