@@ -11,9 +11,9 @@ Sources (each optional; the sensor is unavailable only when none answers):
   no privilege and no ethtool binary, unlike `devlink dev info`, and covers non-Mellanox NICs.
 - BIOS, from `class/dmi/id` (version, vendor, date; board and product names as extra fields).
 
-With a site config, each event is compared with the golden version of the node class
-(`firmware.baseline_version`, `firmware.drift`) and the vulnerable-version globs
-(`firmware.known_vulnerable`); with the previous sample (ctx.state), `firmware.changed`.
+The sensor reports versions as read; with the previous sample (ctx.state), `firmware.changed`.
+Comparing them with the site's golden and vulnerable versions is site policy, decided at
+enrichment (`firmware.baseline_version`, `firmware.drift`, `firmware.known_vulnerable`).
 """
 
 from __future__ import annotations
@@ -232,19 +232,6 @@ def bios_items(ctx: SensorContext) -> list[FirmwareItem]:
 # --- the sensor ------------------------------------------------------------------------------
 
 
-def policy_fields(config: Any, component: str, version: str) -> dict[str, Any]:
-    """firmware.baseline_version / drift / known_vulnerable from the site config."""
-    if config is None:
-        return {}
-    policy = config.firmware
-    fields: dict[str, Any] = {"firmware.known_vulnerable": policy.is_vulnerable(component, version)}
-    baseline = policy.baseline(config.node_class, component)
-    if baseline is not None:
-        fields["firmware.baseline_version"] = baseline
-        fields["firmware.drift"] = version != baseline
-    return fields
-
-
 @dataclass(frozen=True)
 class Inventory:
     items: list[FirmwareItem]
@@ -314,7 +301,6 @@ class FirmwareSensor:
                 "firmware.device": item.device,
                 "firmware.version": item.version,
                 **item.extra,
-                **policy_fields(ctx.config, item.component, item.version),
             }
             if item.key in previous:
                 fields["firmware.previous_version"] = previous[item.key]

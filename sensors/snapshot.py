@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,23 +263,3 @@ def record_snapshot(
             close_sensor(sensor)
         writer.finish()
     return runs
-
-
-def replay_snapshot(
-    directory: str | Path,
-    specs: list[SensorSpec],
-    config: Any,
-    options: dict[str, Any] | None = None,
-) -> Iterator[SensorRun]:
-    """Run `specs` over every sample of a snapshot, in time order, carrying sensor state."""
-    snapshot = open_snapshot(directory)
-    sensors = [(spec, spec.factory()) for spec in specs]
-    state: dict[str, Any] = {}
-    try:
-        for sample in snapshot.samples:
-            ctx = sample.context(config, state, options)
-            for spec, sensor in sensors:
-                yield run_sensor(spec, sensor, ctx)
-    finally:
-        for _, sensor in sensors:
-            close_sensor(sensor)

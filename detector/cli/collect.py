@@ -12,6 +12,7 @@ from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import SourceError, UsageError
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.sources import SensorSet
@@ -224,8 +225,8 @@ def print_runs(
     for result in runs:
         print_status(result)
         events.extend(result.events)
-    if enricher is not None:
-        events = enricher.enrich(events, ctx)
+    if enricher is not None and ctx is not None:
+        events = enricher.enrich(events, capture_view(ctx, events))
     events.extend(result.status for result in runs)
     write_events(events, fmt)
     return 0

@@ -131,6 +131,7 @@ FIELDS: tuple[Field, ...] = (
     _f("gpu.compute_instance_id", "long", "MIG compute instance", "gpu_process"),
     _f("gpu.allocated_to_job", "boolean", "the GPU is in the allocation of the process's job"),
     _f("gpu.process_users", "list", "users with processes on this GPU", "gpu_device"),
+    _f("gpu.process_user_count", "long", "distinct users with processes on this GPU", "gpu_device"),
     _f("gpu.process_count", "long", "processes NVML lists on this GPU", "gpu_device"),
     _f("gpu.driver_version", "keyword", "NVIDIA driver version"),
     # RDMA

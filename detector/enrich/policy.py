@@ -9,7 +9,9 @@ and written into fields the rules test:
 - events with a process name: `process.is_gpu_service` (the site's `gpu_services`);
 - every event: `hpcsec.in_maintenance` (a maintenance window covers the host and the time);
 - `firmware` events: `firmware.baseline_version`, `firmware.drift`,
-  `firmware.known_vulnerable`, unless the sensor already set them.
+  `firmware.known_vulnerable`. The firmware sensor reports versions only; this is the one
+  place these are decided. An event that already holds them (read back from an events file
+  enriched before) keeps them.
 
 This runs on every event, so the per-config work (asset globs, windows) is prepared once and
 asset lookups are memoised by path.
@@ -32,6 +34,21 @@ SYSTEM_UID_LIMIT = 1000  # regular users are uid >= 1000 (Debian/Red Hat convent
 MIN_FLEET_HOSTS = 3  # a majority of two hosts says nothing
 _PATH_CACHE_SIZE = 65536
 _NO_ASSET = object()
+POLICY_FIELDS = frozenset(
+    {
+        "hpcsec.in_maintenance",
+        "user.is_admin",
+        "user.is_system",
+        "process.is_gpu_service",
+        "hpcsec.asset.name",
+        "hpcsec.asset.kind",
+        "hpcsec.asset.read_allowed",
+        "hpcsec.asset.write_allowed",
+        "firmware.baseline_version",
+        "firmware.drift",
+        "firmware.known_vulnerable",
+    }
+)
 
 
 class Policy:
@@ -177,8 +194,8 @@ def annotate_fleet_majority(events: Iterable[Event]) -> int:
             majority[component] = version
     annotated = 0
     for e in firmware:
-        version = majority.get(e["firmware.component"])
-        if version is not None:
-            e["firmware.fleet_majority_version"] = version
+        fleet_version = majority.get(e["firmware.component"])
+        if fleet_version is not None:
+            e["firmware.fleet_majority_version"] = fleet_version
             annotated += 1
     return annotated

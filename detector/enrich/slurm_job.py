@@ -1,58 +1,81 @@
-"""Slurm enrichment: every event with a `process.pid` gets the `slurm.job.*` of its job.
+"""Slurm enrichment, from the NodeView captured where the sensors ran.
 
-Events whose process has no job get no `slurm.job.id` at all (rules test `slurm.job.id: null`).
-`gpu_process` events also get `gpu.allocated_to_job`: whether their GPU is in the job's
-allocation on this node (false for a process with no job). `rdma_qp`, `file_access`,
-`network_socket` and `process` events are handled the same way, through their pid.
-
-Node-level events (RDMA counters, RoCE flows, GPU devices: no pid) get
-`slurm.node.job_count`, the jobs running on this node, so rules can tell traffic or GPU use
-on an idle node; it is left out while Slurm does not answer (unknown is not zero).
+Every event with a `process.pid` gets the `slurm.job.*` of its job; events whose process has
+no job get no `slurm.job.id` at all (rules test `slurm.job.id: null`). `gpu_process` events
+also get `gpu.allocated_to_job`: whether their GPU is in the job's allocation on this node
+(false for a process with no job).
 
 Events with a user (`user.id`, else `user.name`) get `slurm.node.user_has_job`: whether that
 user has a running job on this node. A process with no job of a user who has one here is an
 SSH session outside pam_slurm_adopt; of a user who has none, someone who should not be here.
+
+Node-level events (RDMA counters, RoCE flows, GPU devices: no pid) get
+`slurm.node.job_count`, the jobs running on this node, so rules can tell traffic or GPU use on
+an idle node; it is left out while Slurm does not answer and no process shows a job (unknown
+is not zero).
+
+Events with a peer address get `destination.is_job_node`: is the peer one of the job's nodes?
 """
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable, Mapping
+
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.slurm.jobs import JobContext, job_context
+from hpcsec.detector.enrich.view import (
+    NODE_CATEGORIES,
+    PEER_CATEGORIES,
+    NodeView,
+    needs_job,
+)
+from hpcsec.detector.slurm.attribution import job_fields
 from hpcsec.detector.slurm.parse import JobRecord
-from hpcsec.sensors.base import SensorContext
 
-NODE_CATEGORIES = ("rdma_counters", "roce_flow", "gpu_device")
-
-
-class SlurmEnricher:
-    """Adds job fields in place; one refresh of the job table per batch at most."""
-
-    def __init__(self, jobs: JobContext | None = None):
-        self.jobs = jobs
-
-    def enrich(self, events: list[Event], ctx: SensorContext) -> list[Event]:
-        """Enrich `events` (modified in place and returned), then append Slurm status events."""
-        jobs = self.jobs or job_context(ctx)
-        node_events = [
-            e
-            for e in events
-            if e.get("event.category") in NODE_CATEGORIES and "slurm.node.job_count" not in e
-        ]
-        if node_events or any(_pid(e) is not None or _has_user(e) for e in events):
-            jobs.refresh(ctx)
-        for event in events:
-            enrich_event(event, jobs, ctx)
-        if jobs.reachable:
-            on_node = jobs.jobs_on(ctx.host_name)
-            for event in node_events:
-                event["slurm.node.job_count"] = len(on_node)
-            mark_users_with_jobs(events, on_node)
-        events.extend(jobs.take_status())
-        return events
+JOB_FIELDS = frozenset(
+    {
+        "slurm.job.id",
+        "slurm.job.id_source",
+        "slurm.job.step",
+        "slurm.job.user",
+        "slurm.job.account",
+        "slurm.job.partition",
+        "slurm.job.nodes",
+        "slurm.job.gpus",
+        "slurm.job.state",
+        "slurm.job.start",
+        "slurm.job.name",
+        "gpu.allocated_to_job",
+        "slurm.node.user_has_job",
+    }
+)
 
 
-def _has_user(event: Event) -> bool:
-    return "user.id" in event or "user.name" in event
+def apply_jobs(events: list[Event], view: NodeView | None) -> None:
+    """Job fields of each process, users with a job here; appends Slurm's status records."""
+    if view is None or view.slurm is None:
+        return
+    for event in filter(needs_job, events):
+        _job_of_event(event, view)
+    if view.slurm.reachable:
+        mark_users_with_jobs(events, view.jobs_on_node())
+    events.extend(dict(status) for status in view.slurm.status)
+
+
+def _job_of_event(event: Event, view: NodeView) -> None:
+    assert view.slurm is not None
+    pid = event["process.pid"]
+    fields = job_fields(view.job_of(pid, event), view.slurm.table, view.host_name)
+    for key, value in fields.items():
+        event.setdefault(key, value)
+    if event.get("event.category") == "gpu_process":
+        index = event.get("gpu.index")
+        gpus = fields.get("slurm.job.gpus")
+        if not fields:
+            event["gpu.allocated_to_job"] = False
+        elif isinstance(index, int) and gpus is not None:
+            event["gpu.allocated_to_job"] = index in gpus
+        # a job whose GRES detail we could not read: leave the field out rather than guess
 
 
 def mark_users_with_jobs(events: list[Event], on_node: list[JobRecord]) -> None:
@@ -70,26 +93,64 @@ def mark_users_with_jobs(events: list[Event], on_node: list[JobRecord]) -> None:
             event["slurm.node.user_has_job"] = name in names
 
 
-def _pid(event: Event) -> int | None:
-    pid = event.get("process.pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return None
-    return pid
+def mark_node_jobs(events: list[Event], view: NodeView | None) -> None:
+    """`slurm.node.job_count` on node-level events: traffic on an idle node is a signal.
+
+    The count is the jobs Slurm lists on this node together with the jobs this node's
+    processes were seen in (a cgroup names a job even when the list lacks it). While Slurm
+    does not answer, only the jobs seen count, and with none seen the field stays out.
+    """
+    node_events = [
+        e
+        for e in events
+        if e.get("event.category") in NODE_CATEGORIES and "slurm.node.job_count" not in e
+    ]
+    if view is None or view.slurm is None or not node_events:
+        return
+    running = {str(e["slurm.job.id"]) for e in events if e.get("slurm.job.id") is not None}
+    if view.slurm.reachable:
+        running |= {job.job_id for job in view.jobs_on_node()}
+    elif not running:
+        return  # unknown is not zero
+    for event in node_events:
+        event["slurm.node.job_count"] = len(running)
 
 
-def enrich_event(event: Event, jobs: JobContext, ctx: SensorContext) -> Event:
-    pid = _pid(event)
-    if pid is None or "slurm.job.id" in event:  # prolog/epilog events already name their job
-        return event
-    fields = jobs.fields_for_pid(ctx, pid, seen=event)
-    for key, value in fields.items():
-        event.setdefault(key, value)
-    if event.get("event.category") == "gpu_process":
-        index = event.get("gpu.index")
-        gpus = fields.get("slurm.job.gpus")
-        if not fields:
-            event["gpu.allocated_to_job"] = False
-        elif isinstance(index, int) and gpus is not None:
-            event["gpu.allocated_to_job"] = index in gpus
-        # a job whose GRES detail we could not read: leave the field out rather than guess
-    return event
+def mark_job_peers(events: list[Event], view: NodeView | None) -> None:
+    """`destination.is_job_node`: is the peer address one of the job's nodes?
+
+    Events with a job use that job's nodes; RoCE flows carry no pid, so they use the nodes of
+    every job running on this node. A node with no job has no job peers at all.
+    """
+    peers = [
+        e
+        for e in events
+        if e.get("event.category") in PEER_CATEGORIES
+        and e.get("destination.ip")
+        and "destination.is_job_node" not in e
+    ]
+    if view is None or view.slurm is None or not peers:
+        return
+    node_jobs = view.jobs_on_node()
+    local = _addresses_of(view.hosts, (n for job in node_jobs for n in job.nodes))
+    # Flows carry no pid: whether their peer is a job node is known only from a job list
+    # Slurm gave, and that agrees with the jobs this node's processes are in.
+    seen_jobs = {str(e["slurm.job.id"]) for e in events if e.get("slurm.job.id") is not None}
+    local_known = view.slurm.list_known and seen_jobs <= {job.job_id for job in node_jobs}
+    for e in peers:
+        try:
+            dest = ipaddress.ip_address(e["destination.ip"])
+        except ValueError:
+            continue
+        if dest.is_loopback or dest.is_unspecified:
+            continue
+        nodes = e.get("slurm.job.nodes")
+        if isinstance(nodes, list):
+            e["destination.is_job_node"] = str(dest) in _addresses_of(view.hosts, nodes)
+        elif e.get("slurm.job.id") is None and local_known:
+            e["destination.is_job_node"] = str(dest) in local
+        # else: a job whose nodes Slurm did not give, or no job list: undecided
+
+
+def _addresses_of(hosts: Mapping[str, frozenset[str]], nodes: Iterable[object]) -> set[str]:
+    return {a for n in nodes for a in hosts.get(str(n).split(".")[0], ())}

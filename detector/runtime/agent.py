@@ -257,7 +257,6 @@ class Agent:
         dropped = self.queue.take_dropped()
         if not dropped:
             return []
-        ctx = self._context()
         events = []
         for sensor, count in sorted(dropped.items()):
             self.metrics.drops.labels(sensor).inc(count)
@@ -271,7 +270,7 @@ class Agent:
                     **{"hpcsec.dropped": count},
                 )
             )
-        return [Chunk(ctx, events)]
+        return [Chunk(None, events)]  # status records: nothing of the node to look at
 
     def _process(self, chunks: list[Chunk]) -> None:
         chunks = chunks + self._drop_events()
@@ -284,13 +283,13 @@ class Agent:
         # different sensors read at the same time (the same context).
         groups: list[Chunk] = []
         for chunk in chunks:
-            if groups and groups[-1].ctx is chunk.ctx:
+            if groups and groups[-1].view is chunk.view:
                 groups[-1].events.extend(chunk.events)
             else:
-                groups.append(Chunk(chunk.ctx, list(chunk.events)))
+                groups.append(Chunk(chunk.view, list(chunk.events)))
         for group in groups:
             try:
-                events.extend(gen.enricher.enrich(group.events, group.ctx))
+                events.extend(gen.enricher.enrich(group.events, group.view))
             except Exception as exc:  # an enrichment bug must not cost the events
                 log(f"enrichment failed, evaluating without it: {type(exc).__name__}: {exc}")
                 events.extend(group.events)

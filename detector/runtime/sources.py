@@ -17,6 +17,7 @@ from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.policy import annotate_fleet_majority
+from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
@@ -149,11 +150,11 @@ class EventSources:
             batch.append(event)
             if len(batch) >= size:
                 self.report.events += len(batch)
-                yield self.enricher.enrich(batch)
+                yield self.enricher.enrich(batch, None)
                 batch = []
         if batch:
             self.report.events += len(batch)
-            yield self.enricher.enrich(batch)
+            yield self.enricher.enrich(batch, None)
 
     def from_events_file(self, path: str, size: int) -> Iterator[list[Event]]:
         report = InputReport("stdin" if path == "-" else path)
@@ -178,7 +179,7 @@ class EventSources:
         self.report.sensor_runs.extend(runs)
         events = [e for run in runs for e in run.events]
         self.report.events += len(events)
-        return self.enricher.enrich(events, ctx)
+        return self.enricher.enrich(events, capture_view(ctx, events))
 
     def from_snapshot(self, path: str | None, demo: bool = False) -> Iterator[list[Event]]:
         from hpcsec.sensors.snapshot import open_snapshot

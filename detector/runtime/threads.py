@@ -4,8 +4,8 @@ thread, both feeding one bounded queue that the agent's main loop drains in micr
 The queue is bounded in events, not in items, so a burst of file accesses cannot grow the
 agent's memory: what does not fit is dropped, counted per sensor, and reported by the main loop
 (a `sensor_status` event with action `dropped` and the `hpcsec_events_dropped_total` metric).
-Each item keeps the SensorContext it was read with, because enrichment (Slurm job of a pid,
-site policy) must look at the same roots and time the sensor did.
+Each item carries the NodeView captured right after its sensors ran, because enrichment
+(the process and Slurm job of a pid) must see the node as the sensors did, not later.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcsec.detector.core.schema import Event, rfc3339
+from hpcsec.detector.enrich.view import NodeView, capture_view
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
 
 # How often the stream thread collects what the fanotify reader folded: the bound on the
@@ -28,9 +29,9 @@ STREAM_POLL_S = 0.25
 
 @dataclass(frozen=True)
 class Chunk:
-    """Events of one sensor run, with the context they were read through."""
+    """Events of one sensor run, with the node as captured with them (None: nothing to see)."""
 
-    ctx: SensorContext
+    view: NodeView | None
     events: list[Event]
 
 
@@ -64,7 +65,7 @@ class EventQueue:
                     self._dropped[sensor] = self._dropped.get(sensor, 0) + lost
                     lost_total += lost
                 if kept:
-                    self._chunks.append(Chunk(chunk.ctx, kept))
+                    self._chunks.append(Chunk(chunk.view, kept))
                     self._size += len(kept)
             self._cond.notify()
         return lost_total
@@ -99,6 +100,15 @@ class EventQueue:
 
 
 SampleHook = Callable[[SensorRun], None]
+
+
+def _capture(ctx: SensorContext, events: list[Event]) -> NodeView | None:
+    """The node as enrichment needs it; a capture bug must not cost the events."""
+    try:
+        return capture_view(ctx, events)
+    except Exception as exc:
+        print(f"hpcsec agent: node capture failed, enriching without it: {exc!r}", file=sys.stderr)
+        return None
 
 
 class _Unloadable:
@@ -192,14 +202,16 @@ class SampledSource(_SourceThread):
     def _sample(self) -> bool:
         ctx = self.make_context()
         ctx.state = self.state
-        sample: list[tuple[Chunk, str]] = []
+        runs: list[tuple[list[Event], str]] = []
         for spec, sensor in self.sensors:
             if self._stop.is_set():
                 return False
             run = run_sensor(spec, sensor, ctx)
             self.on_run(run)
-            sample.append((Chunk(ctx, [*run.events, run.status]), spec.name))
-        self.queue.put_many(sample)
+            runs.append(([*run.events, run.status], spec.name))
+        # One view for the whole sample: some fields relate events of different sensors.
+        view = _capture(ctx, [e for events, _ in runs for e in events])
+        self.queue.put_many([(Chunk(view, events), name) for events, name in runs])
         return True
 
     def _close(self) -> None:
@@ -249,7 +261,8 @@ class StreamSource(_SourceThread):
         decide between streaming and the sampled fallback."""
         ctx = self._context()
         run = run_sensor(self.spec, self.sensor, ctx)
-        self.queue.put(Chunk(ctx, [*run.events, run.status]), self.spec.name)
+        events = [*run.events, run.status]
+        self.queue.put(Chunk(_capture(ctx, events), events), self.spec.name)
         self._reported_ok = run.ok  # the caller reports this run
         return run
 
@@ -269,7 +282,7 @@ class StreamSource(_SourceThread):
         # Idle polls carry no accesses: their `ok` status would only fill the store.
         events = run.events if run.ok else [*run.events, run.status]
         if events:
-            self.queue.put(Chunk(ctx, events), self.spec.name)
+            self.queue.put(Chunk(_capture(ctx, events), events), self.spec.name)
 
     def _close(self) -> None:
         close = getattr(self.sensor, "close", None)

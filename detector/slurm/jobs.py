@@ -19,32 +19,20 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.slurm import parse as slurm
+from hpcsec.detector.slurm.attribution import ProcessReader, ProcReader, attribute, job_fields
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
+from hpcsec.detector.slurm.table import EMPTY_TABLE, INPUTS, ON_NODE_STATES, JobTable, build_table
 from hpcsec.sensors.base import SensorContext
 
 SENSOR = "slurm_context"
 STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.state
-# Job states (as parsed) of a job that holds resources on its nodes.
-ON_NODE_STATES = (
-    "RUNNING",
-    "COMPLETING",
-    "CONFIGURING",
-    "SUSPENDED",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-)
-# How far up the process tree a pid unknown to listpids is looked for (a job's script, its
-# interpreter and a launcher or two sit between the step and the reader).
-MAX_ANCESTORS = 8
 DEFAULT_HOOK_STATE_DIR = "/var/lib/hpcsec"
 HOOK_EVENTS_FILE = "slurm-events.jsonl"  # appended by the prolog/epilog, tailed by slurm_jobs
-INPUTS = ("slurm-jobs.json", "slurm-listpids.txt", "slurm-jobs-detail.txt")
 
 
 class SlurmUnreachable(Exception):
@@ -104,13 +92,6 @@ class SlurmCommands:
         return self._run(["scontrol", "show", "job", "-d"])
 
 
-@dataclass(frozen=True)
-class JobTable:
-    jobs: dict[str, JobRecord]
-    listpids: dict[int, PidJob]
-    errors: tuple[str, ...] = ()
-
-
 class JobContext:
     """pid -> job and job id -> details, refreshed at most every `ttl` seconds."""
 
@@ -125,7 +106,7 @@ class JobContext:
         self.ttl_s = ttl_s
         self.events_file = events_file
         self.clock = clock
-        self.table = JobTable({}, {})
+        self.table: JobTable = EMPTY_TABLE
         self.reachable: bool | None = None  # None: never asked
         self._fetched_at: float | None = None
         self._raw: dict[str, str | None] = {}
@@ -176,7 +157,7 @@ class JobContext:
                     )
                 )
             self.reachable = False
-            self.table = JobTable({}, {})
+            self.table = EMPTY_TABLE
             self._raw = {}
             return
         if self.reachable is False:
@@ -216,10 +197,7 @@ class JobContext:
         return self.table.jobs.get(job_id)
 
     def jobs_on(self, host: str, states: tuple[str, ...] = ON_NODE_STATES) -> list[JobRecord]:
-        return sorted(
-            (j for j in self.table.jobs.values() if j.runs_on(host) and (j.state in states)),
-            key=lambda j: int(j.job_id),
-        )
+        return self.table.jobs_on(host, states)
 
     def pid_job(
         self,
@@ -227,24 +205,12 @@ class JobContext:
         pid: int,
         use_environ: bool = True,
         seen: dict[str, Any] | None = None,
+        procs: ProcessReader | None = None,
     ) -> PidJob | None:
-        """The job of `pid`: cgroup, then listpids (the process or its nearest listed
-        ancestor), then (marked) the environment.
-
-        `seen` is the event's own fields (`process.cgroup`, `process.parent.pid`,
-        `process.env.SLURM_JOB_ID`, `user.id`), captured when the sensor saw the process. They
-        win over /proc now: a short-lived reader of a model file is gone by the time its event
-        is enriched, and its pid may already name another process.
-        """
-        seen = seen or {}
-        text = seen.get("process.cgroup")
-        if not isinstance(text, str):
-            text = ctx.proc.read_text(f"{pid}/cgroup")
-        found = slurm.job_from_cgroup(text) if text else None
-        if found is None:
-            found = self.table.listpids.get(pid) or self._listed_ancestor(ctx, pid, seen)
-        if found is None and use_environ:
-            found = self._from_environ(ctx, pid, seen)
+        """The job of `pid` (see `attribution.attribute`), reading the node through `procs`
+        (default: the context's proc root). A job our cached table does not know yet started
+        after the last fetch: the table is fetched again."""
+        found = attribute(pid, self.table, procs or ProcReader(ctx.proc), seen, use_environ)
         if (
             found is not None
             and found.job_id not in self.table.jobs
@@ -256,98 +222,11 @@ class JobContext:
             self.refresh(ctx, force=True)  # a job newer than our cache
         return found
 
-    def _listed_ancestor(self, ctx: SensorContext, pid: int, seen: dict[str, Any]) -> PidJob | None:
-        """The job of the nearest ancestor `scontrol listpids` lists.
-
-        Without Slurm cgroups (proctrack/linuxproc, pgid) a job is its processes and their
-        descendants, and listpids only knows the pids alive when it ran: a `cat` the job's
-        script started after that, and that exited before enrichment, is found through its
-        parent (the script). A process that left its job (setsid, double fork) was re-parented
-        to init and has no listed ancestor.
-        """
-        if not self.table.listpids:
-            return None
-        parent = seen.get("process.parent.pid")
-        if isinstance(parent, bool) or not isinstance(parent, int):
-            parent = _parent_pid(ctx, pid)
-        for _ in range(MAX_ANCESTORS):
-            if parent is None or parent <= 1:
-                return None
-            found = self.table.listpids.get(parent)
-            if found is not None:
-                return found
-            parent = _parent_pid(ctx, parent)
-        return None
-
-    def _from_environ(self, ctx: SensorContext, pid: int, seen: dict[str, Any]) -> PidJob | None:
-        if isinstance(seen.get("process.env.SLURM_JOB_ID"), str):
-            raw: bytes | None = b"SLURM_JOB_ID=" + seen["process.env.SLURM_JOB_ID"].encode()
-            uid = seen.get("user.id") if isinstance(seen.get("user.id"), int) else None
-        else:
-            raw = ctx.proc.read_bytes(f"{pid}/environ")
-            uid = _process_uid(ctx, pid)
-        found = slurm.job_from_environ(raw) if raw else None
-        if found is None:
-            return None
-        # A user can only claim their own job: the job's owner must be the process's uid.
-        job = self.table.jobs.get(found.job_id)
-        if job is None or job.user_id is None or uid is None or job.user_id != uid:
-            return None
-        return found
-
     def fields_for_pid(
         self, ctx: SensorContext, pid: int, seen: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """`slurm.job.*` of the process's job ({} when it has none); `seen` as in pid_job."""
-        found = self.pid_job(ctx, pid, seen=seen)
-        if found is None:
-            return {}
-        job = self.table.jobs.get(found.job_id) or JobRecord(found.job_id)
-        fields = job.fields(ctx.host_name)
-        fields["slurm.job.id_source"] = found.source
-        if found.step is not None:
-            fields["slurm.job.step"] = found.step
-        return fields
-
-
-def _status_value(ctx: SensorContext, pid: int, key: str) -> int | None:
-    """The first number of a `Key:` line of /proc/<pid>/status (Uid: real uid, PPid:)."""
-    text = ctx.proc.read_text(f"{pid}/status")
-    for line in (text or "").splitlines():
-        if line.startswith(key + ":"):
-            parts = line.split()
-            return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    return None
-
-
-def _process_uid(ctx: SensorContext, pid: int) -> int | None:
-    return _status_value(ctx, pid, "Uid")
-
-
-def _parent_pid(ctx: SensorContext, pid: int) -> int | None:
-    return _status_value(ctx, pid, "PPid")
-
-
-def build_table(raw: dict[str, str | None]) -> JobTable:
-    """Parse the raw inputs into one table; problems are collected, not raised."""
-    errors: list[str] = []
-    jobs: dict[str, JobRecord] = {}
-    if raw.get("slurm-jobs.json"):
-        parsed = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
-        errors.extend(parsed.errors)
-        jobs = {j.job_id: j for j in parsed.jobs}
-    if raw.get("slurm-jobs-detail.txt"):
-        detail, derr = slurm.parse_show_job_detail(raw["slurm-jobs-detail.txt"] or "")
-        errors.extend(derr)
-        for job_id, pairs in detail.items():
-            if job_id in jobs and jobs[job_id].gpus_by_node is None:
-                jobs[job_id] = replace(jobs[job_id], gpus_by_node=tuple(pairs))
-    pids: dict[int, PidJob] = {}
-    if raw.get("slurm-listpids.txt"):
-        listed = slurm.parse_listpids(raw["slurm-listpids.txt"] or "")
-        errors.extend(listed.errors)
-        pids = listed.pids
-    return JobTable(jobs, pids, tuple(errors))
+        return job_fields(self.pid_job(ctx, pid, seen=seen), self.table, ctx.host_name)
 
 
 def default_hook_state_dir() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import struct
 from dataclasses import dataclass
@@ -202,3 +203,19 @@ def supports_fid_names() -> bool:
         return False
     os.close(fd)
     return True
+
+
+@functools.cache  # a handful of distinct masks occur; this runs once per kernel event
+def actions_of(mask: int) -> tuple[str, ...]:
+    out = []
+    if mask & (FAN_OPEN_PERM | FAN_OPEN):
+        out.append("open")
+    if mask & (FAN_OPEN_EXEC_PERM | FAN_OPEN_EXEC):
+        out.append("exec")
+    if mask & FAN_ACCESS:
+        out.append("read")
+    if mask & FAN_MODIFY:
+        out.append("write")
+    if mask & FAN_CLOSE_WRITE:
+        out.append("close_write")
+    return tuple(out)

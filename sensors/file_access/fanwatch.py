@@ -19,19 +19,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hpcsec.detector.core.schema import rfc3339
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.file_access import fanotify as fan
-from hpcsec.sensors.file_access.sensor import access_process_fields
+from hpcsec.sensors.file_access.records import (
+    Drained,
+    ProcCapture,
+    ProcInput,
+    access_process_fields,
+)
 from hpcsec.sensors.procinfo import Users
 
 CONTENT_MASK = (
@@ -52,55 +55,6 @@ _REREAD_S = 1.0
 _ERROR_PAUSE_S = 0.01
 IDLE_AFTER_S = 5.0  # the watchdog sleeps after this long without permission events
 
-# One raw /proc input as the reader read it: ("file", "<pid>/status", bytes) or
-# ("link", "<pid>/exe", target).
-ProcInput = tuple[str, str, Any]
-
-
-class _ProcCapture:
-    """The reader's Recorder: keeps the /proc files of the pid it is reading, so a snapshot
-    sample gets them when its records are drained (the reader runs ahead of the samples)."""
-
-    def __init__(self) -> None:
-        self.inputs: list[ProcInput] = []
-
-    def record_file(self, root: str, rel: str, data: bytes) -> None:
-        self.inputs.append(("file", rel, data))
-
-    def record_link(self, root: str, rel: str, target: str) -> None:
-        self.inputs.append(("link", rel, target))
-
-    def record_input(self, name: str, data: str) -> None:  # the reader reads only /proc
-        pass
-
-
-@dataclass(frozen=True)
-class Drained:
-    """What the stream gathered since the last drain."""
-
-    records: list  # file_access.AccessRecord
-    dropped: int
-    processes: dict[int, dict[str, Any]]  # pid -> process fields read at its access
-    proc_inputs: dict[int, tuple[ProcInput, ...]]  # pid -> its /proc files (when recording)
-    errors: int
-    last_error: str | None
-
-
-@functools.cache  # a handful of distinct masks occur; this runs once per kernel event
-def _actions(mask: int) -> tuple[str, ...]:
-    out = []
-    if mask & (fan.FAN_OPEN_PERM | fan.FAN_OPEN):
-        out.append("open")
-    if mask & (fan.FAN_OPEN_EXEC_PERM | fan.FAN_OPEN_EXEC):
-        out.append("exec")
-    if mask & fan.FAN_ACCESS:
-        out.append("read")
-    if mask & fan.FAN_MODIFY:
-        out.append("write")
-    if mask & fan.FAN_CLOSE_WRITE:
-        out.append("close_write")
-    return tuple(out)
-
 
 class FanotifyWatch:
     def __init__(
@@ -113,7 +67,7 @@ class FanotifyWatch:
         self.ctx = ctx
         # The reader reads /proc through its own root: when a snapshot is being recorded,
         # what it read is kept per pid and written into the sample that gets the records.
-        self._capture = _ProcCapture() if ctx.recorder is not None else None
+        self._capture = ProcCapture() if ctx.recorder is not None else None
         self._proc_ctx = SensorContext(
             ctx.host_name,
             ctx.sys,
@@ -292,7 +246,7 @@ class FanotifyWatch:
             if permission or event.mask & fan.FAN_CLOSE_WRITE:
                 with contextlib.suppress(OSError):
                     size = os.fstat(event.fd).st_size
-            self.folder.add_actions(when, event.pid, path, _actions(event.mask), size)
+            self.folder.add_actions(when, event.pid, path, fan.actions_of(event.mask), size)
         finally:
             if permission:
                 self._answer(event.fd)
@@ -365,9 +319,10 @@ class FanotifyWatch:
             if event.mask & (fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO)
             else None
         )
-        if action and (old or new) and self.protected(old or new):
+        path = old or new
+        if action and path and self.protected(path):
             self._remember(event.pid, fresh=False)
-            self.folder.add(when, event.pid, old or new, action)
+            self.folder.add(when, event.pid, path, action)
 
     def _id_path(self, fid: fan.FileId) -> str | None:
         mount_fd = self._mount_fds.get(fid.fsid)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 from hpcsec.sensors.base import SensorContext
-from hpcsec.sensors.file_access.sensor import AccessRecord
+from hpcsec.sensors.file_access.records import AccessRecord
 
 _DELETED = " (deleted)"
 

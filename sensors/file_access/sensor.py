@@ -1,8 +1,8 @@
 """Accesses to protected paths, with the accessing process — category `file_access`.
 
 Live, two ways: with `--duration S` (or the agent's `stream` option) a fanotify stream
-(sensors/fanwatch.py) watches the protected paths; without one (a one-shot `scan`), a walk
-of /proc/*/fd (sensors/fdwalk.py) finds files held open under them. Both produce access
+(fanwatch.py) watches the protected paths; without one (a one-shot `scan`), a walk
+of /proc/*/fd (fdwalk.py) finds files held open under them. Both produce access
 records, which are the `file-events.jsonl` raw input of a snapshot; events are always made
 from those records, so a replay runs the very code a live run does.
 
@@ -12,187 +12,27 @@ reading a shard a million times gives one record with its count, not a million e
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.core.schema import FILE_ACTIONS, Event, new_event
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
-from hpcsec.sensors.procinfo import Users, environ_value, process_fields
+from hpcsec.sensors.file_access.records import (
+    DEFAULT_MAX_RECORDS,
+    AccessRecord,
+    AccessStream,
+    Folder,
+    access_process_fields,
+    file_fields,
+    parse_records,
+    records_jsonl,
+)
+from hpcsec.sensors.procinfo import Users
 
 EVENTS_FILE = "file-events.jsonl"
-DEFAULT_MAX_RECORDS = 100_000
 _ACTION_ORDER = {a: i for i, a in enumerate(FILE_ACTIONS)}
-
-
-@dataclass
-class AccessRecord:
-    """What one pid did to one path during one interval (a `file-events.jsonl` line)."""
-
-    time: str
-    pid: int
-    path: str
-    actions: list[str]
-    count: int = 1
-    size: int | None = None
-    target: str | None = None  # new path of a rename
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "pid": self.pid,
-            "path": self.path,
-            "actions": self.actions,
-            "count": self.count,
-        }
-        if self.size is not None:
-            out["size"] = self.size
-        if self.target is not None:
-            out["target"] = self.target
-        return out
-
-
-@dataclass
-class Folder:
-    """The bounded queue between the fanotify reader and the sensor: folds as it queues.
-
-    Distinct (pid, path) records are capped at `max_records`; accesses that would need a
-    new record past the cap are counted as dropped (and reported), never buffered.
-    """
-
-    max_records: int = DEFAULT_MAX_RECORDS
-    records: dict[tuple[int, str], AccessRecord] = field(default_factory=dict)
-    dropped: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(
-        self,
-        when: str,
-        pid: int,
-        path: str,
-        action: str,
-        size: int | None = None,
-        target: str | None = None,
-    ) -> None:
-        self.add_actions(when, pid, path, (action,), size, target)
-
-    def add_actions(
-        self,
-        when: str,
-        pid: int,
-        path: str,
-        actions: tuple[str, ...],
-        size: int | None = None,
-        target: str | None = None,
-    ) -> None:
-        """One kernel event (its mask may carry several actions: read and write merged)."""
-        key = (pid, path)
-        with self.lock:
-            rec = self.records.get(key)
-            if rec is None:
-                if len(self.records) >= self.max_records:
-                    self.dropped += len(actions)
-                    return
-                rec = self.records[key] = AccessRecord(when, pid, path, [], 0, size, target)
-            rec.count += len(actions)
-            for action in actions:
-                if action not in rec.actions:
-                    rec.actions.append(action)
-            if size is not None:
-                rec.size = size
-            if target is not None:
-                rec.target = target
-
-    def drop(self, count: int = 1) -> None:
-        with self.lock:
-            self.dropped += count
-
-    def drain(self) -> tuple[list[AccessRecord], int]:
-        """The records of the interval that ends now, and the drops since the last drain."""
-        with self.lock:
-            records, dropped = list(self.records.values()), self.dropped
-            self.records, self.dropped = {}, 0
-        return records, dropped
-
-
-def records_jsonl(records: list[AccessRecord]) -> str:
-    return "".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in records)
-
-
-def parse_records(text: str) -> tuple[list[AccessRecord], list[str]]:
-    """`file-events.jsonl` -> (records, problems as `line N: what`)."""
-    records, problems = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"line {number}: invalid JSON: {exc.msg}")
-            continue
-        problem = _record_problem(item)
-        if problem:
-            problems.append(f"line {number}: {problem}")
-            continue
-        records.append(
-            AccessRecord(
-                item["time"],
-                item["pid"],
-                item["path"],
-                list(item["actions"]),
-                item.get("count", 1),
-                item.get("size"),
-                item.get("target"),
-            )
-        )
-    return records, problems
-
-
-def _record_problem(item: Any) -> str | None:
-    if not isinstance(item, dict):
-        return "expected a JSON object"
-    if not isinstance(item.get("time"), str) or not isinstance(item.get("path"), str):
-        return '"time" and "path" must be strings'
-    if not isinstance(item.get("pid"), int) or isinstance(item.get("pid"), bool):
-        return '"pid" must be an integer'
-    actions = item.get("actions")
-    if not isinstance(actions, list) or not actions or any(a not in FILE_ACTIONS for a in actions):
-        return f'"actions" must be a non-empty list of {", ".join(FILE_ACTIONS)}'
-    count = item.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        return '"count" must be a positive integer'
-    return None
-
-
-def file_fields(rec: AccessRecord) -> dict[str, Any]:
-    name = rec.path.rsplit("/", 1)[-1]
-    stem, dot, ext = name.rpartition(".")
-    return {
-        "file.path": rec.path,
-        "file.name": name,
-        "file.extension": ext if dot and stem else None,
-        "file.size": rec.size,
-        "file.target_path": rec.target,
-        "file.access_count": rec.count if rec.count > 1 else None,
-    }
-
-
-def access_process_fields(ctx: SensorContext, pid: int, users: Users) -> dict[str, Any]:
-    """The accessing process: who it is, and what ties it to its Slurm job once it has
-    exited (its cgroup, and SLURM_JOB_ID, forgeable, for detector/jobs.py)."""
-    fields = process_fields(ctx, pid, users)
-    if fields:
-        cgroup = ctx.proc.read_text(f"{pid}/cgroup")
-        if cgroup:
-            fields["process.cgroup"] = cgroup.strip()
-        job_id = environ_value(ctx.proc.read_bytes(f"{pid}/environ"), "SLURM_JOB_ID")
-        if job_id is not None:
-            fields["process.env.SLURM_JOB_ID"] = job_id
-    return fields
 
 
 def record_events(
@@ -245,7 +85,7 @@ class FileAccessSensor:
 
     def __init__(self, max_records: int = DEFAULT_MAX_RECORDS):
         self.max_records = max_records
-        self._watch = None  # fanwatch.FanotifyWatch, started by the first streaming sample
+        self._watch: AccessStream | None = None  # started by the first streaming sample
         self._dropped = 0
         self._errors: tuple[int, str | None] = (0, None)
         self._notes: list[str] = []
@@ -294,9 +134,9 @@ class FileAccessSensor:
     def _live(self, ctx: SensorContext, roots: list[str], known: dict[int, dict[str, Any]]) -> str:
         duration = ctx.options.get("duration")
         if duration is None and not ctx.options.get("stream") and self._watch is None:
-            from hpcsec.sensors.file_access.fdwalk import open_files
+            from hpcsec.sensors.file_access import fdwalk  # live only, as fanwatch below
 
-            return records_jsonl(open_files(ctx, path_filter(ctx, roots)))
+            return records_jsonl(fdwalk.open_files(ctx, path_filter(ctx, roots)))
         if self._watch is None:
             self._watch = self._start(ctx, roots)
         if duration:
@@ -314,9 +154,7 @@ class FileAccessSensor:
                         ctx.recorder.record_link("proc", rel, data)
         return records_jsonl(drained.records)
 
-    def _start(self, ctx: SensorContext, roots: list[str]):
-        from hpcsec.sensors.file_access.fanwatch import FanotifyWatch
-
+    def _start(self, ctx: SensorContext, roots: list[str]) -> AccessStream:
         snapshot_dir = getattr(ctx.recorder, "directory", None)
         if snapshot_dir is not None:
             where = os.path.abspath(snapshot_dir)
@@ -325,8 +163,12 @@ class FileAccessSensor:
                     f"snapshot directory {where} is inside a watched path "
                     "(every file the snapshot writes would wait on the stream)"
                 )
+        # Imported here: fanwatch loads libc (ctypes) at import, and a replay must not touch
+        # the machine it runs on.
+        from hpcsec.sensors.file_access import fanwatch
+
         try:
-            watch = FanotifyWatch.start(
+            watch = fanwatch.FanotifyWatch.start(
                 ctx, roots, path_filter(ctx, roots), Folder(self.max_records)
             )
         except PermissionError as exc:

@@ -90,6 +90,18 @@ def _uint(record: dict, key: str, required: bool = False) -> int | None:
     return value
 
 
+def _required_uint(record: dict, key: str) -> int:
+    value = _uint(record, key, True)
+    assert value is not None  # _uint raises for a required key it cannot read
+    return value
+
+
+def _required_text(record: dict, key: str) -> str:
+    value = _text(record, key, True)
+    assert value is not None  # _text raises for a required key it cannot read
+    return value
+
+
 def _text(record: dict, key: str, required: bool = False) -> str | None:
     value = record.get(key)
     if value is None and not required:
@@ -107,11 +119,11 @@ def qp_from_record(record: Any) -> QueuePair:
         if key not in record:
             raise ValueError(f"no {key}")
     return QueuePair(
-        device=_text(record, "ifname", True),
+        device=_required_text(record, "ifname"),
         port=_uint(record, "port"),
-        lqpn=_uint(record, "lqpn", True),
-        qp_type=_text(record, "type", True),
-        state=_text(record, "state", True),
+        lqpn=_required_uint(record, "lqpn"),
+        qp_type=_required_text(record, "type"),
+        state=_required_text(record, "state"),
         rqpn=_uint(record, "rqpn"),
         sq_psn=_uint(record, "sq-psn"),
         rq_psn=_uint(record, "rq-psn"),

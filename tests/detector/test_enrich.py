@@ -3,13 +3,9 @@
 import json
 
 from hpcsec.detector.config.site import Principals, SiteConfig
-from hpcsec.detector.enrich.enricher import (
-    Enricher,
-    fill_gpu_users,
-    host_addresses,
-    mark_job_peers,
-    mark_node_jobs,
-)
+from hpcsec.detector.enrich.enricher import Enricher, fill_gpu_users
+from hpcsec.detector.enrich.slurm_job import mark_job_peers, mark_node_jobs
+from hpcsec.detector.enrich.view import capture_view, host_addresses
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 SQUEUE = {
@@ -57,7 +53,7 @@ def _flow(dest, **extra):
 
 
 def test_hosts_file_is_read_through_the_etc_root(tmp_path):
-    table = host_addresses(_ctx(tmp_path))
+    table = host_addresses(_ctx(tmp_path).etc)
     assert table["gpu-017"] == {"10.0.0.17"}
     assert table["gpu-018"] == {"10.0.0.18"}
     assert "bogus" not in table
@@ -75,13 +71,13 @@ def test_flows_to_job_nodes_and_elsewhere(tmp_path):
         },
         {"event.category": "network_socket", "destination.ip": "0.0.0.0"},
     ]
-    mark_job_peers(events, _ctx(tmp_path))
+    mark_job_peers(events, capture_view(_ctx(tmp_path), events))
     assert [e.get("destination.is_job_node") for e in events] == [True, False, None, False, None]
 
 
 def test_no_job_on_the_node_means_no_job_peers(tmp_path):
     events = [_flow("10.0.0.18")]
-    mark_job_peers(events, _ctx(tmp_path, jobs={"jobs": []}))
+    mark_job_peers(events, capture_view(_ctx(tmp_path, jobs={"jobs": []}), events))
     assert events[0]["destination.is_job_node"] is False
 
 
@@ -134,7 +130,7 @@ def test_enricher_runs_job_then_policy(tmp_path):
             "@timestamp": "2026-11-30T01:00:00.000Z",
         }
     ]
-    out = Enricher(config).enrich(events, _ctx(tmp_path))
+    out = Enricher(config).enrich(events, capture_view(_ctx(tmp_path), events))
     assert out[0]["user.is_admin"] is True
     assert out[0]["hpcsec.in_maintenance"] is False
 
@@ -149,18 +145,19 @@ def test_without_a_job_list_peers_and_job_counts_stay_undecided(tmp_path):
         "destination.ip": "10.0.0.18",
         "slurm.job.id": "77",
     }  # job id from the cgroup, no details
-    mark_job_peers([flow, job_socket], ctx)
+    mark_job_peers([flow, job_socket], capture_view(ctx, [flow, job_socket]))
     assert "destination.is_job_node" not in flow
     assert "destination.is_job_node" not in job_socket
-    mark_node_jobs([counters], ctx)
+    mark_node_jobs([counters], capture_view(ctx, [counters]))
     assert "slurm.node.job_count" not in counters
     # the node's processes still show a running job: the count is at least that
-    mark_node_jobs([counters, job_socket], ctx)
+    mark_node_jobs([counters, job_socket], capture_view(ctx, [counters, job_socket]))
     assert counters["slurm.node.job_count"] == 1
 
 
 def test_job_count_unites_the_list_and_the_jobs_seen(tmp_path):
     counters = {"event.category": "rdma_counters", "host.name": "gpu-017"}
     other = {"event.category": "process", "slurm.job.id": "99"}
-    mark_node_jobs([counters, other], _ctx(tmp_path))
+    events = [counters, other]
+    mark_node_jobs(events, capture_view(_ctx(tmp_path), events))
     assert counters["slurm.node.job_count"] == 2  # job 77 from squeue, 99 from a cgroup

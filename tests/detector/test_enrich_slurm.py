@@ -1,8 +1,10 @@
 from pathlib import Path
 
+from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.schema import new_event
-from hpcsec.detector.enrich.slurm_job import SlurmEnricher
-from hpcsec.detector.slurm.jobs import JobContext, SlurmUnreachable
+from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.enrich.view import capture_view
+from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, SlurmUnreachable
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
@@ -23,6 +25,12 @@ def ctx_for(root: Path, replay=REPLAY) -> SensorContext:
         timestamp=TS,
         replay_inputs=replay,
     )
+
+
+def enrich(events: list[dict], ctx: SensorContext, jobs: JobContext | None = None) -> list[dict]:
+    """Capture the node where the events were read, then enrich from that view alone."""
+    ctx.state.setdefault(STATE_KEY, jobs or JobContext())
+    return Enricher(SiteConfig()).enrich(events, capture_view(ctx, events))
 
 
 def gpu_event(pid: int, index: int) -> dict:
@@ -46,7 +54,7 @@ def test_events_get_their_jobs_fields(tmp_path):
         new_event("process", "sample", "process", "vm", TS, {"process.pid": 4242}),
         new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.component": "bios"}),
     ]
-    out = SlurmEnricher(JobContext()).enrich(events, ctx)
+    out = enrich(events, ctx)
     assert out is events and len(out) == 4
     assert {k: v for k, v in out[0].items() if k.startswith("slurm.")} == {
         "slurm.job.id": "1",
@@ -68,7 +76,7 @@ def test_events_get_their_jobs_fields(tmp_path):
 def test_gpu_allocated_to_job(tmp_path):
     ctx = ctx_for(tmp_path)
     events = [gpu_event(19315, 1), gpu_event(19315, 2), gpu_event(30001, 2), gpu_event(4242, 0)]
-    SlurmEnricher(JobContext()).enrich(events, ctx)
+    enrich(events, ctx)
     assert [e["gpu.allocated_to_job"] for e in events] == [True, False, True, False]
 
 
@@ -77,7 +85,7 @@ def test_gpu_allocation_unknown_is_left_out(tmp_path):
     ctx = ctx_for(
         tmp_path, {"slurm-jobs.json": jobs, "slurm-listpids.txt": "PID JOBID STEPID\n19315 1 0\n"}
     )
-    [event] = SlurmEnricher(JobContext()).enrich([gpu_event(19315, 0)], ctx)
+    [event] = enrich([gpu_event(19315, 0)], ctx)
     assert event["slurm.job.id"] == "1" and "gpu.allocated_to_job" not in event
 
 
@@ -91,7 +99,7 @@ def test_hook_events_keep_their_job(tmp_path):
         TS,
         {"process.pid": 19315, "slurm.job.id": "9"},
     )
-    SlurmEnricher(JobContext()).enrich([event], ctx)
+    enrich([event], ctx)
     assert event["slurm.job.id"] == "9" and "slurm.job.user" not in event
 
 
@@ -110,9 +118,9 @@ class DownCommands:
 
 def test_slurm_down_events_flow_with_one_status(tmp_path):
     ctx = ctx_for(tmp_path, replay=None)
-    enricher = SlurmEnricher(JobContext(DownCommands(), ttl_s=0))
-    first = enricher.enrich([gpu_event(19315, 0)], ctx)
-    second = enricher.enrich([gpu_event(19315, 0)], ctx)
+    jobs = JobContext(DownCommands(), ttl_s=0)
+    first = enrich([gpu_event(19315, 0)], ctx, jobs)
+    second = enrich([gpu_event(19315, 0)], ctx, jobs)
     assert [e["event.category"] for e in first] == ["gpu_process", "sensor_status"]
     assert first[1]["message"].endswith("Unable to contact slurm controller (connect failure)")
     assert [e["event.category"] for e in second] == ["gpu_process"]
@@ -148,7 +156,7 @@ def test_process_gone_uses_what_the_sensor_saw(tmp_path):
             {"process.pid": 5003, "process.env.SLURM_JOB_ID": "1", "user.id": 1002},
         ),
     ]
-    SlurmEnricher(JobContext()).enrich(events, ctx)
+    enrich(events, ctx)
     assert [(e.get("slurm.job.id"), e.get("slurm.job.id_source")) for e in events] == [
         ("3", "cgroup"),
         ("1", "environ"),
@@ -165,19 +173,17 @@ def node_events() -> list[dict]:
 
 
 def test_node_events_get_the_running_job_count(tmp_path):
-    events = SlurmEnricher(JobContext()).enrich(node_events(), ctx_for(tmp_path))
+    events = enrich(node_events(), ctx_for(tmp_path))
     # squeue-22.05.json: jobs 1 (alice) and 3 (bob) RUNNING on vm, others pending or done
     assert [e.get("slurm.node.job_count") for e in events] == [2, 2, None]
     idle = '{"jobs": [{"job_id": 1, "nodes": "vm", "job_state": "COMPLETED"}]}'
-    events = SlurmEnricher(JobContext()).enrich(
-        node_events(), ctx_for(tmp_path, {"slurm-jobs.json": idle})
-    )
+    events = enrich(node_events(), ctx_for(tmp_path, {"slurm-jobs.json": idle}))
     assert [e.get("slurm.node.job_count") for e in events] == [0, 0, None]
 
 
 def test_node_job_count_left_out_while_slurm_is_down(tmp_path):
     ctx = ctx_for(tmp_path, replay=None)
-    events = SlurmEnricher(JobContext(DownCommands(), ttl_s=0)).enrich(node_events(), ctx)
+    events = enrich(node_events(), ctx, JobContext(DownCommands(), ttl_s=0))
     assert [e["event.category"] for e in events] == [
         "rdma_counters",
         "gpu_device",
@@ -209,6 +215,6 @@ def test_user_has_job_on_node(tmp_path):
         ),
         new_event("firmware", "sample", "firmware", "vm", TS, {"firmware.device": "x"}),
     ]
-    SlurmEnricher(JobContext()).enrich(events, ctx_for(tmp_path))
+    enrich(events, ctx_for(tmp_path))
     assert [e.get("slurm.node.user_has_job") for e in events] == [True, False, False, True, None]
     assert "slurm.job.id" not in events[0]  # alice has a job here, this process is not in it

@@ -11,6 +11,7 @@ import yaml
 
 from hpcsec.detector.cli import main as cli
 from hpcsec.detector.config.site import load_config
+from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, run_sensor
 from hpcsec.sensors.firmware import FirmwareSensor
 from hpcsec.sensors.snapshot import record_snapshot
@@ -91,6 +92,7 @@ def test_baseline_from_a_snapshot_is_a_site_config(tmp_path, capsys):
             SensorSpec("firmware", FirmwareSensor, ""), FirmwareSensor(DRVINFO.__getitem__), ctx
         )
     events = [e for e in run.events if e["event.category"] == "firmware"]
+    events = Enricher(config).enrich(events, None)  # baseline and drift are site policy
     assert all("firmware.baseline_version" in e for e in events)
     drift = {(e["firmware.component"], e["firmware.device"]) for e in events if e["firmware.drift"]}
     assert drift == {("nic", "eno1"), ("nic", "eno2")}
@@ -126,7 +128,6 @@ def test_collect_with_the_baseline_as_config_shows_a_flashed_hca(tmp_path, capsy
                     "collect",
                     "--sensor",
                     "firmware",
-                    "--raw",
                     "--config",
                     str(baseline),
                     "--sysfs-root",

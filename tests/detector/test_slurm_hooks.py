@@ -1,10 +1,10 @@
-import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
 
 from hpcsec.detector.cli import main as cli
-from hpcsec.detector.cli import slurm as hooks
+from hpcsec.detector.cli import slurm as hook_cli
+from hpcsec.detector.slurm import hooks
 from hpcsec.detector.slurm.jobs import SlurmCommands, SlurmUnreachable
 from tests.fakes.nvml import FakeNvml, h100_node, installed
 
@@ -28,8 +28,8 @@ class Listpids(SlurmCommands):
         return self.text
 
 
-def args_for(tmp_path: Path, hook: str, nvml_json: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(
+def args_for(tmp_path: Path, hook: str, nvml_json: str | None = None) -> hooks.HookSettings:
+    return hooks.HookSettings(
         hook=hook,
         state_dir=str(tmp_path / "state"),
         procfs_root=str(tmp_path / "proc"),
@@ -61,7 +61,7 @@ def make_proc(
 
 
 def events(tmp_path: Path) -> list[dict]:
-    text = (tmp_path / "state" / hooks.EVENTS_FILE).read_text()
+    text = (tmp_path / "state" / hooks.HOOK_EVENTS_FILE).read_text()
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -197,7 +197,8 @@ def test_always_exit_zero(tmp_path, monkeypatch, capsys):
     blocker.write_text("")
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     assert (
-        hooks.main(["epilog", "--state-dir", str(blocker / "sub"), "--slurm-timeout", "0.5"]) == 0
+        hook_cli.main(["epilog", "--state-dir", str(blocker / "sub"), "--slurm-timeout", "0.5"])
+        == 0
     )
     assert "hpcsec slurm epilog: internal error: NotADirectoryError" in capsys.readouterr().err
-    assert hooks.main(["nonsense"]) == 0
+    assert hook_cli.main(["nonsense"]) == 0

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcsec.detector.config.site import load_config
+from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.core.schema import new_event
-from hpcsec.detector.enrich.slurm_job import SlurmEnricher
+from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, SlurmCommands
@@ -187,6 +188,11 @@ def test_slurm_jobs_sensor_live(slurm_cluster, two_jobs):
     assert {two_jobs["alice"]["id"], two_jobs["bob"]["id"]} <= prologs
 
 
+def enrich(events: list, ctx) -> list:
+    """As the agent does: capture the node with the events, then enrich from the view."""
+    return Enricher(SiteConfig()).enrich(events, capture_view(ctx, events))
+
+
 def test_file_access_of_alices_job_carries_her_job(slurm_cluster, two_jobs):
     """End to end: fd walk of the file_access sensor, then Slurm enrichment."""
     weights = slurm_cluster.kit_dir / "weights"
@@ -195,7 +201,7 @@ def test_file_access_of_alices_job_carries_her_job(slurm_cluster, two_jobs):
         registry.by_name()["file_access"], registry.by_name()["file_access"].factory(), ctx
     )
     assert run.ok, run.status["message"]
-    events = SlurmEnricher().enrich(run.events, ctx)
+    events = enrich(run.events, ctx)
     alice = two_jobs["alice"]
     hits = [e for e in events if e.get("process.pid") in alice["pids"]]
     assert hits, events
@@ -247,7 +253,7 @@ def test_unreachable_slurm_is_one_status(tmp_path, slurm_cluster):
     jc = JobContext(SlurmCommands(timeout_s=1, env={"SLURM_CONF": str(tmp_path / "none")}), ttl_s=0)
     ctx.state[STATE_KEY] = jc
     batches = [
-        SlurmEnricher().enrich(
+        enrich(
             [
                 new_event(
                     "process",

@@ -17,7 +17,8 @@ import pytest
 from snapshot_builder import NodeTree
 
 from hpcsec.sensors.base import SensorUnavailable
-from hpcsec.sensors.file_access.sensor import FileAccessSensor, Folder, parse_records
+from hpcsec.sensors.file_access.records import Folder, parse_records
+from hpcsec.sensors.file_access.sensor import FileAccessSensor
 from hpcsec.sensors.snapshot import SnapshotWriter
 
 TEST_USER = "hpcsec-test"
@@ -558,7 +559,8 @@ def test_cli_collect_watch_duration_streams_the_accesses(shared_dir, capsys):
 
 def test_pending_is_true_until_started_then_follows_the_queue():
     from hpcsec.sensors.file_access.fanwatch import FanotifyWatch
-    from hpcsec.sensors.file_access.sensor import FileAccessSensor, Folder
+    from hpcsec.sensors.file_access.records import Folder
+    from hpcsec.sensors.file_access.sensor import FileAccessSensor
 
     sensor = FileAccessSensor()
     assert sensor.pending() is True  # the first streaming collect starts the stream

@@ -15,6 +15,7 @@ import pytest
 from hpcsec.detector.cli import main as cli
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.schema import FIRMWARE_COMPONENTS
+from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.runtime.registry import by_name
 from hpcsec.sensors import firmware
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, run_sensor
@@ -24,8 +25,11 @@ from hpcsec.sensors.firmware import (
     nic_items,
     physical_interfaces,
 )
-from hpcsec.sensors.snapshot import record_snapshot, replay_snapshot
+from hpcsec.sensors.snapshot import record_snapshot
 from tests.fakes.nvml import FakeNvml, h100_node, installed
+from tests.sensors.replay import replay
+
+POLICY_KEYS = ("firmware.baseline_version", "firmware.drift", "firmware.known_vulnerable")
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures"
@@ -142,7 +146,7 @@ def test_only_interfaces_with_a_device_are_asked():
     assert physical_interfaces(node_ctx()) == query.asked  # no lo, docker0, bond0
 
 
-def test_baseline_drift_and_vulnerable_versions(tmp_path):
+def test_baseline_drift_and_vulnerable_versions_are_decided_at_enrichment(tmp_path):
     config_file = tmp_path / "site.yml"
     config_file.write_text(
         "node_class: h100-8x\n"
@@ -152,15 +156,15 @@ def test_baseline_drift_and_vulnerable_versions(tmp_path):
         "    a100-8x: {gpu_vbios: '92.00.45.00.05'}\n"
         "  vulnerable: {hca: ['28.39.*'], gpu_driver: ['535.*']}\n"
     )
-    run = inventory_run(ctx=node_ctx(config=load_config(config_file)))
-    events = {(e["firmware.component"], e["firmware.device"]): e for e in firmware_events(run)}
+    config = load_config(config_file)
+    raw = firmware_events(inventory_run(ctx=node_ctx(config=config)))
+    # the sensor reports versions only: comparing them is site policy
+    assert not any(key in e for e in raw for key in POLICY_KEYS)
+    enriched = Enricher(config).enrich(raw, None)
+    events = {(e["firmware.component"], e["firmware.device"]): e for e in enriched}
 
     def policy(key):
-        return {
-            k: v
-            for k, v in events[key].items()
-            if k in ("firmware.baseline_version", "firmware.drift", "firmware.known_vulnerable")
-        }
+        return {k: v for k, v in events[key].items() if k in POLICY_KEYS}
 
     assert policy(("hca", "mlx5_2")) == {
         "firmware.baseline_version": "28.40.1000",
@@ -301,7 +305,7 @@ def test_snapshot_round_trip_replays_the_same_inventory(tmp_path):
     assert (stored / "nvml.json").exists()
     # no NVML, no fixture roots: only the snapshot
     with installed(FakeNvml([], library_missing=True)):
-        (replayed,) = replay_snapshot(tmp_path / "snap", [spec], None)
+        (replayed,) = replay(tmp_path / "snap", [spec], None)
     assert replayed.events == live.events and len(live.events) == 52
 
 

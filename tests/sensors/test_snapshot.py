@@ -22,8 +22,8 @@ from hpcsec.sensors.snapshot import (
     SnapshotWriter,
     open_snapshot,
     record_snapshot,
-    replay_snapshot,
 )
+from tests.sensors.replay import replay
 
 MODEL = "/lustre/models/llama-70b/model-00001.safetensors"
 
@@ -61,7 +61,7 @@ def test_replay_gives_the_events_the_recording_run_gave(tmp_path):
     recorded = record_snapshot(
         tmp_path / "snap", ctx, chosen, samples=2, interval=0, sleep=lambda s: None
     )
-    replayed = list(replay_snapshot(tmp_path / "snap", chosen, None))
+    replayed = replay(tmp_path / "snap", chosen, None)
     assert [r.status["event.action"] for r in recorded] == ["ok"] * 6
     assert events_of(replayed) == events_of(recorded)
     kinds = {(e["event.category"], e.get("process.pid")) for e in events_of(recorded)}
@@ -98,7 +98,7 @@ def test_replay_carries_sensor_state_between_samples(tmp_path):
     for n, moment in enumerate(("2026-11-30T10:00:00.000Z", "2026-11-30T10:00:10.000Z")):
         sample_tree(tmp_path, n, moment)
     write_meta(tmp_path, "gpu-017", 2)
-    runs = list(replay_snapshot(tmp_path, [SensorSpec("counter", Counter, "")], None))
+    runs = replay(tmp_path, [SensorSpec("counter", Counter, "")], None)
     assert [r.events for r in runs] == [
         [{"n": 1, "t": "2026-11-30T10:00:00.000Z"}],
         [{"n": 2, "t": "2026-11-30T10:00:10.000Z"}],
@@ -264,7 +264,7 @@ def test_live_sockets_replay_through_sockets_json(tmp_path):
         recorded = record_snapshot(tmp_path / "snap", ctx, specs("sockets"))
     finally:
         server.close()
-    replayed = list(replay_snapshot(tmp_path / "snap", specs("sockets"), None))
+    replayed = replay(tmp_path / "snap", specs("sockets"), None)
     assert events_of(replayed) == events_of(recorded)
     stored = json.loads((tmp_path / "snap/0/sockets.json").read_text())
     assert {tuple(sorted(r)) for r in stored} == {
@@ -311,7 +311,7 @@ def test_stream_snapshot_keeps_the_short_lived_readers_proc_entry(tmp_path):
         interval=0,
         sleep=read_during_interval,
     )
-    replayed = list(replay_snapshot(tmp_path / "snap", specs("file_access"), None))
+    replayed = replay(tmp_path / "snap", specs("file_access"), None)
     assert events_of(replayed) == events_of(recorded)
     (pid,) = readers
     opens = [
@@ -385,7 +385,7 @@ def test_every_stream_sample_holds_the_proc_entries_of_the_pids_it_names(tmp_pat
         for child in loader:
             child.stdin.close()
             child.wait()
-    replayed = list(replay_snapshot(tmp_path / "snap", specs("file_access"), None))
+    replayed = replay(tmp_path / "snap", specs("file_access"), None)
     assert events_of(replayed) == events_of(recorded)
     pid = loader[0].pid
     by_sample = [

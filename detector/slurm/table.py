@@ -1,0 +1,63 @@
+"""The job table: Slurm's job list and `scontrol listpids` parsed into one immutable value.
+
+Built from the raw inputs under their snapshot names, so a live fetch and a replayed snapshot
+give the same table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hpcsec.detector.slurm import parse as slurm
+from hpcsec.detector.slurm.parse import JobRecord, PidJob
+
+# Job states (as parsed) of a job that holds resources on its nodes.
+ON_NODE_STATES = (
+    "RUNNING",
+    "COMPLETING",
+    "CONFIGURING",
+    "SUSPENDED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+)
+INPUTS = ("slurm-jobs.json", "slurm-listpids.txt", "slurm-jobs-detail.txt")
+
+
+@dataclass(frozen=True)
+class JobTable:
+    jobs: dict[str, JobRecord]
+    listpids: dict[int, PidJob]
+    errors: tuple[str, ...] = ()
+
+    def jobs_on(self, host: str, states: tuple[str, ...] = ON_NODE_STATES) -> list[JobRecord]:
+        """Jobs holding resources on `host`, by job id."""
+        return sorted(
+            (j for j in self.jobs.values() if j.runs_on(host) and (j.state in states)),
+            key=lambda j: int(j.job_id),
+        )
+
+
+EMPTY_TABLE = JobTable({}, {})
+
+
+def build_table(raw: dict[str, str | None]) -> JobTable:
+    """Parse the raw inputs into one table; problems are collected, not raised."""
+    errors: list[str] = []
+    jobs: dict[str, JobRecord] = {}
+    if raw.get("slurm-jobs.json"):
+        parsed = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
+        errors.extend(parsed.errors)
+        jobs = {j.job_id: j for j in parsed.jobs}
+    if raw.get("slurm-jobs-detail.txt"):
+        detail, derr = slurm.parse_show_job_detail(raw["slurm-jobs-detail.txt"] or "")
+        errors.extend(derr)
+        for job_id, pairs in detail.items():
+            if job_id in jobs and jobs[job_id].gpus_by_node is None:
+                jobs[job_id] = replace(jobs[job_id], gpus_by_node=tuple(pairs))
+    pids: dict[int, PidJob] = {}
+    if raw.get("slurm-listpids.txt"):
+        listed = slurm.parse_listpids(raw["slurm-listpids.txt"] or "")
+        errors.extend(listed.errors)
+        pids = listed.pids
+    return JobTable(jobs, pids, tuple(errors))
