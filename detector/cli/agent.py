@@ -4,6 +4,8 @@ SIGTERM. SIGHUP reloads the rules and the config. See docs/agent.md."""
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
 
@@ -80,4 +82,22 @@ def run(args: argparse.Namespace) -> int:
         once_for_s=args.once_for,
         drain_timeout_s=args.drain_timeout,
     )
-    return run_agent(settings)
+    handler = _progress_to_stderr()
+    try:
+        return run_agent(settings)
+    finally:
+        if handler is not None:
+            logging.getLogger("hpcsec").removeHandler(handler)
+
+
+def _progress_to_stderr() -> logging.Handler | None:
+    """The agent's progress lines (started, reloaded, stopping) go to stderr, the journal
+    under systemd, when nothing has set up the `hpcsec` logger; returns the handler added."""
+    logger = logging.getLogger("hpcsec")
+    if logger.handlers:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("hpcsec agent: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return handler

@@ -6,15 +6,19 @@ import argparse
 import os
 import socket
 import sys
+from typing import Any
 
 from hpcsec.detector.cli.common import add_roots
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.core.errors import SourceError, UsageError
+from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.runtime.sources import SensorSet
+from hpcsec.detector.runtime.pipeline import SourceBatch, enrich
+from hpcsec.detector.runtime.sensorset import SensorSet
+from hpcsec.detector.runtime.sources import snapshot_samples
 from hpcsec.sensors.base import SensorContext, SensorRun
 from hpcsec.sensors.snapshot import open_snapshot, record_snapshot
 
@@ -88,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def sensor_options(args: argparse.Namespace) -> dict:
+def sensor_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         k: v
         for k, v in (
@@ -141,7 +145,7 @@ def print_status(run: SensorRun) -> None:
     )
 
 
-def write_events(events: list[dict], fmt: str) -> None:
+def write_events(events: list[Event], fmt: str) -> None:
     if fmt == "jsonl":
         out = sys.stdout.buffer
         for event in events:
@@ -187,15 +191,11 @@ def run(args: argparse.Namespace) -> int:
     enricher = None if args.raw else Enricher(config)
     if args.from_snapshot:
         snapshot = open_snapshot(args.from_snapshot)
-        state: dict = {}
         with SensorSet(specs) as sensors:
-            for sample in snapshot.samples:
-                try:
-                    ctx = sample.context(config, state, sensor_options(args))
-                except SourceError as exc:  # one unreadable sample; the others still count
-                    print(f"hpcsec: skipped a snapshot sample: {exc}", file=sys.stderr)
-                    continue
-                print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+            for ctx, runs in snapshot_samples(
+                snapshot, config, sensors, sensor_options(args), on_skip=print_skipped
+            ):
+                print_runs(runs, args.format, enricher, ctx)
         return 0
     ctx = live_context(
         config,
@@ -206,26 +206,26 @@ def run(args: argparse.Namespace) -> int:
         options=sensor_options(args),
     )
     if args.snapshot:
-        runs = record_snapshot(args.snapshot, ctx, specs, args.samples, args.interval)
-        for result in runs:
+        for result in record_snapshot(args.snapshot, ctx, specs, args.samples, args.interval):
             print_status(result)
         return 0
     with SensorSet(specs) as sensors:
-        return print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+        print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+    return 0
+
+
+def print_skipped(problem: str) -> None:
+    print(f"hpcsec: skipped a snapshot sample: {problem}", file=sys.stderr)
 
 
 def print_runs(
-    runs: list[SensorRun],
-    fmt: str,
-    enricher: Enricher | None = None,
-    ctx: SensorContext | None = None,
-) -> int:
-    events: list[dict] = []
+    runs: list[SensorRun], fmt: str, enricher: Enricher | None, ctx: SensorContext
+) -> None:
+    """Each sensor's status line on stderr; its events (enriched unless --raw), then the
+    status records, on stdout."""
     for result in runs:
         print_status(result)
-        events.extend(result.events)
-    if enricher is not None:
-        events = enricher.enrich(events, ctx)
+    batch = SourceBatch([e for result in runs for e in result.events], ctx)
+    events = batch.events if enricher is None else enrich(enricher, batch)
     events.extend(result.status for result in runs)
     write_events(events, fmt)
-    return 0

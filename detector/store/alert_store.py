@@ -14,15 +14,16 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import orjson
 
+from hpcsec.detector.alerts.suppression import Decision, dispositions
 from hpcsec.detector.core.errors import HpcsecError, UsageError
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import parse_time
@@ -48,6 +49,19 @@ DISPOSITIONS = ("sent", "silenced", "rate_limited")
 _ROWS_PER_INSERT = 400  # multi-row VALUES: far faster than executemany in DuckDB
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class DeliveryRecord(Protocol):
+    """What happened to one alert at one destination (the outputs' DeliveryOutcome)."""
+
+    @property
+    def alert_id(self) -> str: ...
+    @property
+    def destination(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def error(self) -> str: ...
 
 
 class StoreError(HpcsecError):
@@ -202,7 +216,7 @@ class Store:
         return len(rows)
 
     def insert_alerts(
-        self, alerts: Iterable[dict[str, Any]], disposition: str = "sent", reason: str = ""
+        self, alerts: Iterable[Mapping[str, Any]], disposition: str = "sent", reason: str = ""
     ) -> int:
         """Store alerts; an alert id stored before is replaced (dedup grew its count)."""
         if disposition not in DISPOSITIONS:
@@ -234,32 +248,13 @@ class Store:
             self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
         return len(rows)
 
-    def insert_decision(self, decision: Any) -> None:
-        """Every alert of a suppression.Decision with its disposition: sent (summaries
-        included), silenced (with the silence that matched) or rate_limited."""
-        self.insert_alerts(decision.send, "sent")
-        by_reason: dict[str, list[dict[str, Any]]] = {}
-        for alert, silence in decision.silenced:
-            reason = "silenced by " + ", ".join(
-                f"{k}={v}"
-                for k, v in (
-                    ("rule_id", silence.rule_id),
-                    ("host", silence.host),
-                    ("job", silence.job),
-                    ("user", silence.user),
-                )
-                if v is not None
-            )
-            if silence.comment:
-                reason += f" ({silence.comment})"
-            by_reason.setdefault(reason, []).append(alert)
-        for reason, alerts in by_reason.items():
-            self.insert_alerts(alerts, "silenced", reason)
-        self.insert_alerts(decision.rate_limited, "rate_limited", "over the per-rule rate limit")
+    def insert_decision(self, decision: Decision) -> None:
+        """Every alert of a suppression Decision with its disposition and the reason."""
+        for alerts, disposition, reason in dispositions(decision):
+            self.insert_alerts(alerts, disposition, reason)
 
-    def record_deliveries(self, outcomes: Iterable[Any]) -> int:
-        """Delivery state per (alert, destination): DeliveryOutcome-like objects with
-        alert_id, destination, state and error; the latest state wins."""
+    def record_deliveries(self, outcomes: Iterable[DeliveryRecord]) -> int:
+        """Delivery state per (alert, destination); the latest state wins."""
         now = datetime.now(UTC).replace(tzinfo=None)
         rows = {
             (o.alert_id, o.destination): (o.alert_id, o.destination, o.state, o.error or None, now)

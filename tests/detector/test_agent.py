@@ -25,7 +25,8 @@ from hpcsec.detector.cli import main as cli
 from hpcsec.detector.core.schema import new_event, parse_time
 from hpcsec.detector.runtime.agent import Agent, AgentSettings
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.runtime.threads import Chunk, EventQueue
+from hpcsec.detector.runtime.pipeline import SourceBatch
+from hpcsec.detector.runtime.threads import EventQueue
 from hpcsec.detector.store.alert_store import AlertQuery, Store
 
 SECRET = b"test-secret-0123456789"
@@ -539,8 +540,8 @@ def test_queue_is_bounded_in_events_and_counts_drops(node: Node):
         for i in range(5)
     ]
     q = EventQueue(max_events=3)
-    assert q.put(Chunk(ctx, events[:2]), "process") == 0
-    assert q.put(Chunk(ctx, events[2:]), "process") == 2
+    assert q.put(SourceBatch(events[:2], ctx), "process") == 0
+    assert q.put(SourceBatch(events[2:], ctx), "process") == 2
     assert len(q) == 3
     assert q.take_dropped() == {"process": 2}
     assert q.take_dropped() == {}
@@ -570,7 +571,7 @@ def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
         new_event("process", "present", "process", "n1", ctx.timestamp, {"process.pid": i})
         for i in range(4)
     ]
-    agent.queue.put(Chunk(ctx, events), "process")
+    agent.queue.put(SourceBatch(events, ctx), "process")
     agent._process(agent.queue.get(10, 0))
     assert agent.metrics.drops.labels("process")._value.get() == 3
     agent.sink.drain(0)
@@ -615,9 +616,9 @@ def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
 
 
 def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
+    from hpcsec.detector.alerts.dedup import WindowedDedup
     from hpcsec.detector.engine.evaluate import Match
     from hpcsec.detector.engine.loader import load_rules
-    from hpcsec.detector.runtime.sink import WindowedDedup
 
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     (loaded,) = load_rules([node.rules]).rules
@@ -648,9 +649,10 @@ def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
     assert dedup.add([match(9)]) == []  # late: folded into the ended window's alert
     (second,) = dedup.add([match(11)])
     assert second["alert.id"] != first["alert.id"]
-    assert first["count"] == 3
+    assert first["count"] == 1  # the alert as it was emitted: folding made new values
     now[0] = 21.0
-    assert [a["alert.id"] for a in dedup.rotate()] == [first["alert.id"]]
+    (forgotten,) = dedup.rotate()
+    assert (forgotten["alert.id"], forgotten["count"]) == (first["alert.id"], 3)
     assert [a["alert.id"] for a in dedup.alerts()] == [second["alert.id"]]
 
 
