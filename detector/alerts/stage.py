@@ -3,10 +3,10 @@ limits -> a Decision (what to send, what only to store, and why).
 
 A scan folds every batch first and decides once, over all its alerts sorted by severity, at
 the end (`conclude`): a summary of what the rate limit held back goes out with the rest. The
-agent decides as alerts appear (`admit`), closes rate-limit minutes as they end
+agent decides as alerts appear (`decide`), closes rate-limit minutes as they end
 (`due_summaries`) and forgets ended dedup windows (`rotate`). Both go through the same dedup
 and the same suppressor, so an alert is folded, silenced and limited the same way whichever
-command saw it.
+command saw it. The pipeline folds (`fold`); its driver decides.
 """
 
 from __future__ import annotations
@@ -52,12 +52,9 @@ class AlertStage:
 
     # -- deciding ----------------------------------------------------------------------------
 
-    def admit(self, matches: list[Match]) -> Decision:
-        """Fold, then decide on the new alerts now (the agent)."""
-        return self.suppressor.apply(self.fold(matches))
-
     def decide(self, alerts: list[Alert]) -> Decision:
-        """Silences and rate limits for alerts that did not come from a match (hpcsec's own)."""
+        """Silences and rate limits for these alerts now: the new alerts of a step (the
+        agent), or hpcsec's own alerts."""
         return self.suppressor.apply(alerts)
 
     def due_summaries(self) -> Decision:

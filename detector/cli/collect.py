@@ -36,6 +36,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-name", metavar="NAME", help="host.name of the events")
     p.add_argument("--config", metavar="FILE", help="site config (YAML)")
     p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
+    _add_sensor_options(p)
+    _add_snapshot_options(p)
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="events as the sensors produced them, without the Slurm job and site-policy fields",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_sensor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pcap", metavar="FILE", help="roce sensor: read RoCE v2 packets from FILE")
     p.add_argument("--interface", metavar="IFACE", help="roce sensor: sniff IFACE")
     p.add_argument(
@@ -60,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="slurm_jobs sensor: --state-dir of `hpcsec slurm prolog|epilog`",
     )
+
+
+def _add_snapshot_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--snapshot",
         metavar="DIR",
@@ -84,12 +98,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="replay a node snapshot instead of reading the live system",
     )
-    p.add_argument(
-        "--raw",
-        action="store_true",
-        help="events as the sensors produced them, without the Slurm job and site-policy fields",
-    )
-    p.set_defaults(func=run)
 
 
 def sensor_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -38,10 +38,6 @@ class SensorSet:
     def __init__(self, specs: Iterable[SensorSpec]):
         self.sensors: list[tuple[SensorSpec, Sensor]] = [(s, make_sensor(s)) for s in specs]
 
-    @property
-    def names(self) -> list[str]:
-        return [spec.name for spec, _ in self.sensors]
-
     def runs(self, ctx: SensorContext) -> Iterator[SensorRun]:
         """Every sensor once, in order, run as the caller iterates (it may stop early);
         absent or failing ones give their status record."""

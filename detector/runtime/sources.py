@@ -105,7 +105,7 @@ def fleet_majority(stream: BinaryIO) -> dict[str, str]:
 
 def annotate(event: Event, majority: dict[str, str]) -> Event:
     if event.get("event.category") == "firmware":
-        version = majority.get(event.get("firmware.component"))  # type: ignore[arg-type]
+        version = majority.get(str(event.get("firmware.component")))
         if version is not None:
             event.setdefault("firmware.fleet_majority_version", version)
     return event

@@ -51,6 +51,12 @@ _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> int:
+    """The one integer a `SELECT count(*)` returns."""
+    row = con.execute(sql, params or []).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 class DeliveryRecord(Protocol):
     """What happened to one alert at one destination (the outputs' DeliveryOutcome)."""
 
@@ -270,11 +276,9 @@ class Store:
             days=self.retention_days
         )
         with self._connect() as con:
-            (deleted,) = con.execute(
-                "SELECT count(*) FROM events WHERE ts < ?", [cutoff]
-            ).fetchone()
+            deleted = _scalar(con, "SELECT count(*) FROM events WHERE ts < ?", [cutoff])
             con.execute("DELETE FROM events WHERE ts < ?", [cutoff])
-        return int(deleted)
+        return deleted
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -282,7 +286,8 @@ class Store:
         """Matching alerts by their time (first seen), oldest first (the newest `limit` of
         them), each the stored alert plus `hpcsec.disposition` and `hpcsec.deliveries`
         {destination: state}."""
-        where, params = ["TRUE"], []
+        where: list[str] = ["TRUE"]
+        params: list[object] = []
         if q.since is not None:
             where.append("coalesce(last_seen, ts) >= ?")
             params.append(q.since.astimezone(UTC).replace(tzinfo=None))
@@ -329,11 +334,11 @@ class Store:
         if table not in ("events", "alerts", "deliveries"):
             raise ValueError(table)
         with self._connect() as con:
-            return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+            return _scalar(con, f"SELECT count(*) FROM {table}")
 
     def export_events(self, path: str | Path, since: datetime | None = None) -> int:
         """Events to a Parquet file (columns named as the event schema, `doc` whole JSON)."""
-        where, params = "", []
+        where, params = "", list[object]()
         if since is not None:
             where, params = "WHERE ts >= ?", [since.astimezone(UTC).replace(tzinfo=None)]
         target = str(path).replace("'", "''")  # COPY takes no parameter for the file name
@@ -350,5 +355,4 @@ class Store:
                 raise StoreError(
                     f"cannot export events to {path}: {str(exc).splitlines()[0]}"
                 ) from None
-            (n,) = con.execute(f"SELECT count(*) FROM events {where}", params).fetchone()
-        return int(n)
+            return _scalar(con, f"SELECT count(*) FROM events {where}", params)

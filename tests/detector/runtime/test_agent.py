@@ -30,7 +30,7 @@ from hpcsec.detector.runtime.threads import EventQueue
 from hpcsec.detector.store.alert_store import AlertQuery, Store
 
 SECRET = b"test-secret-0123456789"
-SYSFS_FIXTURE = Path(__file__).resolve().parents[2] / "fixtures/sysfs/h100-4hca/sample0"
+SYSFS_FIXTURE = Path(__file__).resolve().parents[3] / "fixtures/sysfs/h100-4hca/sample0"
 RULE_A_ID = "7d2b1c1e-0000-4000-8000-00000000000a"
 RULE_B_ID = "7d2b1c1e-0000-4000-8000-00000000000b"
 PASSWD = "root:x:0:0:root:/root:/bin/sh\n" + "".join(
