@@ -192,7 +192,8 @@ class AlertBuilder:
         rule = match.rule
         sigma = rule.sigma
         first = match.events[0]
-        level = sigma.level.name.lower() if getattr(sigma, "level", None) else "medium"
+        sigma_level = getattr(sigma, "level", None)  # correlation rules may have none
+        level = sigma_level.name.lower() if sigma_level else "medium"
         alert: dict[str, Any] = {
             "alert.id": ident,
             "@timestamp": first.get("@timestamp"),

@@ -82,22 +82,18 @@ def run(args: argparse.Namespace) -> int:
         once_for_s=args.once_for,
         drain_timeout_s=args.drain_timeout,
     )
-    handler = _progress_to_stderr()
+    logger = logging.getLogger("hpcsec")
+    if logger.handlers:  # the CLI's logging setup decides where records go
+        return run_agent(settings)
+    # Nothing set up: the agent's progress lines (started, reloaded, stopping) still go to
+    # stderr, the journal under systemd, for as long as the agent runs.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("hpcsec agent: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
         return run_agent(settings)
     finally:
-        if handler is not None:
-            logging.getLogger("hpcsec").removeHandler(handler)
-
-
-def _progress_to_stderr() -> logging.Handler | None:
-    """The agent's progress lines (started, reloaded, stopping) go to stderr, the journal
-    under systemd, when nothing has set up the `hpcsec` logger; returns the handler added."""
-    logger = logging.getLogger("hpcsec")
-    if logger.handlers:
-        return None
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("hpcsec agent: %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    return handler
+        logger.removeHandler(handler)
+        logger.setLevel(level)
