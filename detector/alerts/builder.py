@@ -13,7 +13,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcsec.detector.core.schema import ALERT_COPIED_PREFIXES, LEVELS, Event, parse_time
+from hpcsec.detector.alerts.model import Alert
+from hpcsec.detector.core.schema import ALERT_COPIED_PREFIXES, Event, parse_time
 from hpcsec.detector.engine.evaluate import Match
 
 # What makes two matches of one detection rule "the same situation" for an analyst: the
@@ -110,9 +111,29 @@ def correlation_note(sigma: Any, value: float | None) -> str:
 
 @dataclass
 class _Open:
-    alert: dict[str, Any]
+    """A dedup slot: the alert's current value and the epochs of its first and last event."""
+
+    alert: Alert
     first: float
     last: float
+
+
+def _folded(slot: _Open, match: Match) -> Alert:
+    """The slot's alert with one more match folded in: a new value, the old one untouched."""
+    alert = slot.alert
+    changes: dict[str, Any] = {"count": alert["count"] + 1}
+    evidence = list(alert["events"])
+    room = MAX_EVIDENCE_EVENTS - len(evidence)
+    evidence.extend(match.events[: max(room, 0)])
+    if len(match.events) > room:
+        changes["alert.events_truncated"] = True
+    changes["events"] = evidence
+    earliest, latest = _span(match)
+    if earliest[0] < slot.first:
+        slot.first, changes["alert.first_seen"] = earliest
+    if latest[0] > slot.last:
+        slot.last, changes["alert.last_seen"] = latest
+    return alert.evolve(changes)
 
 
 @dataclass
@@ -124,8 +145,9 @@ class AlertBuilder:
     _open: dict[str, _Open] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)
 
-    def add(self, matches: list[Match]) -> list[dict[str, Any]]:
-        """Fold matches in; returns the alerts that are new (the rest only grew `count`)."""
+    def add(self, matches: list[Match]) -> list[Alert]:
+        """Fold matches in; returns the alerts that are new (the rest only grew `count`:
+        `alerts()` has their current values)."""
         new = []
         for match in matches:
             created = self._add_one(match)
@@ -133,7 +155,8 @@ class AlertBuilder:
                 new.append(created)
         return new
 
-    def alerts(self) -> list[dict[str, Any]]:
+    def alerts(self) -> list[Alert]:
+        """The current value of every open alert, in the order they were opened."""
         return [self._open[i].alert for i in self._order]
 
     def _key(self, match: Match) -> tuple:
@@ -142,7 +165,7 @@ class AlertBuilder:
         first = match.events[0]
         return tuple((k, first.get(k)) for k in DEFAULT_KEY_FIELDS)
 
-    def _add_one(self, match: Match) -> dict[str, Any] | None:
+    def _add_one(self, match: Match) -> Alert | None:
         rule = match.rule
         first = match.events[0]
         ts = first.get("@timestamp")
@@ -157,19 +180,7 @@ class AlertBuilder:
             ident = alert_id(rule.id, key, int(start // self.window_s))
         existing = self._open.get(ident)
         if existing is not None:
-            alert = existing.alert
-            alert["count"] += 1
-            evidence = alert["events"]
-            for event in match.events:
-                if len(evidence) >= MAX_EVIDENCE_EVENTS:
-                    alert["alert.events_truncated"] = True
-                    break
-                evidence.append(event)
-            earliest, latest = _span(match)
-            if earliest[0] < existing.first:
-                existing.first, alert["alert.first_seen"] = earliest
-            if latest[0] > existing.last:
-                existing.last, alert["alert.last_seen"] = latest
+            existing.alert = _folded(existing, match)
             return None
         alert = self._new_alert(ident, match, key)
         (first_t, _), (last_t, _) = _span(match)
@@ -177,11 +188,12 @@ class AlertBuilder:
         self._order.append(ident)
         return alert
 
-    def _new_alert(self, ident: str, match: Match, key: tuple) -> dict[str, Any]:
+    def _new_alert(self, ident: str, match: Match, key: tuple) -> Alert:
         rule = match.rule
         sigma = rule.sigma
         first = match.events[0]
-        level = sigma.level.name.lower() if getattr(sigma, "level", None) else "medium"
+        sigma_level = getattr(sigma, "level", None)  # correlation rules may have none
+        level = sigma_level.name.lower() if sigma_level else "medium"
         alert: dict[str, Any] = {
             "alert.id": ident,
             "@timestamp": first.get("@timestamp"),
@@ -207,15 +219,4 @@ class AlertBuilder:
         (_, alert["alert.first_seen"]), (_, alert["alert.last_seen"]) = _span(match)
         alert["events"] = list(match.events[:MAX_EVIDENCE_EVENTS])
         alert["count"] = 1
-        return alert
-
-
-def level_rank(level: str) -> int:
-    return LEVELS.index(level) if level in LEVELS else 0
-
-
-def sort_alerts(alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Most severe first, then by time."""
-    return sorted(
-        alerts, key=lambda a: (-level_rank(a["rule.level"]), str(a.get("@timestamp") or ""))
-    )
+        return Alert(alert)

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from hpcsec.detector.alerts.model import Alert, highest_level, own_alert
 from hpcsec.detector.config.site import Silence, SiteConfig
-from hpcsec.detector.core.schema import LEVELS, rfc3339
+from hpcsec.detector.core.schema import rfc3339
 
-Alert = dict[str, Any]
 RATE_LIMIT_RULE_ID = "hpcsec-rate-limited"
 MAX_IDS_IN_SUMMARY = 100
 
@@ -33,16 +33,44 @@ class Decision:
     summaries: list[Alert]
 
 
+def silence_reason(silence: Silence) -> str:
+    """Why a silenced alert was not sent, as the store shows it."""
+    reason = "silenced by " + ", ".join(
+        f"{k}={v}"
+        for k, v in (
+            ("rule_id", silence.rule_id),
+            ("host", silence.host),
+            ("job", silence.job),
+            ("user", silence.user),
+        )
+        if v is not None
+    )
+    return f"{reason} ({silence.comment})" if silence.comment else reason
+
+
+RATE_LIMITED_REASON = "over the per-rule rate limit"
+
+
+def dispositions(decision: Decision) -> list[tuple[list[Alert], str, str]]:
+    """The decision's alerts grouped as (alerts, disposition, reason) for the store: sent
+    (summaries included), silenced (by the silence that matched), rate_limited."""
+    groups: list[tuple[list[Alert], str, str]] = []
+    if decision.send:
+        groups.append((decision.send, "sent", ""))
+    by_reason: dict[str, list[Alert]] = {}
+    for alert, silence in decision.silenced:
+        by_reason.setdefault(silence_reason(silence), []).append(alert)
+    groups.extend((alerts, "silenced", reason) for reason, alerts in by_reason.items())
+    if decision.rate_limited:
+        groups.append((decision.rate_limited, "rate_limited", RATE_LIMITED_REASON))
+    return groups
+
+
 @dataclass
 class _Window:
     minute: int  # epoch minute the counts belong to
     sent: int = 0
     suppressed: list[Alert] = field(default_factory=list)
-
-
-def _level_max(alerts: list[Alert]) -> str:
-    ranks = [LEVELS.index(a["rule.level"]) for a in alerts if a.get("rule.level") in LEVELS]
-    return LEVELS[max(ranks)] if ranks else "medium"
 
 
 class Suppressor:
@@ -113,31 +141,35 @@ class Suppressor:
 
 
 def summary_alert(rule_id: str, minute: int, suppressed: list[Alert]) -> Alert:
+    """The one alert that stands for a rule's alerts held back in one minute."""
     first, last = suppressed[0], suppressed[-1]
     start = datetime.fromtimestamp(minute * 60, UTC)
     n = len(suppressed)
     title = str(first.get("rule.title", rule_id))
     hosts = sorted({str(a.get("host.name")) for a in suppressed if a.get("host.name")})
     ident = hashlib.sha256(f"{RATE_LIMIT_RULE_ID}\x1f{rule_id}\x1f{minute}".encode())
-    return {
-        "alert.id": ident.hexdigest()[:32],
-        "@timestamp": rfc3339(start),
-        "rule.id": RATE_LIMIT_RULE_ID,
-        "rule.title": f"Rate limit: {n} alerts suppressed",
-        "rule.level": _level_max(suppressed),
-        "rule.tags": list(first.get("rule.tags") or []),
-        "rule.vector": first.get("rule.vector", "hpcsec"),
-        "host.name": hosts[0] if len(hosts) == 1 else socket.gethostname(),
-        "events": [],
-        "count": n,
-        "alert.first_seen": first.get("alert.first_seen", first.get("@timestamp")),
-        "alert.last_seen": last.get("alert.last_seen", last.get("@timestamp")),
-        "alert.summary": f"{n} alerts suppressed by the rate limit of rule {rule_id} "
-        f"({title}) in the minute from {rfc3339(start)}; "
-        "they are in the alert store",
-        "hpcsec.suppressed.rule_id": rule_id,
-        "hpcsec.suppressed.hosts": hosts,
-        "hpcsec.suppressed.alert_ids": [
-            str(a.get("alert.id")) for a in suppressed[:MAX_IDS_IN_SUMMARY]
-        ],
-    }
+    return own_alert(
+        ident=ident.hexdigest()[:32],
+        timestamp=rfc3339(start),
+        rule_id=RATE_LIMIT_RULE_ID,
+        title=f"Rate limit: {n} alerts suppressed",
+        level=highest_level(suppressed),
+        tags=first.get("rule.tags") or [],
+        vector=first.get("rule.vector", "hpcsec"),
+        kind=None,  # a summary stands for alerts of any kind
+        host=hosts[0] if len(hosts) == 1 else socket.gethostname(),
+        body={
+            "events": [],
+            "count": n,
+            "alert.first_seen": first.get("alert.first_seen", first.get("@timestamp")),
+            "alert.last_seen": last.get("alert.last_seen", last.get("@timestamp")),
+            "alert.summary": f"{n} alerts suppressed by the rate limit of rule {rule_id} "
+            f"({title}) in the minute from {rfc3339(start)}; "
+            "they are in the alert store",
+            "hpcsec.suppressed.rule_id": rule_id,
+            "hpcsec.suppressed.hosts": hosts,
+            "hpcsec.suppressed.alert_ids": [
+                str(a.get("alert.id")) for a in suppressed[:MAX_IDS_IN_SUMMARY]
+            ],
+        },
+    )

@@ -6,16 +6,19 @@ import argparse
 import os
 import socket
 import sys
+from typing import Any
 
 from hpcsec.detector.cli.common import add_roots
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.core.errors import SourceError, UsageError
+from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import Enricher
-from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.runtime.sources import SensorSet
+from hpcsec.detector.runtime.pipeline import SourceBatch, capture, enrich
+from hpcsec.detector.runtime.sensorset import SensorSet
+from hpcsec.detector.runtime.sources import snapshot_samples
 from hpcsec.sensors.base import SensorContext, SensorRun
 from hpcsec.sensors.snapshot import open_snapshot, record_snapshot
 
@@ -33,6 +36,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-name", metavar="NAME", help="host.name of the events")
     p.add_argument("--config", metavar="FILE", help="site config (YAML)")
     p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
+    _add_sensor_options(p)
+    _add_snapshot_options(p)
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="events as the sensors produced them, without the Slurm job and site-policy fields",
+    )
+    p.set_defaults(func=run)
+
+
+def _add_sensor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pcap", metavar="FILE", help="roce sensor: read RoCE v2 packets from FILE")
     p.add_argument("--interface", metavar="IFACE", help="roce sensor: sniff IFACE")
     p.add_argument(
@@ -57,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="slurm_jobs sensor: --state-dir of `hpcsec slurm prolog|epilog`",
     )
+
+
+def _add_snapshot_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--snapshot",
         metavar="DIR",
@@ -81,15 +98,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="replay a node snapshot instead of reading the live system",
     )
-    p.add_argument(
-        "--raw",
-        action="store_true",
-        help="events as the sensors produced them, without the Slurm job and site-policy fields",
-    )
-    p.set_defaults(func=run)
 
 
-def sensor_options(args: argparse.Namespace) -> dict:
+def sensor_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         k: v
         for k, v in (
@@ -142,7 +153,7 @@ def print_status(run: SensorRun) -> None:
     )
 
 
-def write_events(events: list[dict], fmt: str) -> None:
+def write_events(events: list[Event], fmt: str) -> None:
     if fmt == "jsonl":
         out = sys.stdout.buffer
         for event in events:
@@ -188,15 +199,11 @@ def run(args: argparse.Namespace) -> int:
     enricher = None if args.raw else Enricher(config)
     if args.from_snapshot:
         snapshot = open_snapshot(args.from_snapshot)
-        state: dict = {}
         with SensorSet(specs) as sensors:
-            for sample in snapshot.samples:
-                try:
-                    ctx = sample.context(config, state, sensor_options(args))
-                except SourceError as exc:  # one unreadable sample; the others still count
-                    print(f"hpcsec: skipped a snapshot sample: {exc}", file=sys.stderr)
-                    continue
-                print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+            for ctx, runs in snapshot_samples(
+                snapshot, config, sensors, sensor_options(args), on_skip=print_skipped
+            ):
+                print_runs(runs, args.format, enricher, ctx)
         return 0
     ctx = live_context(
         config,
@@ -207,26 +214,28 @@ def run(args: argparse.Namespace) -> int:
         options=sensor_options(args),
     )
     if args.snapshot:
-        runs = record_snapshot(args.snapshot, ctx, specs, args.samples, args.interval)
-        for result in runs:
+        for result in record_snapshot(args.snapshot, ctx, specs, args.samples, args.interval):
             print_status(result)
         return 0
     with SensorSet(specs) as sensors:
-        return print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+        print_runs(sensors.sample(ctx), args.format, enricher, ctx)
+    return 0
+
+
+def print_skipped(problem: str) -> None:
+    print(f"hpcsec: skipped a snapshot sample: {problem}", file=sys.stderr)
 
 
 def print_runs(
-    runs: list[SensorRun],
-    fmt: str,
-    enricher: Enricher | None = None,
-    ctx: SensorContext | None = None,
-) -> int:
-    events: list[dict] = []
+    runs: list[SensorRun], fmt: str, enricher: Enricher | None, ctx: SensorContext
+) -> None:
+    """Each sensor's status line on stderr; its events (enriched unless --raw), then the
+    status records, on stdout."""
     for result in runs:
         print_status(result)
-        events.extend(result.events)
-    if enricher is not None and ctx is not None:
-        events = enricher.enrich(events, capture_view(ctx, events))
+    events = [e for result in runs for e in result.events]
+    if enricher is not None:  # --raw: the events as the sensors gave them, nothing captured
+        view, status = capture(ctx, events)
+        events = [*enrich(enricher, SourceBatch(events, view)), *status]
     events.extend(result.status for result in runs)
     write_events(events, fmt)
-    return 0

@@ -5,24 +5,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
 
-from hpcsec.detector.alerts.builder import AlertBuilder, level_rank, sort_alerts
+from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
 from hpcsec.detector.cli.render import write_json, write_jsonl, write_table
-from hpcsec.detector.config.site import SiteConfig, load_config
+from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.engine import thresholds
-from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.loader import load_rules
-from hpcsec.detector.outputs.delivery import OutputSet
-from hpcsec.detector.runtime.delivery import (
-    deliver_alerts,
-    open_scan_outputs,
-    open_store,
-    store_decision,
-    suppress,
-)
+from hpcsec.detector.runtime.delivery import deliver_alerts, report_held, store_decision
+from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
+from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, demo_snapshot_dir
 
 BATCH = 256  # small batches stay in the CPU cache (bench/engine.py measures it)
@@ -75,58 +69,63 @@ def run(args: argparse.Namespace) -> int:
     if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
         config_path = str(demo_snapshot_dir() / "site-config.yml")
     config = load_config(config_path)
-    # without test events: a slip in a tests file must not stop detection
-    ruleset = load_rules(args.rules, with_tests=False, threshold_values=config.thresholds)
-    for name in thresholds.unused(config.thresholds, ruleset.rules):
+    pipeline = Pipeline.load(config, args.rules, dedup=not args.no_dedup)
+    for name in thresholds.unused(config.thresholds, pipeline.ruleset.rules):
         print(
             f"hpcsec: warning: threshold {name!r} of the config is not used by any rule",
             file=sys.stderr,
         )
-    engine = Engine(ruleset, placeholders=config.placeholders())
-    outputs = open_scan_outputs(list(args.output or config.outputs), args, config)
+    outputs = open_alert_outputs(
+        args.output or [],
+        secret_file=args.webhook_secret_file,
+        spool_dir=args.spool,
+        config=config,
+    )
     try:
-        return scan(args, config, engine, outputs)
+        return scan(args, pipeline, outputs)
     finally:
         if outputs is not None:
             outputs.close()
 
 
-def scan(
-    args: argparse.Namespace, config: SiteConfig, engine: Engine, outputs: OutputSet | None
-) -> int:
-    builder = AlertBuilder(dedup=not args.no_dedup, window_s=config.dedup_window_s)
-    report = ScanReport()
-    sources = EventSources(config, report)
+def sources_of(args: argparse.Namespace, sources: EventSources) -> Iterator[SourceBatch]:
     if (args.pcap or args.interface) and (args.events or args.snapshot or args.demo):
         raise UsageError("--pcap and --interface go with a live scan, not --events/--snapshot")
     if args.pcap and not os.path.isfile(args.pcap):
         raise UsageError(f"--pcap {args.pcap}: no such file")
     if args.events:
-        batches = sources.from_events_file(args.events, BATCH)
-    elif args.snapshot or args.demo:
-        batches = sources.from_snapshot(args.snapshot, demo=args.demo)
-    else:
-        batches = sources.live(args)
-    store = open_store(args.store or config.store_path, config)
+        return sources.from_events_file(args.events, BATCH)
+    if args.snapshot or args.demo:
+        return sources.from_snapshot(args.snapshot, demo=args.demo)
+    return sources.live(args)
+
+
+def scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None) -> int:
+    config = pipeline.config
+    report = ScanReport()
+    batches = sources_of(args, EventSources(config, report))
+    store = open_store(args.store or config.store_path, config.retention_days)
     for batch in batches:
-        builder.add(engine.evaluate(batch))
+        step = pipeline.process([batch])
         if store is not None:
-            store.insert_events(batch)
-    builder.add(engine.flush())
+            store.insert_events(step.events)
+    pipeline.flush()
     report.print(sys.stderr)
-    decision = suppress(sort_alerts(builder.alerts()), config)
+    decision = pipeline.stage.conclude()
+    report_held(decision)
     alerts = decision.send
     delivery = None
     if outputs is not None:
         delivery = deliver_alerts(outputs, alerts)
     else:
         write_alerts(alerts, args.format)
-    store_decision(store, decision, delivery)
+    if store is not None:
+        store_decision(store, decision, delivery)
     threshold = level_rank(args.fail_on)
     return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
 
 
-def write_alerts(alerts: list[dict], fmt: str) -> None:
+def write_alerts(alerts: list[Alert], fmt: str) -> None:
     if fmt == "json":
         write_json(alerts)
     elif fmt == "jsonl":

@@ -2,8 +2,8 @@
 
 The order (STEPS) matters:
 1. `process`: process and user fields of events that carry only a pid (RDMA queue pairs);
-2. `job`: the Slurm job of each process (attribution reads the process fields), users with a
-   job on this node, and Slurm's status records;
+2. `job`: the Slurm job of each process (attribution reads the process fields), and users
+   with a job on this node (Slurm's status records come with the view, not from a step);
 3. `node_jobs` and `job_peers`: fields relating events to each other through their jobs
    (the jobs running here, whether a peer address is a node of the job);
 4. `gpu_users`: who runs on each GPU, from the GPU's processes;
@@ -50,8 +50,7 @@ GPU_USER_FIELDS = frozenset({"gpu.process_users", "gpu.process_user_count"})
 
 @dataclass(frozen=True)
 class EnrichStep:
-    """One enrichment step: the fields only it writes, and how it writes them (in place;
-    a step may append records, as the job step does with Slurm's status)."""
+    """One enrichment step: the fields only it writes, and how it writes them (in place)."""
 
     name: str
     writes: frozenset[str]
@@ -114,7 +113,7 @@ class Enricher:
         self.steps = steps
 
     def enrich(self, events: list[Event], view: NodeView | None) -> list[Event]:
-        """Enrich in place and return `events` (Slurm status records may be appended).
+        """Enrich in place and return `events`.
 
         `view`: the node as captured with these events; None for events read from a file.
         """

@@ -52,14 +52,13 @@ JOB_FIELDS = frozenset(
 
 
 def apply_jobs(events: list[Event], view: NodeView | None) -> None:
-    """Job fields of each process, users with a job here; appends Slurm's status records."""
+    """Job fields of each process, and which users have a job here."""
     if view is None or view.slurm is None:
         return
     for event in filter(needs_job, events):
         _job_of_event(event, view)
     if view.slurm.reachable:
         mark_users_with_jobs(events, view.jobs_on_node())
-    events.extend(dict(status) for status in view.slurm.status)
 
 
 def _job_of_event(event: Event, view: NodeView) -> None:

@@ -65,6 +65,14 @@ class NodeView:
     def jobs_on_node(self) -> list[JobRecord]:
         return [] if self.slurm is None else self.slurm.table.jobs_on(self.host_name)
 
+    def status_events(self) -> list[Event]:
+        """The records the capture produced about Slurm (unreachable, back, unparsable).
+
+        They are events of the sample the view was captured with, added once by whoever
+        captured it, never by enrichment: a sample may be enriched in several parts.
+        """
+        return [] if self.slurm is None else [dict(status) for status in self.slurm.status]
+
     def job_of(self, pid: int, seen: Mapping[str, Any]) -> PidJob | None:
         """The job of `pid` from the captured facts (the same decision the capture made)."""
         if self.slurm is None:

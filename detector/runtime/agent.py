@@ -1,122 +1,68 @@
 """`hpcsec agent`: the continuous per-node loop.
 
     sampler thread (every interval) ─┐
-                                     ├─▶ EventQueue (bounded) ─▶ main loop: enrich, evaluate,
-    fanotify stream thread ──────────┘                          dedup, silence, store, deliver
+                                     ├─▶ EventQueue (bounded) ─▶ main loop: the pipeline
+    fanotify stream thread ──────────┘     (enrich, evaluate, dedup, silence), store, deliver
 
-The main thread owns everything stateful (enricher, engine, alert builder, outputs, store), so
-none of it needs locks. It sleeps on the queue; signal handlers only set flags and wake it.
-SIGHUP loads a new generation (config + rules + engine) completely before swapping it in: a
-broken rule or config leaves the running generation in place, is logged with its file:line and
-raised as an alert. SIGTERM/SIGINT stop the sources, evaluate what is queued, close the rules'
-open windows, and give the spool a bounded time to drain before exiting 0.
+The main thread owns everything stateful (pipeline, alert stage, outputs, store), so none of
+it needs locks. It sleeps on the queue; signal handlers only set flags and wake it. SIGHUP
+loads a new generation (config + rules + engine) completely before swapping it in: a broken
+rule or config leaves the running generation in place, is logged with its file:line and raised
+as an alert. SIGTERM/SIGINT stop the sources, evaluate what is queued, close the rules' open
+windows, and give the spool a bounded time to drain before exiting 0.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
-from typing import Any
+from types import FrameType
 
-from hpcsec.detector.alerts.suppression import Suppressor
-from hpcsec.detector.config.site import SiteConfig, load_config
+from hpcsec.detector.alerts.model import reload_failed_alert
+from hpcsec.detector.alerts.stage import AlertStage
+from hpcsec.detector.alerts.suppression import Decision
 from hpcsec.detector.core.errors import HpcsecError, UsageError
-from hpcsec.detector.core.schema import Event, rfc3339, status_event
-from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.loader import load_rules
-from hpcsec.detector.engine.ruleset import RuleSet
-from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.core.schema import rfc3339, status_event
 from hpcsec.detector.runtime import registry
+from hpcsec.detector.runtime.agent_settings import AgentSettings, Generation, load_generation
+from hpcsec.detector.runtime.agent_sources import AgentSources
+from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
 from hpcsec.detector.runtime.metrics import AgentMetrics
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.runtime.sink import (
-    AlertSink,
-    WindowedDedup,
-    file_stamp,
-    log,
-    open_alert_outputs,
-    open_alert_store,
-    reload_failed_alert,
-)
-from hpcsec.detector.runtime.threads import Chunk, EventQueue, SampledSource, StreamSource
+from hpcsec.detector.runtime.pipeline import SourceBatch
+from hpcsec.detector.runtime.sink import AlertSink
+from hpcsec.detector.runtime.threads import EventQueue
+from hpcsec.detector.store.alert_store import Store
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
-STREAM_SENSOR = "file_access"
+logger = logging.getLogger(__name__)
+
 MAX_BATCH_EVENTS = 4096
 QUEUE_MAX_EVENTS = 100_000
 IDLE_WAKE_S = 2.0  # the loop looks at deadlines and retries at least this often
 SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
 PRUNE_EVERY_S = 3600.0
+# A short lock wait: `hpcsec alerts` reading the file must not stall the agent for long (the
+# write is retried at the next flush).
+STORE_LOCK_WAIT_S = 0.5
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    """The command line; each value, when set, wins over the config file's."""
-
-    config_path: str | None = None
-    rule_paths: tuple[str, ...] | None = None  # None: the bundled rules
-    outputs: tuple[str, ...] = ()
-    secret_file: str | None = None
-    spool_dir: str | None = None
-    store_path: str | None = None
-    interval_s: float | None = None
-    metrics_address: str | None = None
-    sysfs_root: str = "/sys"
-    procfs_root: str = "/proc"
-    etc_root: str = "/etc"
-    sensors: tuple[str, ...] | None = None
-    once_for_s: float | None = None
-    drain_timeout_s: float = 10.0
-    host_name: str | None = None
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One consistent config + rule set + engine: what a reload swaps as a whole."""
-
-    config: SiteConfig
-    ruleset: RuleSet
-    engine: Engine
-    enricher: Enricher
-    outputs_key: tuple
-    store_key: tuple
-    interval_s: float
-
-
-def load_generation(settings: AgentSettings) -> Generation:
-    """Config, rules and engine, fully built; raises HpcsecError (with file:line)."""
-    config = load_config(settings.config_path)
-    ruleset = load_rules(
-        list(settings.rule_paths) if settings.rule_paths else None,
-        with_tests=False,
-        threshold_values=config.thresholds,
-    )
-    engine = Engine(ruleset, placeholders=config.placeholders())
-    interval = settings.interval_s if settings.interval_s is not None else config.interval_s
-    if interval <= 0:
-        raise UsageError(f"the sampling interval must be positive, not {interval}")
-    secret = settings.secret_file or config.webhook_secret_file
-    outputs_key = (
-        tuple(settings.outputs or config.outputs),
-        file_stamp(secret),
-        settings.spool_dir or config.spool_dir,
-        config.syslog_format,
-        config.spool_max_bytes,
-    )
-    store_key = (settings.store_path or config.store_path, config.retention_days)
-    return Generation(config, ruleset, engine, Enricher(config), outputs_key, store_key, interval)
-
-
-def open_outputs_for(settings: AgentSettings, gen: Generation) -> Any:
+def _open_outputs(settings: AgentSettings, gen: Generation) -> OutputSet | None:
+    """The generation's outputs; with none configured, stdout (the journal, under systemd)."""
     return open_alert_outputs(
-        gen.outputs_key[0], settings.secret_file, settings.spool_dir, gen.config
+        gen.outputs_key.urls,
+        secret_file=settings.secret_file,
+        spool_dir=settings.spool_dir,
+        config=gen.pipeline.config,
+        fallback="-",
     )
 
 
-def open_store(gen: Generation) -> Any:
-    return open_alert_store(*gen.store_key)
+def _open_store(gen: Generation) -> Store | None:
+    key = gen.store_key
+    return open_store(key.path, key.retention_days, lock_wait_s=STORE_LOCK_WAIT_S)
 
 
 class Agent:
@@ -132,80 +78,39 @@ class Agent:
             raise UsageError(f"unknown sensor {exc.args[0]}") from None
         self.gen = load_generation(settings)
         self.queue = EventQueue(QUEUE_MAX_EVENTS)
-        self.dedup = WindowedDedup(self.gen.config.dedup_window_s)
-        self.sink = AlertSink(
-            Suppressor.from_config(self.gen.config),
-            open_outputs_for(settings, self.gen),
-            None,
-            self.metrics,
-        )
+        self.sink = AlertSink(_open_outputs(settings, self.gen), None, self.metrics)
         try:
-            self.sink.store = open_store(self.gen)
+            self.sink.store = _open_store(self.gen)
         except BaseException:
             self._close_outputs()
             raise
-        self.sampler: SampledSource | None = None
-        self.stream: StreamSource | None = None
+        self.sources = AgentSources(
+            self.specs, self._context, self.queue, self._on_run, self.metrics.sampled
+        )
         self.metrics_address: str | None = None
         self._stop = False
         self._reload = False
         self._prune_at = time.monotonic()
         self._summary_at = time.monotonic() + SUMMARY_EVERY_S
 
-    # -- sources -----------------------------------------------------------------------------
+    @property
+    def stage(self) -> AlertStage:
+        """The pipeline's alert stage: the same object across reloads."""
+        return self.gen.pipeline.stage
 
     def _context(self) -> SensorContext:
         s = self.settings
         return live_context(
-            self.gen.config, s.sysfs_root, s.procfs_root, s.etc_root, host_name=self.host
+            self.gen.pipeline.config, s.sysfs_root, s.procfs_root, s.etc_root, host_name=self.host
         )
 
     def _on_run(self, run: SensorRun) -> None:
         self.metrics.events.labels(run.name).inc(len(run.events))
         self.metrics.sensor_up.labels(run.name).set(1 if run.ok else 0)
 
-    def _start_sources(self, state: dict[str, Any] | None = None) -> None:
-        sampled = [s for s in self.specs if s.name != STREAM_SENSOR]
-        stream_spec = next((s for s in self.specs if s.name == STREAM_SENSOR), None)
-        if stream_spec is not None:
-            stream = StreamSource(stream_spec, self._context, self.queue, self._on_run)
-            run = stream.open()
-            self._on_run(run)
-            if run.ok:
-                self.stream = stream
-                stream.start()
-            else:  # no fanotify here (not root, old kernel): sample open files instead
-                stream.close()
-                log(
-                    f"file access stream unavailable ({run.status.get('message')}); "
-                    "sampling open files every interval instead"
-                )
-                sampled.append(stream_spec)
-        self.sampler = SampledSource(
-            sampled,
-            self._context,
-            self.queue,
-            self.gen.interval_s,
-            self._on_run,
-            self.metrics.sampled,
-        )
-        if state is not None:
-            self.sampler.state = state
-        self.sampler.start()
-
-    def _stop_sources(self) -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        if self.sampler is not None:
-            self.sampler.stop()
-            state = self.sampler.state
-        if self.stream is not None:
-            self.stream.stop()
-        self.sampler = self.stream = None
-        return state
-
     # -- signals -----------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             self._reload = True
         else:
@@ -219,25 +124,25 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        address = self.settings.metrics_address or self.gen.config.metrics_address
+        address = self.settings.metrics_address or self.gen.pipeline.config.metrics_address
         try:
             _server, self.metrics_address = self.metrics.serve(address)
         except BaseException:  # port taken: release the spool for whoever retries
             self._close_outputs()
             raise
-        self.metrics.rules_loaded.set(len(self.gen.ruleset.rules))
-        self._start_sources()
+        rules = len(self.gen.pipeline.ruleset.rules)
+        self.metrics.rules_loaded.set(rules)
+        self.sources.start(self.gen.interval_s)
         # Logged once the sources run: from this line on, file accesses are being watched.
-        log(
-            f"started: {len(self.gen.ruleset.rules)} rules, sensors "
-            f"{', '.join(s.name for s in self.specs)}, every {self.gen.interval_s:g} s; "
-            f"metrics at http://{self.metrics_address}/metrics"
+        logger.info(
+            "started: %d rules, sensors %s, every %g s; metrics at http://%s/metrics",
+            rules,
+            ", ".join(s.name for s in self.specs),
+            self.gen.interval_s,
+            self.metrics_address,
         )
-        deadline = (
-            time.monotonic() + self.settings.once_for_s
-            if self.settings.once_for_s is not None
-            else None
-        )
+        once_for = self.settings.once_for_s
+        deadline = time.monotonic() + once_for if once_for is not None else None
         wait = 0.0
         while not self._stop:
             if self._reload:
@@ -247,13 +152,14 @@ class Agent:
                 break
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
-            chunks = self.queue.get(MAX_BATCH_EVENTS, max(wait, 0.0))
-            self.sink.restore_counts(self.dedup.rotate())  # a window boundary passed
-            self._process(chunks)
+            batches = self.queue.get(MAX_BATCH_EVENTS, max(wait, 0.0))
+            self.sink.restore_counts(self.stage.rotate())  # a window boundary passed
+            self._process(batches)
             wait = self._housekeeping()
         return self.shutdown()
 
-    def _drop_events(self) -> list[Chunk]:
+    def _drop_events(self) -> list[SourceBatch]:
+        """The queue's drops since the last turn, as status events rules can match."""
         dropped = self.queue.take_dropped()
         if not dropped:
             return []
@@ -270,46 +176,25 @@ class Agent:
                     **{"hpcsec.dropped": count},
                 )
             )
-        return [Chunk(None, events)]  # status records: nothing of the node to look at
+        return [SourceBatch(events, None)]  # about the agent itself: no node to look at
 
-    def _process(self, chunks: list[Chunk]) -> None:
-        chunks = chunks + self._drop_events()
+    def _process(self, batches: list[SourceBatch]) -> None:
+        batches = batches + self._drop_events()
         self.metrics.queue_depth.set(len(self.queue))
-        if not chunks:
+        if not batches:
             return
-        gen = self.gen
-        events: list[Event] = []
-        # Enrich a sample's events together, as scan does: some fields relate events of
-        # different sensors read at the same time (the same context).
-        groups: list[Chunk] = []
-        for chunk in chunks:
-            if groups and groups[-1].view is chunk.view:
-                groups[-1].events.extend(chunk.events)
-            else:
-                groups.append(Chunk(chunk.view, list(chunk.events)))
-        for group in groups:
-            try:
-                events.extend(gen.enricher.enrich(group.events, group.view))
-            except Exception as exc:  # an enrichment bug must not cost the events
-                log(f"enrichment failed, evaluating without it: {type(exc).__name__}: {exc}")
-                events.extend(group.events)
-        started = time.perf_counter()
-        try:
-            matches = gen.engine.evaluate(events)
-        except Exception as exc:  # an engine bug: say so loudly, keep the agent running
-            log(f"rule evaluation failed on {len(events)} events: {type(exc).__name__}: {exc}")
-            matches = []
-        self.metrics.eval_seconds.observe(time.perf_counter() - started)
-        self.metrics.batch_events.observe(len(events))
-        self.sink.keep_events(events)
-        self.sink.emit(self.dedup.add(matches))
+        step = self.gen.pipeline.process(batches)
+        self.metrics.eval_seconds.observe(step.eval_s)
+        self.metrics.batch_events.observe(len(step.events))
+        self.sink.keep_events(step.events)
+        self.sink.emit(self.stage.decide(step.alerts))
 
     def _housekeeping(self) -> float:
         now = time.monotonic()
         if now >= self._summary_at:
             self._summary_at = now + SUMMARY_EVERY_S
-            if self.sink.suppressor.rate_limit > 0:
-                self.sink.emit([])  # closes rate-limit minutes that ended: summaries go out
+            if self.stage.suppressor.rate_limit > 0:
+                self.sink.emit(self.stage.due_summaries())
         if now >= self._prune_at:
             self._prune_at = now + PRUNE_EVERY_S
             self.sink.prune_store()
@@ -319,85 +204,96 @@ class Agent:
 
     def reload(self) -> bool:
         try:
-            gen = load_generation(self.settings)
+            gen = load_generation(self.settings, stage=self.stage)
         except HpcsecError as exc:
             return self._reload_failed(str(exc))
         except Exception as exc:  # a loader bug is still a failed reload, not a dead agent
+            logger.exception("reload: unexpected error while loading")
             return self._reload_failed(f"{type(exc).__name__}: {exc}")
+        error = self._swap_endpoints(gen)
+        if error:
+            return self._reload_failed(error)
+        old, self.gen = self.gen, gen
+        self.sink.restore_counts(self.stage.reconfigure(gen.pipeline.config))
+        if gen.pipeline.config.assets != old.pipeline.config.assets and self.sources.stream:
+            self.sources.restart(gen.interval_s)  # new paths to watch
+        else:
+            self.sources.set_interval(gen.interval_s)
+        rules = len(gen.pipeline.ruleset.rules)
+        self.metrics.reloads.labels("ok").inc()
+        self.metrics.rules_loaded.set(rules)
+        logger.info("reloaded: %d rules", rules)
+        return True
+
+    def _swap_endpoints(self, gen: Generation) -> str | None:
+        """Open the new generation's store and outputs where they changed; returns the error
+        that keeps the running ones (then nothing changed, but see _swap_outputs)."""
         new_store = self.sink.store
         if gen.store_key != self.gen.store_key:
             try:
-                new_store = open_store(gen)
+                new_store = _open_store(gen)
             except HpcsecError as exc:
-                return self._reload_failed(str(exc))
+                return str(exc)
         if gen.outputs_key != self.gen.outputs_key:
             error = self._swap_outputs(gen)
             if error:
                 if new_store is not self.sink.store and new_store is not None:
                     new_store.close()
-                return self._reload_failed(error)
+                return error
         if new_store is not self.sink.store:  # what is buffered belongs to the old store
             self.sink.flush_store()
             if self.sink.store is not None:
                 self.sink.store.close()
             self.sink.store = new_store
-        old = self.gen
-        self.gen = gen
-        self.sink.suppressor.reconfigure(gen.config)
-        if gen.config.dedup_window_s != old.config.dedup_window_s:
-            self.sink.restore_counts(self.dedup.alerts())
-            self.dedup = WindowedDedup(gen.config.dedup_window_s)
-        if gen.config.assets != old.config.assets and self.stream is not None:
-            self._start_sources(self._stop_sources())  # new paths to watch
-        elif self.sampler is not None:
-            self.sampler.interval_s = gen.interval_s
-        self.metrics.reloads.labels("ok").inc()
-        self.metrics.rules_loaded.set(len(gen.ruleset.rules))
-        log(f"reloaded: {len(gen.ruleset.rules)} rules")
-        return True
+        return None
 
     def _swap_outputs(self, gen: Generation) -> str | None:
         """Reopen the outputs for the new generation (the spool is locked by its owner, so
         the old set closes first); on failure the old set is reopened. Returns the error."""
         self._close_outputs()
         try:
-            self.sink.outputs = open_outputs_for(self.settings, gen)
+            self.sink.outputs = _open_outputs(self.settings, gen)
             return None
         except HpcsecError as exc:
             error = str(exc)
         try:
-            self.sink.outputs = open_outputs_for(self.settings, self.gen)
+            self.sink.outputs = _open_outputs(self.settings, self.gen)
         except HpcsecError as exc:  # e.g. the old secret file is gone too: store-only now
             self.sink.outputs = None
-            log(f"outputs could not be reopened, alerts are only stored: {exc}")
+            logger.error("outputs could not be reopened, alerts are only stored: %s", exc)
         return error
 
     def _reload_failed(self, error: str) -> bool:
         self.metrics.reloads.labels("failed").inc()
-        log(f"reload failed, the previous rules and config keep running: {error}")
-        self.sink.emit([reload_failed_alert(error, self.host)])
+        logger.error("reload failed, the previous rules and config keep running: %s", error)
+        self.sink.emit(self.stage.decide([reload_failed_alert(error, self.host)]))
         return False
 
     # -- shutdown ----------------------------------------------------------------------------
 
     def shutdown(self) -> int:
-        log("stopping: draining the queue and the spool")
-        self._stop_sources()
+        logger.info("stopping: draining the queue and the spool")
+        self.sources.stop()
         while True:
-            chunks = self.queue.get(MAX_BATCH_EVENTS, 0.0)
-            if not chunks:
+            batches = self.queue.get(MAX_BATCH_EVENTS, 0.0)
+            if not batches:
                 break
-            self._process(chunks)
+            self._process(batches)
         self._process([])  # drops counted at the very end
-        self.sink.emit(self.dedup.add(self.gen.engine.flush()))
-        self.sink.restore_counts(self.dedup.alerts())
+        self.sink.emit(self.stage.decide(self.gen.pipeline.flush()))
+        self.sink.restore_counts(self.stage.current())
+        summaries = self.stage.finish()
+        self.sink.emit(Decision(summaries, [], [], summaries))
         left = self.sink.drain(self.settings.drain_timeout_s)
         if left:
-            log(f"{left} alert(s) not delivered yet, kept in the spool; the next start sends them")
+            logger.warning(
+                "%d alert(s) not delivered yet, kept in the spool; the next start sends them",
+                left,
+            )
         self._close_outputs()
         if self.sink.store is not None:
             self.sink.store.close()
-        log("stopped")
+        logger.info("stopped")
         return 0
 
     def _close_outputs(self) -> None:

@@ -1,4 +1,4 @@
-"""What `hpcsec scan` does with its alerts: silences and rate limits, then outputs.
+"""What `hpcsec scan` does with its decided alerts: outputs, then the store.
 
 Silenced and rate-limited alerts are not sent (a summary alert says how many were held back);
 with `--store` they are kept there with their disposition. Outputs go through the durable
@@ -9,54 +9,24 @@ scan exits stays in the spool for the next scan or the agent.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-from hpcsec.detector.alerts.suppression import Decision, Suppressor
-from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.outputs.delivery import DeliveryReport, OutputSet
-from hpcsec.detector.outputs.registry import open_outputs
+from hpcsec.detector.alerts.model import Alert
+from hpcsec.detector.alerts.suppression import Decision
+from hpcsec.detector.runtime.endpoints import DeliveryReport, OutputSet
 
-Alert = dict[str, Any]
+if TYPE_CHECKING:  # duckdb is imported only by commands that open a store (start-up time)
+    from hpcsec.detector.store.alert_store import Store
 
 
-def suppress(alerts: list[Alert], config: SiteConfig) -> Decision:
-    suppressor = Suppressor.from_config(config)
-    decision = suppressor.apply(alerts)
-    decision.send.extend(suppressor.finish())
-    held = len(decision.silenced) + len(decision.rate_limited)
-    if held:
+def report_held(decision: Decision) -> None:
+    """One stderr line when silences or rate limits held alerts back."""
+    if decision.silenced or decision.rate_limited:
         print(
             f"hpcsec: {len(decision.silenced)} alert(s) silenced, "
             f"{len(decision.rate_limited)} rate-limited (not sent)",
             file=sys.stderr,
         )
-    return decision
-
-
-def open_store(store_path: str | None, config: SiteConfig) -> Any:
-    if not store_path:
-        return None
-    from hpcsec.detector.store.alert_store import Store
-
-    return Store(store_path, retention_days=config.retention_days)
-
-
-def store_decision(store: Any, decision: Decision, report: Any = None) -> None:
-    if store is None:
-        return
-    store.insert_decision(decision)
-    if report is not None:
-        store.insert_alerts(report.notices)
-        store.record_deliveries(report.outcomes)
-
-
-def open_scan_outputs(urls: list[str], args: Any, config: SiteConfig) -> OutputSet | None:
-    """The outputs, opened before the scan runs so a bad URL or secret fails at once."""
-    if not urls:
-        return None
-    return open_outputs(
-        urls, secret_file=args.webhook_secret_file, spool_dir=args.spool, config=config
-    )
 
 
 def deliver_alerts(outputs: OutputSet, alerts: list[Alert]) -> DeliveryReport:
@@ -76,3 +46,11 @@ def deliver_alerts(outputs: OutputSet, alerts: list[Alert]) -> DeliveryReport:
     for line in report.problems():
         print(f"hpcsec: {line}", file=sys.stderr)
     return report
+
+
+def store_decision(store: Store, decision: Decision, report: DeliveryReport | None) -> None:
+    """Every alert with its disposition; with outputs, the spool's notices and deliveries."""
+    store.insert_decision(decision)
+    if report is not None:
+        store.insert_alerts(report.notices)
+        store.record_deliveries(report.outcomes)

@@ -76,6 +76,10 @@ class AgentMetrics:
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0),
             registry=r,
         )
+        self._declare_delivery(r)
+        self._declare_state(r)
+
+    def _declare_delivery(self, r: CollectorRegistry) -> None:
         self.spool_depth = Gauge(
             "hpcsec_spool_depth", "Alerts waiting in the spool", ["destination"], registry=r
         )
@@ -91,6 +95,8 @@ class AgentMetrics:
             ["destination"],
             registry=r,
         )
+
+    def _declare_state(self, r: CollectorRegistry) -> None:
         self.last_sample = Gauge(
             "hpcsec_last_sample_timestamp_seconds",
             "Unix time of the last completed sample",
@@ -146,5 +152,6 @@ class AgentMetrics:
             daemon=True,
         ).start()
         bound_host, bound_port = server.server_address[:2]
-        shown = f"[{bound_host}]" if ":" in str(bound_host) else str(bound_host)
+        host = bound_host.decode() if isinstance(bound_host, bytes) else str(bound_host)
+        shown = f"[{host}]" if ":" in host else host
         return server, f"{shown}:{bound_port}"

@@ -1,9 +1,9 @@
-"""Where scan's events come from (events file, snapshot, live sensors) and their enrichment."""
+"""Where scan's and collect's events come from: an events file, a snapshot, live sensors."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -15,13 +15,14 @@ from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.errors import SourceError, UsageError
 from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.policy import annotate_fleet_majority
-from hpcsec.detector.enrich.view import capture_view
+from hpcsec.detector.enrich.view import FILE_EVENTS_NOTE
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
-from hpcsec.sensors.snapshot import close_sensor
+from hpcsec.detector.runtime.pipeline import SourceBatch, capture
+from hpcsec.detector.runtime.sensorset import SensorSet
+from hpcsec.sensors.base import SensorContext, SensorRun
+from hpcsec.sensors.snapshot import Snapshot, open_snapshot
 
 
 @dataclass
@@ -32,6 +33,7 @@ class ScanReport:
     inputs: list[InputReport] = field(default_factory=list)
     skipped_samples: list[str] = field(default_factory=list)
     events: int = 0
+    notes: list[str] = field(default_factory=list)
 
     def print(self, out: TextIO) -> None:
         """One line per sensor over all samples, then every distinct problem it reported
@@ -69,34 +71,9 @@ class ScanReport:
             text = report.describe()
             if text:
                 print(f"hpcsec: {text}", file=out)
+        for note in self.notes:
+            print(f"hpcsec: note: {note}", file=out)
         print(f"hpcsec: {self.events} events evaluated", file=out)
-
-
-class SensorSet:
-    """Sensor instances kept across samples (NVML stays initialised), closed at the end."""
-
-    def __init__(self, specs: list[SensorSpec]):
-        self.sensors = [(spec, spec.factory()) for spec in specs]
-
-    def sample(self, ctx: SensorContext) -> list[SensorRun]:
-        """Every sensor once, in order; absent or failing ones give their status record."""
-        return [run_sensor(spec, sensor, ctx) for spec, sensor in self.sensors]
-
-    def close(self) -> None:
-        for _, sensor in self.sensors:
-            close_sensor(sensor)
-
-    def __enter__(self) -> SensorSet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def sample_sensors(ctx: SensorContext, specs: list[SensorSpec]) -> list[SensorRun]:
-    """One sample with fresh sensor instances (for one-shot callers)."""
-    with SensorSet(specs) as sensors:
-        return sensors.sample(ctx)
 
 
 def demo_snapshot_dir() -> Path:
@@ -132,33 +109,54 @@ def fleet_majority(stream: BinaryIO) -> dict[str, str]:
 
 def annotate(event: Event, majority: dict[str, str]) -> Event:
     if event.get("event.category") == "firmware":
-        version = majority.get(event.get("firmware.component"))  # type: ignore[arg-type]
+        version = majority.get(str(event.get("firmware.component")))
         if version is not None:
             event.setdefault("firmware.fleet_majority_version", version)
     return event
 
 
+def snapshot_samples(
+    snapshot: Snapshot,
+    config: SiteConfig,
+    sensors: SensorSet,
+    options: dict[str, Any] | None = None,
+    on_skip: Callable[[str], None] = lambda problem: None,
+) -> Iterator[tuple[SensorContext, list[SensorRun]]]:
+    """Each sample of a snapshot run through `sensors`, with the context it was read through;
+    an unreadable sample is reported to `on_skip` and the others still count."""
+    state: dict[str, Any] = {}
+    for sample in snapshot.samples:
+        try:
+            ctx = sample.context(config, state, options)
+        except SourceError as exc:
+            on_skip(str(exc))
+            continue
+        yield ctx, sensors.sample(ctx)
+
+
 class EventSources:
+    """Scan's sources; each yields SourceBatches (not enriched yet: the pipeline does it)."""
+
     def __init__(self, config: SiteConfig, report: ScanReport):
         self.config = config
         self.report = report
-        self.enricher = Enricher(config)
 
-    def _batches(self, events: Iterator[Event], size: int) -> Iterator[list[Event]]:
+    def _batches(self, events: Iterator[Event], size: int) -> Iterator[SourceBatch]:
         batch: list[Event] = []
         for event in events:
             batch.append(event)
             if len(batch) >= size:
                 self.report.events += len(batch)
-                yield self.enricher.enrich(batch, None)
+                yield SourceBatch(batch, None)
                 batch = []
         if batch:
             self.report.events += len(batch)
-            yield self.enricher.enrich(batch, None)
+            yield SourceBatch(batch, None)
 
-    def from_events_file(self, path: str, size: int) -> Iterator[list[Event]]:
+    def from_events_file(self, path: str, size: int) -> Iterator[SourceBatch]:
         report = InputReport("stdin" if path == "-" else path)
         self.report.inputs.append(report)
+        self.report.notes.append(FILE_EVENTS_NOTE)
         if path == "-":
             yield from self._batches(read_jsonl(sys.stdin.buffer, report), size)
             return
@@ -174,28 +172,22 @@ class EventSources:
                 events = (annotate(e, majority) for e in events)
             yield from self._batches(events, size)
 
-    def _sample(self, ctx: SensorContext, sensors: SensorSet) -> list[Event]:
-        runs = sensors.sample(ctx)
+    def _sampled(self, ctx: SensorContext, runs: list[SensorRun]) -> SourceBatch:
         self.report.sensor_runs.extend(runs)
         events = [e for run in runs for e in run.events]
         self.report.events += len(events)
-        return self.enricher.enrich(events, capture_view(ctx, events))
+        view, status = capture(ctx, events)
+        return SourceBatch([*events, *status], view)
 
-    def from_snapshot(self, path: str | None, demo: bool = False) -> Iterator[list[Event]]:
-        from hpcsec.sensors.snapshot import open_snapshot
-
+    def from_snapshot(self, path: str | None, demo: bool = False) -> Iterator[SourceBatch]:
         snapshot = open_snapshot(demo_snapshot_dir() if demo else Path(path or "."))
-        state: dict[str, Any] = {}
         with SensorSet(registry.select(None)) as sensors:
-            for sample in snapshot.samples:
-                try:
-                    ctx = sample.context(self.config, state)
-                except SourceError as exc:  # one unreadable sample; the others still count
-                    self.report.skipped_samples.append(str(exc))
-                    continue
-                yield self._sample(ctx, sensors)
+            for ctx, runs in snapshot_samples(
+                snapshot, self.config, sensors, on_skip=self.report.skipped_samples.append
+            ):
+                yield self._sampled(ctx, runs)
 
-    def live(self, args: Any) -> Iterator[list[Event]]:
+    def live(self, args: Any) -> Iterator[SourceBatch]:
         try:
             specs = registry.select(args.sensor)
         except KeyError as exc:
@@ -218,4 +210,4 @@ class EventSources:
             self.config, args.sysfs_root, args.procfs_root, args.etc_root, options=options
         )
         with SensorSet(specs) as sensors:
-            yield self._sample(ctx, sensors)
+            yield self._sampled(ctx, sensors.sample(ctx))

@@ -4,43 +4,40 @@ thread, both feeding one bounded queue that the agent's main loop drains in micr
 The queue is bounded in events, not in items, so a burst of file accesses cannot grow the
 agent's memory: what does not fit is dropped, counted per sensor, and reported by the main loop
 (a `sensor_status` event with action `dropped` and the `hpcsec_events_dropped_total` metric).
-Each item carries the NodeView captured right after its sensors ran, because enrichment
-(the process and Slurm job of a pid) must see the node as the sensors did, not later.
+Each batch carries the node view captured in its source thread right after the sensors read
+(process fields, Slurm job attribution, hosts): the main loop enriches later, from that view
+alone, so it never reads the live node at a time other than the sensors'.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from hpcsec.detector.core.schema import Event, rfc3339
-from hpcsec.detector.enrich.view import NodeView, capture_view
-from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.detector.enrich.view import NodeView
+from hpcsec.detector.runtime.pipeline import SourceBatch, capture
+from hpcsec.detector.runtime.sensorset import SensorSet
+from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
+
+logger = logging.getLogger(__name__)
 
 # How often the stream thread collects what the fanotify reader folded: the bound on the
 # latency it adds between a file access and its evaluation.
 STREAM_POLL_S = 0.25
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """Events of one sensor run, with the node as captured with them (None: nothing to see)."""
-
-    view: NodeView | None
-    events: list[Event]
-
-
 class EventQueue:
-    """Bounded (in events) FIFO of chunks between the source threads and the main loop."""
+    """Bounded (in events) FIFO of batches between the source threads and the main loop."""
 
     def __init__(self, max_events: int):
         self.max_events = max_events
-        self._chunks: deque[Chunk] = deque()
+        self._batches: deque[SourceBatch] = deque()
         self._size = 0
         self._cond = threading.Condition()
         self._dropped: dict[str, int] = {}
@@ -48,43 +45,43 @@ class EventQueue:
     def __len__(self) -> int:
         return self._size
 
-    def put(self, chunk: Chunk, sensor: str) -> int:
-        """Queue what fits of the chunk; returns how many events were dropped."""
-        return self.put_many([(chunk, sensor)])
+    def put(self, batch: SourceBatch, sensor: str) -> int:
+        """Queue what fits of the batch; returns how many events were dropped."""
+        return self.put_many([(batch, sensor)])
 
-    def put_many(self, chunks: list[tuple[Chunk, str]]) -> int:
-        """Queue chunks (with the sensor each came from) at once, so the main loop sees a
+    def put_many(self, batches: list[tuple[SourceBatch, str]]) -> int:
+        """Queue batches (with the sensor each came from) at once, so the main loop sees a
         whole sample together; what does not fit is dropped and counted per sensor."""
         lost_total = 0
         with self._cond:
-            for chunk, sensor in chunks:
+            for batch, sensor in batches:
                 room = max(self.max_events - self._size, 0)
-                kept = chunk.events if len(chunk.events) <= room else chunk.events[:room]
-                lost = len(chunk.events) - len(kept)
+                kept = batch.events if len(batch.events) <= room else batch.events[:room]
+                lost = len(batch.events) - len(kept)
                 if lost:
                     self._dropped[sensor] = self._dropped.get(sensor, 0) + lost
                     lost_total += lost
                 if kept:
-                    self._chunks.append(Chunk(chunk.view, kept))
+                    self._batches.append(SourceBatch(kept, batch.node))
                     self._size += len(kept)
             self._cond.notify()
         return lost_total
 
-    def get(self, max_events: int, timeout: float) -> list[Chunk]:
-        """Chunks holding up to about `max_events` events; waits up to `timeout` for the first.
+    def get(self, max_events: int, timeout: float) -> list[SourceBatch]:
+        """Batches holding up to about `max_events` events; waits up to `timeout` for the first.
 
         A micro-batch is whatever is queued when the loop comes back for more: no extra
         waiting to fill it, so an event is evaluated as soon as the loop is free.
         """
         with self._cond:
-            if not self._chunks and timeout > 0:
+            if not self._batches and timeout > 0:
                 self._cond.wait(timeout)
-            out: list[Chunk] = []
+            out: list[SourceBatch] = []
             taken = 0
-            while self._chunks and (not out or taken + len(self._chunks[0].events) <= max_events):
-                chunk = self._chunks.popleft()
-                out.append(chunk)
-                taken += len(chunk.events)
+            while self._batches and (not out or taken + len(self._batches[0].events) <= max_events):
+                batch = self._batches.popleft()
+                out.append(batch)
+                taken += len(batch.events)
             self._size -= taken
             return out
 
@@ -102,32 +99,16 @@ class EventQueue:
 SampleHook = Callable[[SensorRun], None]
 
 
-def _capture(ctx: SensorContext, events: list[Event]) -> NodeView | None:
-    """The node as enrichment needs it; a capture bug must not cost the events."""
+def _capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView | None, list[Event]]:
+    """The node as enrichment needs it, read in this thread at the sensors' time; a capture
+    bug costs the enrichment of these events, never the events."""
     try:
-        return capture_view(ctx, events)
+        return capture(ctx, events)
     except Exception as exc:
-        print(f"hpcsec agent: node capture failed, enriching without it: {exc!r}", file=sys.stderr)
-        return None
-
-
-class _Unloadable:
-    """Stands in for a sensor whose module failed to import: every run reports the error
-    (run_sensor turns it into an `error` status) instead of taking the agent down."""
-
-    def __init__(self, name: str, error: Exception):
-        self.name = name
-        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
-
-    def collect(self, ctx: SensorContext) -> list[Event]:
-        raise RuntimeError(self.error)
-
-
-def make_sensor(spec: SensorSpec) -> Any:
-    try:
-        return spec.factory()
-    except Exception as exc:
-        return _Unloadable(spec.name, exc)
+        logger.exception(
+            "node capture failed, enriching without it: %s: %s", type(exc).__name__, exc
+        )
+        return None, []
 
 
 class _SourceThread:
@@ -146,6 +127,8 @@ class _SourceThread:
     def _guarded(self) -> None:
         try:
             self._run()
+        except Exception as exc:  # logged with its traceback; the main loop keeps going
+            logger.exception("%s stopped: %s: %s", self._thread.name, type(exc).__name__, exc)
         finally:
             self._close()
 
@@ -173,7 +156,7 @@ class SampledSource(_SourceThread):
         on_sample: Callable[[float], None],
     ):
         super().__init__("hpcsec-sampler")
-        self.sensors = [(spec, make_sensor(spec)) for spec in specs]
+        self.sensors = SensorSet(specs)
         self.make_context = make_context
         self.queue = queue
         self.interval_s = interval_s
@@ -188,11 +171,7 @@ class SampledSource(_SourceThread):
                 if not self._sample():
                     return
             except Exception as exc:  # not a sensor's (run_sensor catches those): keep going
-                print(
-                    f"hpcsec agent: sample failed: {type(exc).__name__}: {exc}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                logger.exception("sample failed: %s: %s", type(exc).__name__, exc)
             else:
                 self.on_sample(time.monotonic() - started)
             next_at += self.interval_s
@@ -202,23 +181,24 @@ class SampledSource(_SourceThread):
     def _sample(self) -> bool:
         ctx = self.make_context()
         ctx.state = self.state
-        runs: list[tuple[list[Event], str]] = []
-        for spec, sensor in self.sensors:
+        runs: list[SensorRun] = []
+        if self._stop.is_set():
+            return False
+        for run in self.sensors.runs(ctx):  # each sensor runs when the loop asks for it
+            self.on_run(run)
+            runs.append(run)
             if self._stop.is_set():
                 return False
-            run = run_sensor(spec, sensor, ctx)
-            self.on_run(run)
-            runs.append(([*run.events, run.status], spec.name))
-        # One view for the whole sample: some fields relate events of different sensors.
-        view = _capture(ctx, [e for events, _ in runs for e in events])
-        self.queue.put_many([(Chunk(view, events), name) for events, name in runs])
+        # One view for the whole sample: enrichment relates events of different sensors.
+        view, status = _capture(ctx, [e for run in runs for e in run.events])
+        sample = [(SourceBatch([*run.events, run.status], view), run.name) for run in runs]
+        if status:
+            sample.append((SourceBatch(status, view), "slurm_jobs"))
+        self.queue.put_many(sample)
         return True
 
     def _close(self) -> None:
-        for _spec, sensor in self.sensors:
-            close = getattr(sensor, "close", None)
-            if close is not None:
-                close()
+        self.sensors.close()
 
 
 class StreamSource(_SourceThread):
@@ -240,7 +220,8 @@ class StreamSource(_SourceThread):
     ):
         super().__init__("hpcsec-stream")
         self.spec = spec
-        self.sensor = make_sensor(spec)
+        self.sensors = SensorSet([spec])
+        self.sensor = self.sensors.sensors[0][1]
         self.make_context = make_context
         self.queue = queue
         self.on_run = on_run
@@ -260,9 +241,9 @@ class StreamSource(_SourceThread):
         """Start the fanotify stream (its first collect); the caller looks at the status to
         decide between streaming and the sampled fallback."""
         ctx = self._context()
-        run = run_sensor(self.spec, self.sensor, ctx)
-        events = [*run.events, run.status]
-        self.queue.put(Chunk(_capture(ctx, events), events), self.spec.name)
+        (run,) = self.sensors.sample(ctx)
+        view, status = _capture(ctx, run.events)
+        self.queue.put(SourceBatch([*run.events, *status, run.status], view), self.spec.name)
         self._reported_ok = run.ok  # the caller reports this run
         return run
 
@@ -275,19 +256,18 @@ class StreamSource(_SourceThread):
 
     def _collect(self) -> None:
         ctx = self._context()
-        run = run_sensor(self.spec, self.sensor, ctx)
+        (run,) = self.sensors.sample(ctx)
         if run.events or not (run.ok and self._reported_ok):  # an idle poll changes no metric
             self.on_run(run)
         self._reported_ok = run.ok
         # Idle polls carry no accesses: their `ok` status would only fill the store.
         events = run.events if run.ok else [*run.events, run.status]
         if events:
-            self.queue.put(Chunk(_capture(ctx, events), events), self.spec.name)
+            view, status = _capture(ctx, events)
+            self.queue.put(SourceBatch([*events, *status], view), self.spec.name)
 
     def _close(self) -> None:
-        close = getattr(self.sensor, "close", None)
-        if close is not None:
-            close()
+        self.sensors.close()
 
     def close(self) -> None:
         """Release the fanotify groups of a stream that was opened but never started."""

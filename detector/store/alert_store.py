@@ -14,15 +14,16 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import orjson
 
+from hpcsec.detector.alerts.suppression import Decision, dispositions
 from hpcsec.detector.core.errors import HpcsecError, UsageError
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import parse_time
@@ -48,6 +49,25 @@ DISPOSITIONS = ("sent", "silenced", "rate_limited")
 _ROWS_PER_INSERT = 400  # multi-row VALUES: far faster than executemany in DuckDB
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> int:
+    """The one integer a `SELECT count(*)` returns."""
+    row = con.execute(sql, params or []).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+class DeliveryRecord(Protocol):
+    """What happened to one alert at one destination (the outputs' DeliveryOutcome)."""
+
+    @property
+    def alert_id(self) -> str: ...
+    @property
+    def destination(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def error(self) -> str: ...
 
 
 class StoreError(HpcsecError):
@@ -202,7 +222,7 @@ class Store:
         return len(rows)
 
     def insert_alerts(
-        self, alerts: Iterable[dict[str, Any]], disposition: str = "sent", reason: str = ""
+        self, alerts: Iterable[Mapping[str, Any]], disposition: str = "sent", reason: str = ""
     ) -> int:
         """Store alerts; an alert id stored before is replaced (dedup grew its count)."""
         if disposition not in DISPOSITIONS:
@@ -234,32 +254,13 @@ class Store:
             self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
         return len(rows)
 
-    def insert_decision(self, decision: Any) -> None:
-        """Every alert of a suppression.Decision with its disposition: sent (summaries
-        included), silenced (with the silence that matched) or rate_limited."""
-        self.insert_alerts(decision.send, "sent")
-        by_reason: dict[str, list[dict[str, Any]]] = {}
-        for alert, silence in decision.silenced:
-            reason = "silenced by " + ", ".join(
-                f"{k}={v}"
-                for k, v in (
-                    ("rule_id", silence.rule_id),
-                    ("host", silence.host),
-                    ("job", silence.job),
-                    ("user", silence.user),
-                )
-                if v is not None
-            )
-            if silence.comment:
-                reason += f" ({silence.comment})"
-            by_reason.setdefault(reason, []).append(alert)
-        for reason, alerts in by_reason.items():
-            self.insert_alerts(alerts, "silenced", reason)
-        self.insert_alerts(decision.rate_limited, "rate_limited", "over the per-rule rate limit")
+    def insert_decision(self, decision: Decision) -> None:
+        """Every alert of a suppression Decision with its disposition and the reason."""
+        for alerts, disposition, reason in dispositions(decision):
+            self.insert_alerts(alerts, disposition, reason)
 
-    def record_deliveries(self, outcomes: Iterable[Any]) -> int:
-        """Delivery state per (alert, destination): DeliveryOutcome-like objects with
-        alert_id, destination, state and error; the latest state wins."""
+    def record_deliveries(self, outcomes: Iterable[DeliveryRecord]) -> int:
+        """Delivery state per (alert, destination); the latest state wins."""
         now = datetime.now(UTC).replace(tzinfo=None)
         rows = {
             (o.alert_id, o.destination): (o.alert_id, o.destination, o.state, o.error or None, now)
@@ -275,11 +276,9 @@ class Store:
             days=self.retention_days
         )
         with self._connect() as con:
-            (deleted,) = con.execute(
-                "SELECT count(*) FROM events WHERE ts < ?", [cutoff]
-            ).fetchone()
+            deleted = _scalar(con, "SELECT count(*) FROM events WHERE ts < ?", [cutoff])
             con.execute("DELETE FROM events WHERE ts < ?", [cutoff])
-        return int(deleted)
+        return deleted
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -287,7 +286,8 @@ class Store:
         """Matching alerts by their time (first seen), oldest first (the newest `limit` of
         them), each the stored alert plus `hpcsec.disposition` and `hpcsec.deliveries`
         {destination: state}."""
-        where, params = ["TRUE"], []
+        where: list[str] = ["TRUE"]
+        params: list[object] = []
         if q.since is not None:
             where.append("coalesce(last_seen, ts) >= ?")
             params.append(q.since.astimezone(UTC).replace(tzinfo=None))
@@ -334,11 +334,11 @@ class Store:
         if table not in ("events", "alerts", "deliveries"):
             raise ValueError(table)
         with self._connect() as con:
-            return int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+            return _scalar(con, f"SELECT count(*) FROM {table}")
 
     def export_events(self, path: str | Path, since: datetime | None = None) -> int:
         """Events to a Parquet file (columns named as the event schema, `doc` whole JSON)."""
-        where, params = "", []
+        where, params = "", list[object]()
         if since is not None:
             where, params = "WHERE ts >= ?", [since.astimezone(UTC).replace(tzinfo=None)]
         target = str(path).replace("'", "''")  # COPY takes no parameter for the file name
@@ -355,5 +355,4 @@ class Store:
                 raise StoreError(
                     f"cannot export events to {path}: {str(exc).splitlines()[0]}"
                 ) from None
-            (n,) = con.execute(f"SELECT count(*) FROM events {where}", params).fetchone()
-        return int(n)
+            return _scalar(con, f"SELECT count(*) FROM events {where}", params)

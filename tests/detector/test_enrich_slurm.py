@@ -30,7 +30,10 @@ def ctx_for(root: Path, replay=REPLAY) -> SensorContext:
 def enrich(events: list[dict], ctx: SensorContext, jobs: JobContext | None = None) -> list[dict]:
     """Capture the node where the events were read, then enrich from that view alone."""
     ctx.state.setdefault(STATE_KEY, jobs or JobContext())
-    return Enricher(SiteConfig()).enrich(events, capture_view(ctx, events))
+    view = capture_view(ctx, events)
+    out = Enricher(SiteConfig()).enrich(events, view)
+    out.extend(view.status_events())  # as the runtime adds them, once per capture
+    return out
 
 
 def gpu_event(pid: int, index: int) -> dict:

@@ -113,6 +113,14 @@ def test_no_alert_exits_0(setup, capsys):
     assert main(["scan", "--events", str(events), "--rules", str(rules)]) == 0
 
 
+def test_events_file_says_it_gets_no_node_enrichment(setup, capsys):
+    """A file has no node to capture: the report says which fields the events cannot gain."""
+    rules, events = setup
+    events.write_text(json.dumps(_ev("process", "bash", 3)) + "\n")
+    main(["scan", "--events", str(events), "--rules", str(rules)])
+    assert "note: events read from a file carry no node to look at" in capsys.readouterr().err
+
+
 def test_no_dedup_and_jsonl(setup, capsys):
     rules, events = setup
     main(

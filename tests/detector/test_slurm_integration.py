@@ -190,7 +190,10 @@ def test_slurm_jobs_sensor_live(slurm_cluster, two_jobs):
 
 def enrich(events: list, ctx) -> list:
     """As the agent does: capture the node with the events, then enrich from the view."""
-    return Enricher(SiteConfig()).enrich(events, capture_view(ctx, events))
+    view = capture_view(ctx, events)
+    out = Enricher(SiteConfig()).enrich(events, view)
+    out.extend(view.status_events())  # as the runtime adds them, once per capture
+    return out
 
 
 def test_file_access_of_alices_job_carries_her_job(slurm_cluster, two_jobs):

@@ -4,235 +4,33 @@ HTTP server in the test; SIGHUP reloads, SIGTERM drains, kill -9 loses nothing."
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
 from hpcsec.detector.cli import main as cli
 from hpcsec.detector.core.schema import new_event, parse_time
 from hpcsec.detector.runtime.agent import Agent, AgentSettings
-from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.runtime.threads import Chunk, EventQueue
+from hpcsec.detector.runtime.pipeline import SourceBatch
+from hpcsec.detector.runtime.threads import EventQueue
 from hpcsec.detector.store.alert_store import AlertQuery, Store
-
-SECRET = b"test-secret-0123456789"
-SYSFS_FIXTURE = Path(__file__).resolve().parents[2] / "fixtures/sysfs/h100-4hca/sample0"
-RULE_A_ID = "7d2b1c1e-0000-4000-8000-00000000000a"
-RULE_B_ID = "7d2b1c1e-0000-4000-8000-00000000000b"
-PASSWD = "root:x:0:0:root:/root:/bin/sh\n" + "".join(
-    f"u{i}:x:{2000 + i}:{2000 + i}::/home/u{i}:/bin/sh\n" for i in range(1, 10)
+from tests.detector.runtime.agent_harness import (
+    BROKEN_RULE,
+    RULE_A_ID,
+    RULE_B_ID,
+    SYSFS_FIXTURE,
+    AgentProcess,
+    Node,
+    Receiver,
+    rule,
+    wait_for,
 )
-
-
-def rule(rule_id: str, name: str, category: str = "process", field: str = "process.name") -> str:
-    return f"""title: Test rule {name}
-id: {rule_id}
-status: test
-logsource:
-  product: hpc
-  category: {category}
-detection:
-  selection:
-    {field}: {name}
-  condition: selection
-level: high
-"""
-
-
-BROKEN_RULE = rule(RULE_A_ID, "cryptominer").replace(
-    "condition: selection", "condition: selection and"
-)
-
-
-class Receiver:
-    """A webhook receiver that checks the signature and records every alert id it got."""
-
-    def __init__(self, port: int = 0):
-        received: list[str] = []
-        self.received = received
-        self.bad_signatures = 0  # wrong HMAC, or an Idempotency-Key that is not alert.id
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers["Content-Length"])
-                body = self.rfile.read(length)
-                if len(body) < length:  # the agent was killed mid-request: not a post
-                    return
-                stamp = self.headers.get("X-Hpcsec-Timestamp", "")
-                mac = hmac.new(SECRET, stamp.encode() + b"." + body, hashlib.sha256)
-                if not hmac.compare_digest(
-                    "sha256=" + mac.hexdigest(), self.headers.get("X-Hpcsec-Signature", "")
-                ):
-                    outer.bad_signatures += 1
-                    self.send_response(401)
-                    self.end_headers()
-                    return
-                alert = orjson.loads(body)
-                if self.headers.get("Idempotency-Key") != alert["alert.id"]:
-                    outer.bad_signatures += 1  # counted with them: the tests expect none
-                received.append(alert["alert.id"])
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class Node:
-    """A procfs and etc tree the agent reads; the test adds and removes processes."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.proc = root / "proc"
-        self.etc = root / "etc"
-        self.rules = root / "rules"
-        for d in (self.proc, self.etc, self.rules):
-            d.mkdir(parents=True)
-        (self.etc / "passwd").write_text(PASSWD)
-        self.secret = root / "secret"
-        self.secret.write_bytes(SECRET + b"\n")
-        self.alerts_file = root / "alerts.jsonl"
-        self.spool = root / "spool"
-        # One dedup window for the whole test: a process alerts once, whatever the clock.
-        self.config = root / "site.yml"
-        self.config.write_text("dedup_window_s: 86400\n")
-
-    def start_process(self, pid: int, name: str, user: int) -> None:
-        d = self.proc / str(pid)
-        d.mkdir()
-        uid = 2000 + user
-        (d / "status").write_text(f"Name:\t{name}\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
-        (d / "cmdline").write_bytes(f"{name}\0--pool\0stratum+tcp://x\0".encode())
-        (d / "comm").write_text(name + "\n")
-
-    def end_process(self, pid: int) -> None:
-        shutil.rmtree(self.proc / str(pid))
-
-    def file_alerts(self) -> list[dict]:
-        if not self.alerts_file.exists():
-            return []
-        return [
-            orjson.loads(line)
-            for line in self.alerts_file.read_bytes().splitlines()
-            if line.strip()
-        ]
-
-    def spooled(self) -> list[str]:
-        """Alert ids in the spool's segments (delivered lines included until the segment
-        is deleted, which happens once all of its lines are delivered)."""
-        return sorted(
-            orjson.loads(line)["alert.id"]
-            for seg in self.spool.glob("*/pending/*.jsonl")
-            for line in seg.read_bytes().splitlines()
-            if line.strip()
-        )
-
-
-class AgentProcess:
-    def __init__(self, node: Node, *args: str, sensor: str = "process", procfs: str | None = None):
-        self.log = node.root / f"agent-{time.monotonic_ns()}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "hpcsec.detector",
-            "agent",
-            "--config",
-            str(node.config),
-            "--sensor",
-            sensor,
-            "--procfs-root",
-            procfs or str(node.proc),
-            "--etc-root",
-            str(node.etc),
-            "--rules",
-            str(node.rules),
-            "--interval",
-            "0.3",
-            "--metrics-address",
-            "127.0.0.1:0",
-            "--spool",
-            str(node.spool),
-            "--webhook-secret-file",
-            str(node.secret),
-            "--output",
-            f"file://{node.alerts_file}",
-            *args,
-        ]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        line = wait_for(
-            lambda: next(
-                (ln for ln in self.text().splitlines() if "metrics at http://" in ln), None
-            ),
-            what="the agent to start",
-            check=self,
-        )
-        self.metrics_url = line.split("metrics at ", 1)[1].strip()
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-    def metrics(self) -> dict[str, float]:
-        values = {}
-        for line in httpx.get(self.metrics_url, timeout=5).text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-def wait_for(predicate, what: str, timeout: float = 20.0, check: AgentProcess | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if check is not None and check.proc.poll() is not None:
-            pytest.fail(
-                f"agent exited ({check.proc.returncode}) while waiting for {what}:\n" + check.text()
-            )
-        time.sleep(0.05)
-    detail = ("\n" + check.text()) if check is not None else ""
-    pytest.fail(f"timed out waiting for {what}{detail}")
 
 
 @pytest.fixture
@@ -532,25 +330,6 @@ def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path,
     )
 
 
-def test_queue_is_bounded_in_events_and_counts_drops(node: Node):
-    ctx = live_context(None, etc_root=node.etc, host_name="n1")  # type: ignore[arg-type]
-    events = [
-        new_event("process", "present", "process", "n1", ctx.timestamp, {"process.pid": i})
-        for i in range(5)
-    ]
-    q = EventQueue(max_events=3)
-    assert q.put(Chunk(ctx, events[:2]), "process") == 0
-    assert q.put(Chunk(ctx, events[2:]), "process") == 2
-    assert len(q) == 3
-    assert q.take_dropped() == {"process": 2}
-    assert q.take_dropped() == {}
-    got = q.get(max_events=2, timeout=0)
-    assert [[e["process.pid"] for e in c.events] for c in got] == [[0, 1]]
-    got = q.get(max_events=2, timeout=0)
-    assert [[e["process.pid"] for e in c.events] for c in got] == [[2]]
-    assert q.get(max_events=2, timeout=0) == [] and len(q) == 0
-
-
 def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
     (node.rules / "drops.yml").write_text(
         rule(RULE_A_ID, "dropped", category="sensor_status", field="event.action")
@@ -570,7 +349,7 @@ def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
         new_event("process", "present", "process", "n1", ctx.timestamp, {"process.pid": i})
         for i in range(4)
     ]
-    agent.queue.put(Chunk(ctx, events), "process")
+    agent.queue.put(SourceBatch(events, ctx), "process")
     agent._process(agent.queue.get(10, 0))
     assert agent.metrics.drops.labels("process")._value.get() == 3
     agent.sink.drain(0)
@@ -615,9 +394,9 @@ def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
 
 
 def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
+    from hpcsec.detector.alerts.dedup import WindowedDedup
     from hpcsec.detector.engine.evaluate import Match
     from hpcsec.detector.engine.loader import load_rules
-    from hpcsec.detector.runtime.sink import WindowedDedup
 
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     (loaded,) = load_rules([node.rules]).rules
@@ -648,71 +427,8 @@ def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
     assert dedup.add([match(9)]) == []  # late: folded into the ended window's alert
     (second,) = dedup.add([match(11)])
     assert second["alert.id"] != first["alert.id"]
-    assert first["count"] == 3
+    assert first["count"] == 1  # the alert as it was emitted: folding made new values
     now[0] = 21.0
-    assert [a["alert.id"] for a in dedup.rotate()] == [first["alert.id"]]
+    (forgotten,) = dedup.rotate()
+    assert (forgotten["alert.id"], forgotten["count"]) == (first["alert.id"], 3)
     assert [a["alert.id"] for a in dedup.alerts()] == [second["alert.id"]]
-
-
-class _FakeStream:
-    """A streaming sensor: accesses arrive between polls; `pending` says whether any did."""
-
-    name = "file_access"
-
-    def __init__(self) -> None:
-        self.waiting: list[int] = []
-        self.collects = 0
-        self.lock = threading.Lock()
-
-    def pending(self) -> bool:
-        with self.lock:
-            return bool(self.waiting)
-
-    def collect(self, ctx):
-        self.collects += 1
-        with self.lock:
-            pids, self.waiting = self.waiting, []
-        return [
-            new_event(
-                "file_access",
-                "open",
-                "file_access",
-                ctx.host_name,
-                ctx.timestamp,
-                {"process.pid": pid, "file.path": "/models/m/w.bin"},
-            )
-            for pid in pids
-        ]
-
-
-def test_stream_source_collects_only_when_the_sensor_has_something(node: Node):
-    from hpcsec.detector.runtime.threads import StreamSource
-    from hpcsec.sensors.base import SensorSpec
-
-    fake = _FakeStream()
-    spec = SensorSpec("file_access", lambda: fake, "fake stream")
-    q = EventQueue(max_events=100)
-    runs = []
-    source = StreamSource(
-        spec,
-        lambda: live_context(None, etc_root=node.etc, host_name="n1"),
-        q,
-        runs.append,
-        poll_s=0.01,
-    )
-    assert source.open().ok and fake.collects == 1
-    q.get(100, 0)  # the opening run's status
-    source.start()
-    try:
-        time.sleep(0.2)  # about 20 idle polls: none of them collects
-        assert fake.collects == 1 and len(q) == 0
-        with fake.lock:
-            fake.waiting += [41, 42]
-        wait_for(lambda: len(q) == 2, "the two accesses")
-    finally:
-        source.stop()
-    chunks = q.get(100, 0)
-    assert [e["process.pid"] for c in chunks for e in c.events] == [41, 42]
-    assert fake.collects == 3  # the access poll and the one at stop (empty, ok: not queued)
-    # Reported to the metrics: the run with accesses; idle ok runs change nothing there.
-    assert len(q) == 0 and [len(r.events) for r in runs] == [2]

@@ -1,6 +1,10 @@
 """Matches -> alerts: the alert schema, dedup by (rule, key, window), stable ids."""
 
-from hpcsec.detector.alerts.builder import AlertBuilder, alert_id, sort_alerts, summarize
+import orjson
+import pytest
+
+from hpcsec.detector.alerts.builder import AlertBuilder, alert_id, summarize
+from hpcsec.detector.alerts.model import Alert, level_rank, sort_alerts
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
 
@@ -111,10 +115,27 @@ def test_generic_summary_and_broken_template():
 
 def test_sort_puts_most_severe_first():
     alerts = [
-        {"rule.level": "low", "@timestamp": "1"},
-        {"rule.level": "critical", "@timestamp": "2"},
+        Alert({"rule.level": "low", "@timestamp": "1"}),
+        Alert({"rule.level": "critical", "@timestamp": "2"}),
+        Alert({"rule.level": "bogus", "@timestamp": "0"}),
     ]
-    assert [a["rule.level"] for a in sort_alerts(alerts)] == ["critical", "low"]
+    assert [a["rule.level"] for a in sort_alerts(alerts)] == ["critical", "low", "bogus"]
+    assert level_rank("bogus") == level_rank("informational") == 0
+
+
+def test_folding_makes_new_values_and_leaves_emitted_alerts_alone(tmp_path):
+    builder = AlertBuilder(window_s=300)
+    (emitted,) = builder.add(_matches(tmp_path, [_event(1)]))
+    assert builder.add(_matches(tmp_path, [_event(2)])) == []
+    (current,) = builder.alerts()
+    assert (emitted["count"], current["count"]) == (1, 2)
+    assert [e["event.id"] for e in emitted["events"]] == ["e1"]
+    assert current["alert.id"] == emitted["alert.id"]
+    with pytest.raises(TypeError, match="immutable"):
+        emitted["count"] = 5
+    with pytest.raises(TypeError, match="immutable"):
+        emitted.update(count=5)
+    assert orjson.dumps(current) == orjson.dumps(dict(current))  # what outputs serialize
 
 
 def test_correlation_firings_of_one_group_fold_within_the_dedup_window(tmp_path):

@@ -1,0 +1,153 @@
+"""The one pipeline every command runs: sources -> enrichment -> engine -> alert stage.
+
+A `Pipeline` is one generation: a config and the rule set, engine, enricher and alert stage
+built from it. `hpcsec scan` drives it synchronously over its batches and decides on the
+alerts once at the end; the agent drives it from its bounded queue, decides as alerts appear
+and swaps in a whole new generation on SIGHUP (keeping the alert stage, so dedup and rate
+limits carry over). `hpcsec collect` uses the same batches and `enrich`, without an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hpcsec.detector.alerts.model import Alert
+from hpcsec.detector.alerts.stage import AlertStage
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.schema import Event
+from hpcsec.detector.engine.evaluate import Engine, Match
+from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.ruleset import RuleSet
+from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.enrich.view import NodeView, capture_view
+from hpcsec.sensors.base import SensorContext
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """Events read together, and what enrichment needs about the node they were read on
+    (None: events from a file, with no node to look at)."""
+
+    events: list[Event]
+    node: NodeView | None
+
+
+def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Event]]:
+    """What enrichment will need about the node, read now, where and when the sensors read
+    (the agent enriches later, in another thread), and the status records that reading
+    produced (Slurm unreachable, back, unparsable): events of this sample, added once."""
+    view = capture_view(ctx, events)
+    return view, view.status_events()
+
+
+def enrich(enricher: Enricher, batch: SourceBatch) -> list[Event]:
+    """Slurm job and site-policy fields for a batch's events (the one place that enriches)."""
+    return enricher.enrich(batch.events, batch.node)
+
+
+def coalesce(batches: Sequence[SourceBatch]) -> list[SourceBatch]:
+    """Consecutive batches read on the same node view, as one: some fields relate events of
+    different sensors read at the same time, so a sample is enriched as a whole."""
+    merged: list[SourceBatch] = []
+    for batch in batches:
+        if merged and merged[-1].node is batch.node:
+            merged[-1].events.extend(batch.events)
+        else:
+            merged.append(SourceBatch(list(batch.events), batch.node))
+    return merged
+
+
+@dataclass(frozen=True)
+class Processed:
+    """What one step produced: the enriched events (for the store) and the new alerts."""
+
+    events: list[Event]
+    alerts: list[Alert]
+    eval_s: float
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One consistent config + rule set + engine + enricher, and the alert stage they feed.
+
+    `contain_errors`: a bug in enrichment or in the engine is logged and the step goes on
+    (without enrichment, or without matches) instead of ending the process: the agent must
+    keep watching the node; a scan would rather fail loudly.
+    """
+
+    config: SiteConfig
+    ruleset: RuleSet
+    engine: Engine
+    enricher: Enricher
+    stage: AlertStage
+    contain_errors: bool = False
+
+    @classmethod
+    def load(
+        cls,
+        config: SiteConfig,
+        rule_paths: Sequence[str] | None,
+        *,
+        stage: AlertStage | None = None,
+        dedup: bool = True,
+        contain_errors: bool = False,
+    ) -> Pipeline:
+        """Rules (None: the bundled ones) and engine, fully built; raises HpcsecError with
+        file:line. Without the rules' test events: a slip in a tests file must not stop
+        detection."""
+        ruleset = load_rules(
+            list(rule_paths) if rule_paths else None,
+            with_tests=False,
+            threshold_values=config.thresholds,
+        )
+        engine = Engine(ruleset, placeholders=config.placeholders())
+        return cls(
+            config,
+            ruleset,
+            engine,
+            Enricher(config),
+            stage or AlertStage(config, dedup=dedup),
+            contain_errors,
+        )
+
+    def enrich(self, batch: SourceBatch) -> list[Event]:
+        if not self.contain_errors:
+            return enrich(self.enricher, batch)
+        try:
+            return enrich(self.enricher, batch)
+        except Exception as exc:  # an enrichment bug must not cost the events
+            logger.exception(
+                "enrichment failed, evaluating without it: %s: %s", type(exc).__name__, exc
+            )
+            return batch.events
+
+    def evaluate(self, events: list[Event]) -> list[Match]:
+        if not self.contain_errors:
+            return self.engine.evaluate(events)
+        try:
+            return self.engine.evaluate(events)
+        except Exception as exc:  # an engine bug: say so loudly, keep the process running
+            logger.exception(
+                "rule evaluation failed on %d events: %s: %s", len(events), type(exc).__name__, exc
+            )
+            return []
+
+    def process(self, batches: Sequence[SourceBatch]) -> Processed:
+        """Enrich each batch (a sample as a whole), evaluate them together, fold the matches
+        into alerts; returns the events and the alerts that are new."""
+        events: list[Event] = []
+        for batch in coalesce(batches):
+            events.extend(self.enrich(batch))
+        started = time.perf_counter()
+        matches = self.evaluate(events)
+        eval_s = time.perf_counter() - started
+        return Processed(events, self.stage.fold(matches), eval_s)
+
+    def flush(self) -> list[Alert]:
+        """Close the rules' open windows (correlations); returns the alerts that are new."""
+        return self.stage.fold(self.engine.flush())

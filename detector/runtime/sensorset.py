@@ -1,0 +1,58 @@
+"""Sensor lifecycle, in one place for every command: create, sample, close.
+
+Sensor objects live as long as the set (NVML stays initialised, counters keep their previous
+values, the fanotify stream keeps its groups), and every sensor is closed at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from hpcsec.detector.core.schema import Event
+from hpcsec.sensors.base import Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.sensors.snapshot import close_sensor
+
+
+class _Unloadable:
+    """Stands in for a sensor whose module failed to import: every run reports the error
+    (run_sensor turns it into an `error` status) instead of taking the other sensors down."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name = name
+        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
+
+    def collect(self, ctx: SensorContext) -> Iterable[Event]:
+        raise RuntimeError(self.error)
+
+
+def make_sensor(spec: SensorSpec) -> Sensor:
+    try:
+        return spec.factory()
+    except Exception as exc:
+        return _Unloadable(spec.name, exc)
+
+
+class SensorSet:
+    """The sensors of `specs`, created once, sampled together, closed together."""
+
+    def __init__(self, specs: Iterable[SensorSpec]):
+        self.sensors: list[tuple[SensorSpec, Sensor]] = [(s, make_sensor(s)) for s in specs]
+
+    def runs(self, ctx: SensorContext) -> Iterator[SensorRun]:
+        """Every sensor once, in order, run as the caller iterates (it may stop early);
+        absent or failing ones give their status record."""
+        for spec, sensor in self.sensors:
+            yield run_sensor(spec, sensor, ctx)
+
+    def sample(self, ctx: SensorContext) -> list[SensorRun]:
+        return list(self.runs(ctx))
+
+    def close(self) -> None:
+        for _, sensor in self.sensors:
+            close_sensor(sensor)
+
+    def __enter__(self) -> SensorSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
