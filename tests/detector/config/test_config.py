@@ -9,7 +9,7 @@ import pytest
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import DEFAULT_LISTS, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "site-config.yml"
 
 
