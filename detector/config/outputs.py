@@ -65,7 +65,18 @@ def parse_silences(r: ConfigReader, value: Any) -> tuple[Silence, ...]:
             raise r.fail(
                 "a silence needs at least one matcher (rule_id, host, job, user)", "silences", i
             )
-        matchers = (str(s[k]) if s.get(k) is not None else None for k in SILENCE_MATCHERS)
+        rule_id, host, job, user = (
+            str(s[k]) if s.get(k) is not None else None for k in SILENCE_MATCHERS
+        )
         expires = r.time(s["expires"], "silences", i, "expires") if s.get("expires") else None
-        silences.append(Silence(*matchers, expires=expires, comment=str(s.get("comment", ""))))
+        silences.append(
+            Silence(
+                rule_id,
+                host,
+                job,
+                user,
+                expires=expires,
+                comment=str(s.get("comment", "")),
+            )
+        )
     return tuple(silences)
