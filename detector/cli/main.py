@@ -70,8 +70,11 @@ def report_internal_error(exc: BaseException, debug: bool) -> int:
         logging.getLogger(log.LOGGER_NAME).error("traceback", exc_info=exc)
         where = "in the journal"
     else:
-        path = log.log_path()
-        if log.write_traceback(exc, path):
+        try:
+            path = log.log_path()
+        except RuntimeError:  # no home directory to keep the log in
+            path = None
+        if path is not None and log.write_traceback(exc, path):
             where = f"in {_one_line(str(path))}"
         else:  # no private file to write: the traceback is still better on screen than lost
             traceback.print_exception(exc, file=sys.stderr)
