@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# pytest workers: one per core, at most 4 (the suite waits on daemons and sockets as much as
+# it computes; beyond 4 the per-worker start-up costs more than it saves).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 # Debian packages the integration tests drive for real (Slurm, munge, rsyslog, iproute2's rdma).
 SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge rsyslog rsyslog-gnutls iproute2 procps
 
@@ -51,7 +54,7 @@ test: $(VENV)/.installed-test system-deps
 	$(BIN)/lint-imports
 	$(BIN)/hpcsec rules check --strict
 	$(BIN)/hpcsec rules test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -50,9 +50,11 @@ def unavailable_reason() -> str | None:
 
 
 def ensure_users() -> None:
+    """Create the job users once; another test run creating them at the same time is fine."""
     for user in USERS:
         if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-m", user], check=True, capture_output=True)
+            subprocess.run(["useradd", "-m", user], capture_output=True)
+            subprocess.run(["id", user], check=True, capture_output=True)
 
 
 def free_ports(count: int) -> list[int]:

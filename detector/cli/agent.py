@@ -4,8 +4,6 @@ SIGTERM. SIGHUP reloads the rules and the config. See docs/agent.md."""
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
 
@@ -82,18 +80,4 @@ def run(args: argparse.Namespace) -> int:
         once_for_s=args.once_for,
         drain_timeout_s=args.drain_timeout,
     )
-    logger = logging.getLogger("hpcsec")
-    if logger.handlers:  # the CLI's logging setup decides where records go
-        return run_agent(settings)
-    # Nothing set up: the agent's progress lines (started, reloaded, stopping) still go to
-    # stderr, the journal under systemd, for as long as the agent runs.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("hpcsec agent: %(message)s"))
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        return run_agent(settings)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    return run_agent(settings)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from hpcsec.detector.cli.render import printable
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.store.alert_store import DISPOSITIONS, AlertQuery, Store, parse_since
@@ -64,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cell(value: Any) -> str:
     if value is None or value == "":
         return "-"
-    return str(value).replace("\n", " ")
+    return printable(str(value).replace("\n", " "))
 
 
 def render_table(alerts: list[dict[str, Any]]) -> str:

@@ -21,7 +21,9 @@ import yaml
 
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import HpcsecError, UsageError
-from hpcsec.detector.core.schema import FIRMWARE_COMPONENTS, Event, rfc3339
+from hpcsec.detector.core.fields import FIRMWARE_COMPONENTS
+from hpcsec.detector.core.schema import Event
+from hpcsec.detector.core.timefmt import rfc3339
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.sensors.base import SensorContext, SensorSpec, run_sensor
 from hpcsec.sensors.firmware import FirmwareSensor

@@ -19,40 +19,44 @@ from hpcsec.detector.engine.ruletests import coverage_gaps, run_tests
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+def _add_paths(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="rule file or directory (default: the bundled rules)",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rules", help="list, check, test and convert Sigma rules")
     actions = p.add_subparsers(dest="rules_action", metavar="ACTION", required=True)
 
-    def paths(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "paths",
-            nargs="*",
-            metavar="PATH",
-            help="rule file or directory (default: the bundled rules)",
-        )
-
     ls = actions.add_parser("list", help="list rules: id, title, level, vector, status, file")
-    paths(ls)
+    _add_paths(ls)
     ls.add_argument("--format", choices=("table", "json"), default="table")
     ls.set_defaults(func=run_list)
 
     check = actions.add_parser("check", help="validate rules: pySigma validators and ours")
-    paths(check)
+    _add_paths(check)
     check.add_argument("--strict", action="store_true", help="warnings fail too (exit 2)")
     check.set_defaults(func=run_check)
 
     test = actions.add_parser("test", help="run every rule's test events through the engine")
-    paths(test)
+    _add_paths(test)
     test.add_argument(
         "--config", metavar="FILE", help="site config whose thresholds and lists fill placeholders"
     )
     test.set_defaults(func=run_test)
+    _register_convert(actions)
 
+
+def _register_convert(actions: argparse._SubParsersAction) -> None:
     convert = actions.add_parser(
         "convert",
         help="convert rules to a SIEM query language through an installed pySigma backend",
     )
-    paths(convert)
+    _add_paths(convert)
     convert.add_argument(
         "-t",
         "--target",

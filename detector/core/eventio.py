@@ -16,7 +16,9 @@ from typing import BinaryIO
 
 import orjson
 
-from hpcsec.detector.core.schema import FIELDS, Event, event_id, parse_time
+from hpcsec.detector.core.fields import FIELDS
+from hpcsec.detector.core.schema import Event, event_id
+from hpcsec.detector.core.timefmt import is_event_time
 
 MAX_REPORTED_LINES = 5
 ONE_VALUE_FIELDS = {f.name: f.type for f in FIELDS if f.type not in ("list", "object")}
@@ -89,18 +91,6 @@ def flatten(value: dict, prefix: str, out: Event) -> str | None:
     return None
 
 
-def _is_rfc3339(text: str) -> bool:
-    # Correlation windows and dedup run on event time: a time that does not parse would land
-    # the event in the epoch's window, so it is malformed rather than silently misplaced.
-    if len(text) < 19 or text[4] != "-" or text[10] not in "Tt ":
-        return False
-    try:
-        parse_time(text)
-    except ValueError:
-        return False
-    return True
-
-
 def checked_event(value: dict, from_orjson: bool = False) -> tuple[Event, str | None]:
     """The event (flattened when nested) and what is wrong with its shape, if anything.
     `from_orjson`: the values are exactly dict, list or scalars (orjson makes no subclasses),
@@ -109,7 +99,7 @@ def checked_event(value: dict, from_orjson: bool = False) -> tuple[Event, str | 
     if timestamp is not None:
         if not isinstance(timestamp, str):
             return value, f"@timestamp must be RFC 3339 text, not {type(timestamp).__name__}"
-        if not _is_rfc3339(timestamp):
+        if not is_event_time(timestamp):
             return value, f"@timestamp {timestamp[:40]!r} is not an RFC 3339 time"
     if from_orjson:
         containers = [k for k, v in value.items() if v.__class__ is list or v.__class__ is dict]

@@ -94,7 +94,7 @@ class _Builder:
 
 
 class _NoAliasComposer(yaml.SafeLoader):
-    def compose_node(self, parent, index):  # type: ignore[override]
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise SourceError(

@@ -202,9 +202,9 @@ def unprivileged_user() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(TEST_USER)
     except KeyError:
+        # no check: a parallel worker may have created the user in the meantime
         subprocess.run(
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
-            check=True,
         )
         return pwd.getpwnam(TEST_USER)
 

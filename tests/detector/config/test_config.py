@@ -9,7 +9,7 @@ import pytest
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import DEFAULT_LISTS, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "site-config.yml"
 
 
@@ -165,3 +165,17 @@ def test_numbers_that_would_silently_change_policy_are_refused(tmp_path):
         with pytest.raises(ConfigError) as caught:
             load_config(path)
         assert str(caught.value).startswith(f"{tmp_path}/{message}")
+
+
+@pytest.mark.parametrize(
+    "start",
+    ["2026-12-01T03:00:00+01:00", "'2026-12-01T03:00:00+01:00'", "2026-12-01 02:00:00"],
+)
+def test_maintenance_times_are_utc_however_they_are_written(tmp_path, start):
+    """YAML reads an unquoted time as a datetime (naive without an offset), a quoted one as
+    text: all three spellings are the same instant, in UTC."""
+    path = tmp_path / "site.yml"
+    path.write_text(f"maintenance:\n  - start: {start}\n    end: 2026-12-01T06:00:00Z\n")
+    window = load_config(path).maintenance[0]
+    assert window.start.isoformat() == "2026-12-01T02:00:00+00:00"
+    assert window.end.isoformat() == "2026-12-01T06:00:00+00:00"

@@ -1,0 +1,70 @@
+"""Event times: the one place that formats and parses them.
+
+Events carry `@timestamp` as RFC 3339 text in UTC with millisecond precision. Node data is
+hostile input, so every reader goes through `parse_time` (or the helpers built on it) and
+gets the same answer for the same text: a correlation window, a dedup key, a maintenance
+window and the alert store must never disagree about when something happened.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    """UTC time (now when not given) as RFC 3339, microseconds trimmed to milliseconds.
+    A naive `moment` is read as UTC, never as the local time of the machine."""
+    moment = as_utc(moment or datetime.now(UTC))
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def rfc3339_from_epoch(seconds: float) -> str:
+    """Seconds since the epoch as RFC 3339 UTC; OverflowError/OSError/ValueError when the
+    number is out of the range a datetime holds."""
+    return rfc3339(datetime.fromtimestamp(seconds, UTC))
+
+
+def parse_time(value: str) -> datetime:
+    """RFC 3339 (with `Z`, `z` or an offset) to an aware UTC datetime; ValueError if not one.
+
+    What `datetime.fromisoformat` reads is accepted (surrounding whitespace too); text
+    without an offset is UTC.
+    """
+    if not isinstance(value, str):  # e.g. an events file with "@timestamp": 1733000000
+        raise ValueError(f"not an RFC 3339 time: {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    return as_utc(datetime.fromisoformat(text))
+
+
+def is_event_time(text: str) -> bool:
+    """`text` is a full date and time `parse_time` reads, not just a date or a week.
+
+    Correlation windows and dedup run on event time: a time that does not parse would land
+    the event in the epoch's window, so such an event is malformed rather than misplaced.
+    """
+    if len(text) < 19 or text[4] != "-" or text[10] not in "Tt ":
+        return False
+    try:
+        parse_time(text)
+    except ValueError:
+        return False
+    return True
+
+
+def epoch_seconds(value: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 text; None when `value` is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_time(value).timestamp()
+    except ValueError:
+        return None
+
+
+def as_utc(moment: datetime) -> datetime:
+    """An aware UTC datetime: a naive one (e.g. YAML's unquoted time) is read as UTC."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
