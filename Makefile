@@ -8,7 +8,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4;
 # Debian packages the integration tests drive for real (Slurm, munge, rsyslog, iproute2's rdma).
 SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge rsyslog rsyslog-gnutls iproute2 procps
 
-.PHONY: demo test lint bench system-deps clean
+.PHONY: demo test lint typecheck bench system-deps clean
 
 # A bare Debian image lacks python3-venv: as root, install it and try once more.
 $(BIN)/python:
@@ -52,6 +52,7 @@ test: $(VENV)/.installed-test system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/hpcsec rules check --strict
 	$(BIN)/hpcsec rules test
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
@@ -60,8 +61,15 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy reads the tree under its installed names (hpcsec.detector, hpcsec.sensors); the
+# editable install hides them from it, so a link farm in .typecheck/ gives it that view.
+typecheck: $(VENV)/.installed-test
+	@mkdir -p .typecheck/hpcsec && for d in detector sensors rules; do \
+	  ln -sfn ../../$$d .typecheck/hpcsec/$$d; done
+	MYPYPATH=.typecheck $(BIN)/mypy -p hpcsec.detector -p hpcsec.sensors
+
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache .typecheck

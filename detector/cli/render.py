@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import orjson
@@ -37,19 +38,19 @@ def display_time(value: Any) -> str:
         return printable(value or "")
 
 
-def write_json(alerts: list[dict[str, Any]], out: TextIO | None = None) -> None:
+def write_json(alerts: Sequence[Mapping[str, Any]], out: TextIO | None = None) -> None:
     out = out or sys.stdout
     out.write(dumps(alerts, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def write_jsonl(alerts: list[dict[str, Any]], out: TextIO | None = None) -> None:
+def write_jsonl(alerts: Sequence[Mapping[str, Any]], out: TextIO | None = None) -> None:
     out = out or sys.stdout
     for alert in alerts:
         out.write(dumps(alert).decode() + "\n")
 
 
 def write_table(
-    alerts: list[dict[str, Any]], out: TextIO | None = None, title: str | None = None
+    alerts: Sequence[Mapping[str, Any]], out: TextIO | None = None, title: str | None = None
 ) -> None:
     from rich.console import Console
     from rich.markup import escape

@@ -59,7 +59,7 @@ class Policy:
         self.admins = frozenset(config.admins.users)
         self.gpu_services = frozenset(config.gpu_services)
         self.windows = config.maintenance
-        self._assets: dict[str, Any] = {}
+        self._assets: dict[str, Asset | object] = {}
         self._last_time: tuple[str, datetime | None] = ("", None)  # a sample shares its time
 
     def asset_for(self, path: str) -> Asset | None:
@@ -69,7 +69,7 @@ class Policy:
                 self._assets.clear()  # bounded: an agent sees unbounded distinct paths
             found = self.config.asset_for(path) or _NO_ASSET
             self._assets[path] = found
-        return None if found is _NO_ASSET else found
+        return found if isinstance(found, Asset) else None
 
     def in_maintenance(self, host: str | None, timestamp: Any) -> bool:
         if not self.windows or not isinstance(timestamp, str):
