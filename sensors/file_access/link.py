@@ -117,7 +117,7 @@ class ResponderLink:
 
     def recv_ready(self) -> list[bytes]:
         """What is waiting now, without blocking (b"" last when the responder is gone)."""
-        frames = []
+        frames: list[bytes] = []
         while True:
             try:
                 frame = self.sock.recv(channel.MAX_FRAME)
