@@ -91,6 +91,12 @@ FIELDS: tuple[Field, ...] = (
     _f("file.size", "long", "size in bytes", "file_access"),
     _f("file.target_path", "keyword", "new path of a rename", "file_access"),
     _f("file.access_count", "long", "repeated accesses folded into this event", "file_access"),
+    _f(
+        "hpcsec.asset.path",
+        "keyword",
+        "the protected file's own path, whatever path (bind mount, hard link, symlink) reached it",
+        "file_access",
+    ),
     _f("hpcsec.asset.name", "keyword", "the protected asset the path belongs to"),
     _f("hpcsec.asset.kind", "keyword", "model | dataset | checkpoint | secret"),
     _f("hpcsec.asset.read_allowed", "boolean", "the user or job account may read the asset"),

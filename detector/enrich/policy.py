@@ -103,7 +103,8 @@ class Policy:
             self._firmware_fields(event)
 
     def _asset_fields(self, event: Event, user: str | None) -> None:
-        path = event.get("file.path")
+        # The file's own path: the one the opener used may be a bind mount or a hard link.
+        path = event.get("hpcsec.asset.path") or event.get("file.path")
         if not isinstance(path, str):
             return
         asset = self.asset_for(path)

@@ -1,18 +1,21 @@
 """The live fanotify stream behind the file-access sensor.
 
-Marks cover only the protected paths: each directory of a protected tree gets an inode mark
-with FAN_EVENT_ON_CHILD (a tree that is a mount of its own gets one mount mark). Never a
-mark on `/`: the sensor reads /proc and writes snapshots, and a permission event on
-its own reads would wait for an answer only it can give.
+Permission events belong to the responder (responder.py), a process of its own that answers
+each one within HOLD_S whatever this process is doing; it hands each access over a socket,
+and this side matches it against the protected files, reads the opener's /proc entry while
+the responder still holds it (so a `cat` that exits right after its open is still named),
+and tells the responder it may let the opener go.
 
-The content group asks for FAN_OPEN_PERM: the opener is blocked until we answer, so its
-/proc entry is still there when we read it — that is how a `cat` that exits right after
-the open is still attributed. Every permission event is answered FAN_ALLOW (this sensor
-observes, it does not enforce); the reader answers right after the /proc read, and a
-watchdog answers any that wait longer than `answer_timeout_s` (a /proc read can stall).
+Marks cover only the protected files: each directory of a protected tree gets an inode mark
+with FAN_EVENT_ON_CHILD, and each regular file one of its own, so an open is seen through
+any path that reaches the file: a bind mount (also in a user namespace), another mount of
+the filesystem, a hard link elsewhere, a symlink. The access is then recognised by identity
+(identity.py), not by the path string. Never a mark on `/` or /proc: this process reads
+/proc, and its reads must never wait on an answer.
 
-A second group in FID mode (FAN_REPORT_DFID_NAME) reports create, delete and rename, where
-the kernel supports it; otherwise the stream runs without them and says so.
+A second group in FID mode (FAN_REPORT_DFID_NAME), here, notifications only, reports
+create, delete and rename, where the kernel supports it; otherwise the stream runs without
+them and says so.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from typing import Any
 
 from hpcsec.detector.core.schema import rfc3339
 from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
+from hpcsec.sensors.file_access.identity import AssetIndex
+from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
 from hpcsec.sensors.file_access.records import (
     Drained,
     ProcCapture,
@@ -45,15 +51,12 @@ CONTENT_MASK = (
     | fan.FAN_CLOSE_WRITE
 )
 FID_MASK = fan.FAN_CREATE | fan.FAN_DELETE | fan.FAN_ONDIR
+MAX_FILE_MARKS = 200_000  # past it, files are seen through their directory's mark only
 _NO_USERS = Users({})  # names are filled in at conversion, from the sample's passwd
-# Each event in a read() comes with an open descriptor; small batches keep few open, and
-# resolving /proc/self/fd/N gets slower the more there are (measured: 4.6 us at 4 KiB
-# batches, 8.8 us at 64 KiB).
 _READ_SIZE = 4096
 _MAX_PROCESSES = 16_384
 _REREAD_S = 1.0
 _ERROR_PAUSE_S = 0.01
-IDLE_AFTER_S = 5.0  # the watchdog sleeps after this long without permission events
 
 
 class FanotifyWatch:
@@ -62,7 +65,7 @@ class FanotifyWatch:
         ctx: SensorContext,
         protected: Callable[[str], bool],
         folder,
-        answer_timeout_s: float = 0.5,
+        hold_s: float = HOLD_S,
     ):
         self.ctx = ctx
         # The reader reads /proc through its own root: when a snapshot is being recorded,
@@ -78,25 +81,28 @@ class FanotifyWatch:
         self._proc_inputs: dict[int, tuple[ProcInput, ...]] = {}
         self.protected = protected
         self.folder = folder
-        self.answer_timeout_s = answer_timeout_s
+        self.hold_s = hold_s
+        self.index = AssetIndex([])  # the roots that are watched, once marked
         self.notes: list[str] = []
         self.own_pid = os.getpid()
-        self.content_fd = -1
+        self.link: ResponderLink | None = None
         self.fid_fd = -1
         self.fid_mask = 0
+        self._file_marks = 0
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
         self._processes: dict[int, dict[str, Any]] = {}
         self._read_at: dict[int, float] = {}  # pid -> monotonic time of its /proc read
-        self._pending: dict[int, float] = {}  # event fd -> deadline of its answer
-        self._answer_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
         self._stopping = threading.Event()
-        self._wakeup = threading.Event()  # set by the reader when the watchdog sleeps
-        self._idle = False
         self._threads: list[threading.Thread] = []
-        self.answered_by_watchdog = 0
+        self.answered_by_timeout = 0  # permission events the responder answered unheld-for
         self._errors = 0  # reads and events the reader could not handle, since the last drain
         self._last_error: str | None = None
+
+    @property
+    def responder_pid(self) -> int | None:
+        return None if self.link is None else self.link.process.pid
 
     @classmethod
     def start(
@@ -105,26 +111,32 @@ class FanotifyWatch:
         roots: list[str],
         protected: Callable[[str], bool],
         folder,
-        answer_timeout_s: float = 0.5,
+        hold_s: float = HOLD_S,
     ) -> FanotifyWatch:
-        watch = cls(ctx, protected, folder, answer_timeout_s)
+        watch = cls(ctx, protected, folder, hold_s)
         try:
             watch._open_groups()
-            for root in roots:
-                watch._mark_tree(root)
+            watch.index.roots = [root for root in roots if watch._mark_tree(root)]
+            assert watch.link is not None
+            watch.link.sync(lambda frame: watch._frame(frame, rfc3339()))
+            watch.index.build()
+            if watch.index.truncated:
+                watch.notes.append(
+                    f"more than {watch.index.max_files} protected files: the rest are "
+                    "recognised by their path only"
+                )
         except BaseException:
             watch.stop()
             raise
-        for target in (watch._read_loop, watch._watchdog):
-            thread = threading.Thread(target=target, name=f"hpcsec-{target.__name__}", daemon=True)
-            thread.start()
-            watch._threads.append(thread)
+        thread = threading.Thread(target=watch._read_loop, name="hpcsec-fanotify", daemon=True)
+        thread.start()
+        watch._threads.append(thread)
         return watch
 
     # setup
     def _open_groups(self) -> None:
+        self.link = ResponderLink(self.hold_s)
         flags = fan.FAN_CLOEXEC | fan.FAN_NONBLOCK | fan.FAN_UNLIMITED_MARKS
-        self.content_fd = fan.init(fan.FAN_CLASS_CONTENT | flags)
         try:
             self.fid_fd = fan.init(fan.FAN_CLASS_NOTIF | fan.FAN_REPORT_DFID_NAME | flags)
         except OSError as exc:
@@ -135,32 +147,30 @@ class FanotifyWatch:
             return
         self.fid_mask = FID_MASK | fan.FAN_RENAME
 
-    def _mark_tree(self, root: str) -> None:
+    def _mark_tree(self, root: str) -> bool:
+        """Mark a protected tree (or file); False when it is not watched (a note says why)."""
         if not os.path.exists(root):
             self.notes.append(f"protected path {root} does not exist (not watched)")
-            return
+            return False
         real = os.path.realpath(root)
         if real == "/" or real == "/proc" or real.startswith("/proc/"):
-            # The reader reads /proc to name the opener: a mark there would have it wait
-            # on a permission event that only it can answer.
+            # The reader reads /proc to name the opener: a mark there would have its reads
+            # held by the responder for nothing.
             self.notes.append(f"protected path {root} not watched: it holds /proc")
-            return
+            return False
         if not os.path.isdir(root):
             self._add_mount_fd(os.path.dirname(root) or "/")
-            self._mark(root, CONTENT_MASK, 0)
+            self._mark_file(root)
             self._mark_fid(os.path.dirname(root) or "/", 0)
-            return
+            return True
         self._add_mount_fd(root)
-        if os.path.ismount(root) and root != "/":
-            # One mark for the whole mount. Permission events on the mount only: a filesystem
-            # mark would also hold every open through other mounts of that filesystem (a
-            # scratch directory of the same Lustre). Mount marks cannot report create/delete/
-            # rename, so the FID group (notifications, nobody waits) marks the filesystem.
-            self._mark(root, CONTENT_MASK, fan.FAN_MARK_MOUNT)
-            self._mark_fid(root, fan.FAN_MARK_FILESYSTEM)
-            return
-        for dirpath, _, _ in os.walk(root):
+        # Inode marks even on a tree that is a mount of its own: a mount mark would miss the
+        # same files reached through a bind mount or another mount of the filesystem.
+        for dirpath, _, names in os.walk(root):
             self._mark_dir(dirpath)
+            for name in names:
+                self._mark_file(os.path.join(dirpath, name))
+        return True
 
     def _add_mount_fd(self, directory: str) -> None:
         """A descriptor on the filesystem of `directory`, for open_by_handle_at."""
@@ -172,8 +182,16 @@ class FanotifyWatch:
         self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, fan.FAN_MARK_ONLYDIR)
         self._mark_fid(path, fan.FAN_MARK_ONLYDIR)
 
+    def _mark_file(self, path: str) -> None:
+        """Its own mark, so a hard link in a directory nobody watches is seen too."""
+        if os.path.islink(path) or self._file_marks >= MAX_FILE_MARKS:
+            return
+        self._file_marks += 1
+        self._mark(path, CONTENT_MASK, fan.FAN_MARK_DONT_FOLLOW)
+
     def _mark(self, path: str, mask: int, flags: int) -> None:
-        fan.mark(self.content_fd, fan.FAN_MARK_ADD | flags, mask, path)
+        if self.link is None or not self.link.mark(flags, mask, path):
+            self._error(f"{path} not watched: the fanotify responder does not answer")
 
     def _mark_fid(self, path: str, flags: int) -> None:
         if self.fid_fd < 0:
@@ -192,102 +210,92 @@ class FanotifyWatch:
 
     # the stream
     def _read_loop(self) -> None:
+        assert self.link is not None
         poller = select.poll()
-        for fd in (self.content_fd, self.fid_fd, self._stop_r):
+        for fd in (self.link.fileno, self.fid_fd, self._stop_r):
             if fd >= 0:
                 poller.register(fd, select.POLLIN)
         while not self._stopping.is_set():
             for fd, _ in poller.poll():
                 if fd == self._stop_r:
                     return
+                when = rfc3339()  # one clock read per batch: formatting costs more than a read
+                if fd == self.link.fileno:
+                    if not self._responder_frames(when):
+                        poller.unregister(fd)
+                    continue
                 try:
                     buf = os.read(fd, _READ_SIZE)
                 except BlockingIOError:
                     continue
                 except OSError as exc:
-                    # Never give up: permission events nobody reads keep their openers
-                    # waiting until the group closes. On EMFILE (no descriptor for an
-                    # event) the kernel denies that one event itself; the next may pass.
                     self._error(f"read: {exc.strerror}")
                     time.sleep(_ERROR_PAUSE_S)
                     continue
-                when = rfc3339()  # one clock read per batch: formatting costs more than a read
-                handle = self._content_event if fd == self.content_fd else self._fid_event
                 for event in fan.parse_events(buf):
                     try:
-                        handle(event, when)
-                    except Exception as exc:  # one bad event must not stop the others' answers
+                        self._fid_event(event, when)
+                    except Exception as exc:  # one bad event must not stop the others
                         self._error(f"{type(exc).__name__}: {exc}")
 
+    def _responder_frames(self, when: str) -> bool:
+        """Handle what the responder handed over; False once it is gone."""
+        assert self.link is not None
+        for frame in self.link.recv_ready():
+            if not frame:
+                self._error("the fanotify responder exited: opens of protected files not seen")
+                return False
+            try:
+                self._frame(frame, when)
+            except Exception as exc:  # one bad access must not stop the others
+                self._error(f"{type(exc).__name__}: {exc}")
+        return True
+
+    def _frame(self, frame: bytes, when: str) -> None:
+        kind = frame[:1]
+        if kind == channel.ACCESS:
+            self._access(channel.parse_access(frame), when)
+        elif kind == channel.COUNTERS:
+            self._count(*channel.parse_counters(frame))
+        elif kind == channel.NOTE:
+            self._error(frame[1:].decode("utf-8", "replace"))
+
+    def _count(self, dropped: int, timeouts: int) -> None:
+        if dropped:
+            self.folder.drop(dropped)
+        self.answered_by_timeout += timeouts
+
     def _error(self, what: str) -> None:
-        with self._answer_lock:
+        with self._lock:
             self._errors += 1
             self._last_error = what
 
-    def _content_event(self, event: fan.RawEvent, when: str) -> None:
-        if event.mask & fan.FAN_Q_OVERFLOW:
-            self.folder.drop()
-            return
-        permission = event.mask & fan.PERMISSION_EVENTS
-        if permission:
-            with self._answer_lock:
-                self._pending[event.fd] = time.monotonic() + self.answer_timeout_s
-            if self._idle:  # only a sleeping watchdog needs waking
-                self._wakeup.set()
+    def _access(self, access: channel.Access, when: str) -> None:
+        self._count(access.dropped, access.timeouts)
+        permission = access.mask & fan.PERMISSION_EVENTS
         try:
-            if event.pid == self.own_pid:
-                return
-            path = fan.fd_path(event.fd)
-            if path is None or not self.protected(path):
+            asset = self._asset_of(access)
+            if asset is None:
                 return
             if permission:
-                self._remember(event.pid, fresh=True)  # before the answer: the opener waits
-            size = None
-            if permission or event.mask & fan.FAN_CLOSE_WRITE:
-                with contextlib.suppress(OSError):
-                    size = os.fstat(event.fd).st_size
-            self.folder.add_actions(when, event.pid, path, fan.actions_of(event.mask), size)
+                self._remember(access.pid, fresh=True)  # the responder still holds the opener
+            size = access.size if permission or access.mask & fan.FAN_CLOSE_WRITE else None
+            seen = access.path or asset
+            actions = fan.actions_of(access.mask)
+            self.folder.add_actions(when, access.pid, seen, actions, size, None, asset)
         finally:
-            if permission:
-                self._answer(event.fd)
-            if event.fd >= 0:
-                os.close(event.fd)  # the reader's alone: the watchdog never closes it
+            if permission and self.link is not None:
+                self.link.ack(access.seq)
 
-    def _answer(self, event_fd: int) -> None:
-        """Allow a permission event once, whoever (reader or watchdog) comes first."""
-        with self._answer_lock:
-            if self._pending.pop(event_fd, None) is None:
-                return
-            with contextlib.suppress(OSError):
-                fan.respond(self.content_fd, event_fd, allow=True)
-
-    def _watchdog(self) -> None:
-        # While permission events come, it checks every half timeout (as cheap as a timer);
-        # after IDLE_AFTER_S without any it sleeps until the reader wakes it, so an idle node
-        # pays no wake-ups. Before sleeping it looks once more, so an event queued meanwhile
-        # (whose reader may be the one that is stuck) is never left without a watchdog.
-        quiet_since = time.monotonic()
-        while not self._stopping.is_set():
-            now = time.monotonic()
-            with self._answer_lock:
-                late = [fd for fd, deadline in self._pending.items() if deadline <= now]
-                waiting = bool(self._pending)
-            for fd in late:
-                self.answered_by_watchdog += 1
-                self._answer(fd)
-            if waiting:
-                quiet_since = now
-            elif now - quiet_since >= IDLE_AFTER_S:
-                self._idle = True
-                with self._answer_lock:
-                    waiting = bool(self._pending)
-                if not waiting:
-                    self._wakeup.wait()
-                self._wakeup.clear()
-                self._idle = False
-                quiet_since = time.monotonic()
-                continue
-            self._stopping.wait(self.answer_timeout_s / 2)
+    def _asset_of(self, access: channel.Access) -> str | None:
+        """The protected file's own path, whatever path the opener used (None: not one)."""
+        asset = self.index.lookup(access.dev, access.ino)
+        if asset is None:
+            if not access.path or not self.protected(access.path):
+                return None
+            self.index.learn(access.dev, access.ino, access.path)  # new since the last walk
+            return access.path
+        return asset if self.protected(asset) else None
 
     def _fid_event(self, event: fan.RawEvent, when: str) -> None:
         if event.mask & fan.FAN_Q_OVERFLOW:
@@ -307,8 +315,9 @@ class FanotifyWatch:
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
         if event.mask & fan.FAN_RENAME and old and new:
             if self.protected(old) or self.protected(new):
+                self._new_file(new)
                 self._remember(event.pid, fresh=False)
-                self.folder.add(when, event.pid, old, "rename", target=new)
+                self.folder.add(when, event.pid, old, "rename", target=new, asset=old)
             return
         action = (
             "create"
@@ -321,8 +330,16 @@ class FanotifyWatch:
         )
         path = old or new
         if action and path and self.protected(path):
+            if action != "delete":
+                self._new_file(path)
             self._remember(event.pid, fresh=False)
-            self.folder.add(when, event.pid, path, action)
+            self.folder.add(when, event.pid, path, action, asset=path)
+
+    def _new_file(self, path: str) -> None:
+        """A file created or moved under a protected tree: marked and indexed like the rest."""
+        self.index.add(path)
+        with contextlib.suppress(OSError):
+            self._mark_file(path)
 
     def _id_path(self, fid: fan.FileId) -> str | None:
         mount_fd = self._mount_fds.get(fid.fsid)
@@ -353,17 +370,20 @@ class FanotifyWatch:
     # the sensor side
     def pending(self) -> bool:
         """Accesses, drops or reader errors waiting: lock-free, for the agent's cheap poll."""
-        return bool(self.folder.records or self.folder.dropped or self._errors)
+        return bool(
+            self.folder.records or self.folder.dropped or self._errors or self.answered_by_timeout
+        )
 
     def drain(self) -> Drained:
         records, dropped = self.folder.drain()
-        with self._answer_lock:
+        with self._lock:
             errors, last_error, self._errors, self._last_error = (
                 self._errors,
                 self._last_error,
                 0,
                 None,
             )
+            timeouts, self.answered_by_timeout = self.answered_by_timeout, 0
         pids = {r.pid for r in records}
         processes = {pid: self._processes[pid] for pid in pids if pid in self._processes}
         proc_inputs = {pid: self._proc_inputs[pid] for pid in pids if pid in self._proc_inputs}
@@ -371,29 +391,20 @@ class FanotifyWatch:
         # every open refreshes its pid's entry, so only a bound is needed.
         if len(self._processes) > _MAX_PROCESSES:
             self._processes, self._read_at, self._proc_inputs = {}, {}, {}
-        return Drained(records, dropped, processes, proc_inputs, errors, last_error)
+        self.index.rebuild_if_due()
+        return Drained(records, dropped, processes, proc_inputs, errors, last_error, timeouts)
 
     def stop(self) -> None:
         self._stopping.set()
-        self._wakeup.set()
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
         for thread in self._threads:
             thread.join(timeout=5)
-        with self._answer_lock:
-            pending, self._pending = list(self._pending), {}
-        for fd in pending:  # closing the group also allows them; be explicit
-            with contextlib.suppress(OSError):
-                fan.respond(self.content_fd, fd, allow=True)
-        for fd in (
-            self.content_fd,
-            self.fid_fd,
-            self._stop_r,
-            self._stop_w,
-            *self._mount_fds.values(),
-        ):
+        if self.link is not None:
+            self.link.stop()  # the responder exits; its group, marks and held opens go with it
+        for fd in (self.fid_fd, self._stop_r, self._stop_w, *self._mount_fds.values()):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.content_fd = self.fid_fd = -1
+        self.fid_fd = -1
         self._mount_fds = {}

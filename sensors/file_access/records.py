@@ -28,6 +28,7 @@ class AccessRecord:
     count: int = 1
     size: int | None = None
     target: str | None = None  # new path of a rename
+    asset: str | None = None  # the protected file's own path, when `path` reached it otherwise
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -41,6 +42,8 @@ class AccessRecord:
             out["size"] = self.size
         if self.target is not None:
             out["target"] = self.target
+        if self.asset is not None and self.asset != self.path:
+            out["asset"] = self.asset
         return out
 
 
@@ -65,8 +68,9 @@ class Folder:
         action: str,
         size: int | None = None,
         target: str | None = None,
+        asset: str | None = None,
     ) -> None:
-        self.add_actions(when, pid, path, (action,), size, target)
+        self.add_actions(when, pid, path, (action,), size, target, asset)
 
     def add_actions(
         self,
@@ -76,6 +80,7 @@ class Folder:
         actions: tuple[str, ...],
         size: int | None = None,
         target: str | None = None,
+        asset: str | None = None,
     ) -> None:
         """One kernel event (its mask may carry several actions: read and write merged)."""
         key = (pid, path)
@@ -85,7 +90,7 @@ class Folder:
                 if len(self.records) >= self.max_records:
                     self.dropped += len(actions)
                     return
-                rec = self.records[key] = AccessRecord(when, pid, path, [], 0, size, target)
+                rec = self.records[key] = AccessRecord(when, pid, path, [], 0, size, target, asset)
             rec.count += len(actions)
             for action in actions:
                 if action not in rec.actions:
@@ -135,6 +140,7 @@ def parse_records(text: str) -> tuple[list[AccessRecord], list[str]]:
                 item.get("count", 1),
                 item.get("size"),
                 item.get("target"),
+                item.get("asset"),
             )
         )
     return records, problems
@@ -150,6 +156,8 @@ def _record_problem(item: Any) -> str | None:
     actions = item.get("actions")
     if not isinstance(actions, list) or not actions or any(a not in FILE_ACTIONS for a in actions):
         return f'"actions" must be a non-empty list of {", ".join(FILE_ACTIONS)}'
+    if not isinstance(item.get("asset", ""), str):
+        return '"asset" must be a string'
     count = item.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         return '"count" must be a positive integer'
@@ -166,6 +174,7 @@ def file_fields(rec: AccessRecord) -> dict[str, Any]:
         "file.size": rec.size,
         "file.target_path": rec.target,
         "file.access_count": rec.count if rec.count > 1 else None,
+        "hpcsec.asset.path": rec.asset or rec.path,
     }
 
 
@@ -215,6 +224,7 @@ class Drained:
     proc_inputs: dict[int, tuple[ProcInput, ...]]  # pid -> its /proc files (when recording)
     errors: int
     last_error: str | None
+    timeouts: int = 0  # permission events the responder answered without waiting for us
 
 
 class AccessStream(Protocol):

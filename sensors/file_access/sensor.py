@@ -86,7 +86,7 @@ class FileAccessSensor:
     def __init__(self, max_records: int = DEFAULT_MAX_RECORDS):
         self.max_records = max_records
         self._watch: AccessStream | None = None  # started by the first streaming sample
-        self._dropped = 0
+        self._dropped = self._timeouts = 0
         self._errors: tuple[int, str | None] = (0, None)
         self._notes: list[str] = []
 
@@ -96,7 +96,7 @@ class FileAccessSensor:
         return self._watch is None or self._watch.pending()
 
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
-        self._dropped, self._errors, self._notes = 0, (0, None), []
+        self._dropped, self._timeouts, self._errors, self._notes = 0, 0, (0, None), []
         roots: list[str] = [] if ctx.replaying else protected_roots(ctx)
         if not ctx.replaying and not roots:
             raise SensorUnavailable("no protected paths: give --watch PATH or assets in the config")
@@ -121,6 +121,14 @@ class FileAccessSensor:
                 f"{self._errors[0]} fanotify reads or events not handled (last: {self._errors[1]})",
                 **{"hpcsec.errors": self._errors[0]},
             )
+        if self._timeouts:
+            yield ctx.status(
+                self.name,
+                "answer_timeout",
+                f"{self._timeouts} opens of protected files let through by the fanotify "
+                "responder before the agent read the opener (the agent was slow or stopped)",
+                **{"hpcsec.errors": self._timeouts},
+            )
         if self._dropped:
             yield ctx.status(
                 self.name,
@@ -142,7 +150,7 @@ class FileAccessSensor:
         if duration:
             time.sleep(float(duration))
         drained = self._watch.drain()
-        self._dropped = drained.dropped
+        self._dropped, self._timeouts = drained.dropped, drained.timeouts
         self._errors = (drained.errors, drained.last_error)
         known.update(drained.processes)
         if ctx.recorder is not None:  # this sample keeps the /proc entries read at the access

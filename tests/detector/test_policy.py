@@ -66,6 +66,17 @@ def test_asset_read_allowed_by_job_account_not_by_user(config):
     assert denied["hpcsec.asset.write_allowed"] is False
 
 
+def test_an_asset_read_through_another_path_is_decided_by_its_own_path(config):
+    """A bind mount or hard link: file.path is what the opener used, the asset path decides."""
+    event = file_event("/home/mallory/view/model-00001.safetensors", "mallory", "vision")
+    event["hpcsec.asset.path"] = "/lustre/models/llama-70b/model-00001.safetensors"
+    apply_policy(event, config)
+    assert (event["hpcsec.asset.name"], event["hpcsec.asset.read_allowed"]) == (
+        "llama-70b",
+        False,
+    )
+
+
 def test_writers_may_write_and_read(config):
     by_user = file_event("/lustre/datasets/imagenet/train/a.JPEG", "svc-data", action="write")
     by_account = file_event("/lustre/datasets/imagenet/x", "carl", "data-eng", action="delete")

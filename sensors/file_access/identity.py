@@ -1,0 +1,77 @@
+"""Protected files by identity: (st_dev, st_ino) -> the file's canonical path.
+
+The marks fire for a protected file whatever path opened it (inode marks), but the path the
+opener used may be anything: a bind mount (also one made in a user namespace, invisible
+from ours), another mount of the same filesystem, a hard link, a symlink, `..`. The index
+maps the identity the responder read with fstat() back to the path the file has under the
+protected roots, so site policy and rules see the asset, not the disguise.
+
+Built by walking the roots at start, completed as files are created or renamed under them,
+and rebuilt every REBUILD_S (a file replaced by another keeps its path, not its inode).
+Bounded: past `max_files`, the rest of the files are matched by path only, and a note says so.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+DEFAULT_MAX_FILES = 1_000_000
+REBUILD_S = 300.0
+
+
+class AssetIndex:
+    def __init__(self, roots: list[str], max_files: int = DEFAULT_MAX_FILES):
+        self.roots = roots
+        self.max_files = max_files
+        self.files: dict[tuple[int, int], str] = {}
+        self.truncated = False
+        self.built_at = 0.0
+
+    def build(self) -> None:
+        files: dict[tuple[int, int], str] = {}
+        self.truncated = False
+        for root in self.roots:
+            for path in _regular_files(root):
+                if len(files) >= self.max_files:
+                    self.truncated = True
+                    break
+                self._add(files, path)
+        self.files = files
+        self.built_at = time.monotonic()
+
+    def rebuild_if_due(self) -> None:
+        if time.monotonic() - self.built_at >= REBUILD_S:
+            self.build()
+
+    def add(self, path: str) -> None:
+        """A file created or renamed under a root (FID events carry our own path of it)."""
+        if len(self.files) < self.max_files:
+            self._add(self.files, path)
+
+    def learn(self, dev: int, ino: int, path: str) -> None:
+        """A protected file seen by its path before the index had it."""
+        if len(self.files) < self.max_files and dev:
+            self.files[(dev, ino)] = path
+
+    def lookup(self, dev: int, ino: int) -> str | None:
+        return self.files.get((dev, ino))
+
+    @staticmethod
+    def _add(files: dict[tuple[int, int], str], path: str) -> None:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        if stat.S_ISREG(st.st_mode):
+            files.setdefault((st.st_dev, st.st_ino), path)  # the first path of a hard-linked file
+
+
+def _regular_files(root: str):
+    if not os.path.isdir(root):
+        yield root
+        return
+    for dirpath, _, names in os.walk(root):  # symlinks are not followed: they are not assets
+        for name in names:
+            yield os.path.join(dirpath, name)
