@@ -78,7 +78,9 @@ def test_process_sensor_emits_the_hostile_executable_and_the_miner(
     alice_hostile_and_bob_miner, shared_dir
 ):
     alice, bob = alice_hostile_and_bob_miner
-    ctx = SensorContext("node", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc"))
+    ctx = SensorContext(
+        "node", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+    )
     by_pid = {e["process.pid"]: e for e in ProcessSensor().collect(ctx)}
     assert by_pid[alice]["process.executable"] == f"{shared_dir}/\\xffsl"
     assert by_pid[alice]["process.name"] == "\\xffsl"
