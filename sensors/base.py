@@ -11,12 +11,17 @@ with the roots pointed at the snapshot sample.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from hpcsec.detector.core.schema import Event, rfc3339, status_event
+from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
+
+# How many of a sample's refused files a sensor's status record names (it counts them all).
+MAX_REPORTED_REFUSALS = 10
 
 
 class Recorder(Protocol):
@@ -27,13 +32,66 @@ class Recorder(Protocol):
     def record_input(self, name: str, data: str) -> None: ...
 
 
-class FsRoot:
-    """A directory tree read as if it were mounted at `/` + `name` (sys, proc, etc)."""
+class Refused(Exception):
+    """A replayed file that is not plain data inside the snapshot (the message says why)."""
 
-    def __init__(self, name: str, path: str | Path, recorder: Recorder | None = None):
+
+def inside(path: str, jail: str) -> bool:
+    return path == jail or path.startswith(jail.rstrip("/") + "/")
+
+
+def read_confined(path: str | Path, jail: str, limit: int) -> bytes | None:
+    """At most `limit` bytes of the regular file `path`, which must resolve inside the
+    directory `jail` (a real path); None when it does not exist; Refused for a link out, a
+    FIFO, socket or device, or a file larger than `limit` (its first `limit` bytes are not
+    returned either: a snapshot hpcsec wrote holds no such file, so the sample is forged).
+
+    A snapshot is a directory its author controls: a `cmdline` linked to a root-only file, a
+    FIFO that blocks the reader forever, `proc -> /proc` that would read the live node. The
+    type is checked before the open (opening a device can act on it), the open does not
+    follow a last link or block, and the opened file is checked again, so a swap between
+    the checks gains nothing.
+    """
+    real = os.path.realpath(path)
+    if not inside(real, jail):
+        raise Refused(f"links outside the snapshot (to {escape_surrogates(real)})")
+    try:
+        if not stat.S_ISREG(os.lstat(real).st_mode):
+            raise Refused("not a regular file (a FIFO, socket, device or directory)")
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Refused(f"cannot open: {exc.strerror}") from None
+    with open(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not inside(os.readlink(f"/proc/self/fd/{fd}"), jail):
+            raise Refused("changed while it was opened")
+        if info.st_size > limit:
+            raise Refused(f"{info.st_size} bytes, more than the {limit} a sensor reads")
+        return fh.read(limit)
+
+
+class FsRoot:
+    """A directory tree read as if it were mounted at `/` + `name` (sys, proc, etc).
+
+    With a `jail` (a snapshot sample being replayed) nothing outside that directory is read
+    and only regular files are opened; what is refused is kept in `refused` for the sensor's
+    status record (sensors treat it as absent).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str | Path,
+        recorder: Recorder | None = None,
+        jail: str | Path | None = None,
+    ):
         self.name = name
         self.path = Path(path)
         self.recorder = recorder
+        self.jail = None if jail is None else os.path.realpath(jail)
+        self.refused: list[str] = []
 
     def __repr__(self) -> str:
         return f"FsRoot({self.name!r}, {str(self.path)!r})"
@@ -41,28 +99,50 @@ class FsRoot:
     def _abs(self, rel: str) -> Path:
         return self.path / rel.lstrip("/")
 
+    def _confined(self, path: Path, rel: str) -> bool:
+        """Whether `path` (with its last link followed) stays in the jail; a refusal when not."""
+        if self.jail is None or inside(os.path.realpath(path), self.jail):
+            return True
+        self._refuse(rel, "links outside the snapshot")
+        return False
+
+    def _refuse(self, rel: str, why: str) -> None:
+        self.refused.append(f"{self.name}/{escape_surrogates(rel.lstrip('/'))}: {why}")
+
     def exists(self, rel: str) -> bool:
-        return self._abs(rel).exists()
+        path = self._abs(rel)
+        return path.exists() and self._confined(path, rel)
 
     def is_dir(self, rel: str) -> bool:
-        return self._abs(rel).is_dir()
+        path = self._abs(rel)
+        return path.is_dir() and self._confined(path, rel)
 
     def listdir(self, rel: str = "") -> list[str]:
-        """Sorted entries; [] when the directory is absent or unreadable."""
+        """Sorted entries (names as the OS gives them, for further reads: escape one before
+        it goes into an event); [] when the directory is absent or unreadable."""
+        path = self._abs(rel)
         try:
-            return sorted(os.listdir(self._abs(rel)))
+            return sorted(os.listdir(path)) if self._confined(path, rel) else []
         except OSError:
             return []
 
     def read_bytes(self, rel: str, limit: int = 1 << 16) -> bytes | None:
-        """The file's bytes (at most `limit`), or None when absent or unreadable.
+        """The file's bytes (at most `limit`), or None when absent, unreadable or refused.
 
         The limit is also the buffer Python allocates for the read, so it stays small: sysfs
         attributes are at most a page, and the /proc files we read are small too.
         """
         try:
-            with open(self._abs(rel), "rb") as fh:
-                data = fh.read(limit)
+            if self.jail is not None:
+                data = read_confined(self._abs(rel), self.jail, limit)
+                if data is None:
+                    return None
+            else:
+                with open(self._abs(rel), "rb") as fh:
+                    data = fh.read(limit)
+        except Refused as exc:
+            self._refuse(rel, str(exc))
+            return None
         except OSError:
             return None
         if self.recorder is not None:
@@ -70,17 +150,22 @@ class FsRoot:
         return data
 
     def read_text(self, rel: str, limit: int = 1 << 16) -> str | None:
+        """The file as event text (bytes that are not UTF-8 as visible `\\xNN`)."""
         data = self.read_bytes(rel, limit)
-        return None if data is None else data.decode("utf-8", "replace")
+        return None if data is None else from_node_bytes(data)
 
     def readlink(self, rel: str) -> str | None:
+        """The link's target as event text; a snapshot records the exact target."""
+        path = self._abs(rel)
+        if self.jail is not None and not self._confined(path.parent, rel):
+            return None  # `proc -> /proc` would read the live node's links
         try:
-            target = os.readlink(self._abs(rel))
+            target = os.readlink(path)
         except OSError:
             return None
         if self.recorder is not None:
             self.recorder.record_link(self.name, rel, target)
-        return target
+        return escape_surrogates(target)
 
 
 @dataclass
@@ -100,6 +185,9 @@ class SensorContext:
     # Snapshot replay: name -> stored raw input (None = not in the snapshot). Live: None.
     replay_inputs: dict[str, str | None] | None = None
     recorder: Recorder | None = None
+    # Snapshot replay: raw inputs the sample holds but that were refused (name -> why).
+    refused_inputs: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
 
     @property
     def replaying(self) -> bool:
@@ -112,11 +200,22 @@ class SensorContext:
         never called); live, `live()` produces it and the recorder keeps a copy.
         """
         if self.replay_inputs is not None:
+            if name in self.refused_inputs:
+                self.refused.append(f"{name}: {self.refused_inputs[name]}")
             return self.replay_inputs.get(name)
         data = live()
         if data is not None and self.recorder is not None:
             self.recorder.record_input(name, data)
         return data
+
+    def take_refusals(self) -> list[str]:
+        """What a replay refused to read since the last call (see FsRoot)."""
+        out = [*self.refused]
+        self.refused.clear()
+        for root in (self.sys, self.proc, self.etc):
+            out.extend(root.refused)
+            root.refused.clear()
+        return out
 
     def status(self, sensor: str, status: str, message: str, **extra: Any) -> Event:
         return status_event(sensor, status, message, self.host_name, self.timestamp, **extra)
@@ -157,17 +256,31 @@ class SensorRun:
 
 
 def run_sensor(spec: SensorSpec, sensor: Sensor, ctx: SensorContext) -> SensorRun:
-    """Run one sensor; absence and failure become its status record, never an exception."""
+    """Run one sensor; absence and failure become its status record, never an exception.
+    What a replay refused to read for it is one `malformed` status record among its events
+    (also when the sensor then found its source absent: the refusal is why)."""
+    ctx.take_refusals()  # those of the sample's setup, not this sensor's
     try:
         events = list(sensor.collect(ctx))
     except SensorUnavailable as exc:
-        return SensorRun(spec.name, [], ctx.status(spec.name, "unavailable", str(exc)))
+        status = ctx.status(spec.name, "unavailable", str(exc))
+        return SensorRun(spec.name, _refusal_events(spec, ctx), status)
     except Exception as exc:  # a sensor bug must not take the node's other sensors down
-        return SensorRun(
-            spec.name, [], ctx.status(spec.name, "error", f"{type(exc).__name__}: {exc}")
-        )
+        status = ctx.status(spec.name, "error", f"{type(exc).__name__}: {exc}")
+        return SensorRun(spec.name, _refusal_events(spec, ctx), status)
+    events.extend(_refusal_events(spec, ctx))
     return SensorRun(
         spec.name,
         events,
         ctx.status(spec.name, "ok", f"{len(events)} events", **{"hpcsec.events": len(events)}),
     )
+
+
+def _refusal_events(spec: SensorSpec, ctx: SensorContext) -> list[Event]:
+    refusals = ctx.take_refusals()
+    if not refusals:
+        return []
+    message = f"{len(refusals)} snapshot file(s) refused: " + "; ".join(
+        refusals[:MAX_REPORTED_REFUSALS]
+    )
+    return [ctx.status(spec.name, "malformed", message, **{"hpcsec.malformed": len(refusals)})]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsec.detector.core.text import from_node_bytes
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
@@ -59,7 +60,7 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
     prefix = var.encode() + b"="
     for entry in (environ or b"").split(b"\0"):
         if entry.startswith(prefix):
-            return entry[len(prefix) :].decode("utf-8", "replace")
+            return from_node_bytes(entry[len(prefix) :])
     return None
 
 
@@ -81,7 +82,8 @@ def users_of(ctx: SensorContext) -> Users:
 def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> dict[str, Any]:
     """process.* and user.* fields of `pid`; {} when the process is gone (or not visible).
 
-    A kernel thread has an empty cmdline: it gets no `process.command_line`.
+    A kernel thread has an empty cmdline: it gets no `process.command_line`. Every string is
+    event text (core/text): a name or argument that is not UTF-8 keeps its bytes as `\\xNN`.
     """
     base = str(pid)
     status = ctx.proc.read_text(f"{base}/status", STATUS_MAX)
@@ -97,7 +99,8 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     }
     cmdline = ctx.proc.read_bytes(f"{base}/cmdline", CMDLINE_MAX)
     if cmdline:
-        args = cmdline.decode("utf-8", "replace").rstrip("\0").split("\0")
+        # each argument decoded on its own: an odd byte stays `\xNN` in its own argument
+        args = [from_node_bytes(arg) for arg in cmdline.rstrip(b"\0").split(b"\0")]
         fields["process.args"] = args
         fields["process.command_line"] = " ".join(args)
     uid = _first_int(values.get("Uid"))  # real uid: the first of real, effective, saved, fs

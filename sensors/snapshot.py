@@ -21,12 +21,24 @@ from typing import Any
 
 from hpcsec.detector.core.errors import SourceError, UsageError, location
 from hpcsec.detector.core.schema import parse_time, rfc3339
-from hpcsec.sensors.base import FsRoot, Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.sensors.base import (
+    FsRoot,
+    Refused,
+    Sensor,
+    SensorContext,
+    SensorRun,
+    SensorSpec,
+    read_confined,
+    run_sensor,
+)
 
 FORMAT_VERSION = 1
 META = "meta.json"
 TIME = "time"
-ROOTS = ("sys", "proc", "etc")
+# A raw input (nvml.json, file-events.jsonl, …) is read whole at replay: this bounds it.
+RAW_INPUT_MAX = 256 << 20
+META_MAX = 1 << 20
+TIME_MAX = 256
 EPOCH = "1970-01-01T00:00:00.000Z"
 # What the enrichment reads from the node's /etc at replay: users and groups are named from
 # passwd and group, and hosts tells whether a peer address is a node of the job.
@@ -106,8 +118,10 @@ class SnapshotWriter:
             os.symlink(target, path)
 
     def record_input(self, name: str, data: str) -> None:
+        # Raw inputs are decoded with surrogateescape (see SampleDir.replay_inputs): this
+        # writes the bytes the source gave, so the replay decodes the same text.
         if "/" not in name and name not in (TIME, "", ".", ".."):
-            self._write(name, data.encode())
+            self._write(name, data.encode("utf-8", "surrogateescape"))
 
     def _write(self, rel: str, data: bytes, overwrite: bool = False) -> None:
         with self._lock:
@@ -127,42 +141,66 @@ class SampleDir:
     path: Path
     host_name: str
 
+    def jail(self) -> str:
+        return os.path.realpath(self.path)
+
     def timestamp(self) -> str:
         """The sample's `time` (the epoch when the sample has none: every file is optional)."""
         path = self.path / TIME
         try:
-            text = path.read_text(errors="replace").strip()
-        except FileNotFoundError:
-            return EPOCH
+            data = read_confined(path, self.jail(), TIME_MAX)
+        except Refused as exc:
+            raise SourceError(f"refused: {exc}", location(path)) from None
         except OSError as exc:
             raise SourceError(f"cannot read: {exc.strerror}", location(path)) from None
+        if data is None:
+            return EPOCH
+        text = data.decode("utf-8", "replace").strip()
         try:
             parse_time(text)
         except ValueError:
             raise SourceError(f"not an RFC 3339 time: {text[:40]!r}", location(path, 1)) from None
         return text
 
-    def replay_inputs(self) -> dict[str, str | None]:
+    def replay_inputs(self) -> tuple[dict[str, str | None], dict[str, str]]:
+        """The raw inputs of the sample (name -> text), and those refused (name -> why).
+
+        Decoded with surrogateescape, as the live commands' outputs are: bytes that are not
+        UTF-8 come out as they went in, and the sensor escapes them into its events.
+        """
         inputs: dict[str, str | None] = {}
+        refused: dict[str, str] = {}
+        jail = self.jail()
         for entry in sorted(self.path.iterdir()):
-            if entry.name != TIME and entry.is_file():
-                inputs[entry.name] = entry.read_text(errors="replace")
-        return inputs
+            if entry.name == TIME or (entry.is_dir() and not entry.is_symlink()):
+                continue  # the sys/proc/etc roots
+            try:
+                data = read_confined(entry, jail, RAW_INPUT_MAX)
+            except (Refused, OSError) as exc:
+                refused[entry.name] = str(exc)
+                continue
+            if data is not None:
+                inputs[entry.name] = data.decode("utf-8", "surrogateescape")
+        return inputs, refused
 
     def context(
         self, config: Any, state: dict[str, Any], options: dict[str, Any] | None = None
     ) -> SensorContext:
-        """A context whose roots and raw inputs are this sample; `state` carries over."""
+        """A context whose roots and raw inputs are this sample; `state` carries over.
+        Nothing outside the sample directory is read (FsRoot's jail)."""
+        jail = self.jail()
+        inputs, refused = self.replay_inputs()
         return SensorContext(
             host_name=self.host_name,
-            sys=FsRoot("sys", self.path / "sys"),
-            proc=FsRoot("proc", self.path / "proc"),
-            etc=FsRoot("etc", self.path / "etc"),
+            sys=FsRoot("sys", self.path / "sys", jail=jail),
+            proc=FsRoot("proc", self.path / "proc", jail=jail),
+            etc=FsRoot("etc", self.path / "etc", jail=jail),
             timestamp=self.timestamp(),
             config=config,
             options=dict(options or {}),
             state=state,
-            replay_inputs=self.replay_inputs(),
+            replay_inputs=inputs,
+            refused_inputs=refused,
         )
 
 
@@ -180,10 +218,13 @@ def open_snapshot(directory: str | Path) -> Snapshot:
     if not root.is_dir():
         raise UsageError(f"snapshot directory not found: {root}")
     try:
-        text = meta_path.read_text()
+        data = read_confined(meta_path, os.path.realpath(root), META_MAX)
+        if data is None:
+            raise FileNotFoundError
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise SourceError("missing: not a node snapshot", location(meta_path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, Refused) as exc:
         raise SourceError(f"cannot read: {exc}", location(meta_path)) from None
     try:
         meta = json.loads(text)
@@ -211,6 +252,10 @@ def open_snapshot(directory: str | Path) -> Snapshot:
     samples = []
     for n in range(count):
         sample = root / str(n)
+        if sample.is_symlink():  # `0 -> /` would make the whole node the sample
+            raise SourceError(
+                f"sample directory {n}/ is a symbolic link (refused)", location(meta_path)
+            )
         if not sample.is_dir():
             raise SourceError(
                 f'sample directory {n}/ is missing ("samples" is {count})', location(meta_path)

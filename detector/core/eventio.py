@@ -18,6 +18,7 @@ import orjson
 
 from hpcsec.detector.core.fields import FIELDS
 from hpcsec.detector.core.schema import Event, event_id
+from hpcsec.detector.core.text import MAX_DEPTH
 from hpcsec.detector.core.timefmt import is_event_time
 
 MAX_REPORTED_LINES = 5
@@ -74,14 +75,16 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
         yield event
 
 
-def flatten(value: dict, prefix: str, out: Event) -> str | None:
+def flatten(value: dict, prefix: str, out: Event, depth: int = 0) -> str | None:
     """Nested objects into `out` as dotted names; the problem if a name comes twice."""
+    if depth >= MAX_DEPTH:
+        return f"objects nest deeper than {MAX_DEPTH} levels"
     for key, item in value.items():
         name = f"{prefix}{key}"
         if isinstance(item, dict) and name in ONE_VALUE_FIELDS:
             return f"field {name} is an object, not one {ONE_VALUE_FIELDS[name]} value"
         if isinstance(item, dict):
-            problem = flatten(item, f"{name}.", out)
+            problem = flatten(item, f"{name}.", out, depth + 1)
             if problem is not None:
                 return problem
         elif name in out:
@@ -118,4 +121,16 @@ def checked_event(value: dict, from_orjson: bool = False) -> tuple[Event, str | 
         expected = ONE_VALUE_FIELDS.get(key)
         if expected is not None and isinstance(event[key], list):
             return event, f"field {key} is a list, not one {expected} value"
+        if _too_deep(event[key], MAX_DEPTH):  # no output could write it (orjson stops at 255)
+            return event, f"field {key} nests deeper than {MAX_DEPTH} levels"
     return event, None
+
+
+def _too_deep(value: object, levels: int) -> bool:
+    """Whether lists and objects in `value` nest deeper than `levels`."""
+    if not isinstance(value, list | dict):
+        return False
+    if levels <= 0:
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return any(_too_deep(item, levels - 1) for item in items)

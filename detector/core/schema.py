@@ -28,6 +28,7 @@ from hpcsec.detector.core.fields import (
     Field,
     is_known_field,
 )
+from hpcsec.detector.core.text import escape_value
 from hpcsec.detector.core.timefmt import parse_time, rfc3339
 
 __all__ = [
@@ -54,11 +55,23 @@ Event = dict[str, Any]
 
 
 def event_id(fields: Event) -> str:
-    """Deterministic id, so replaying a snapshot or an events file gives the same ids."""
-    digest = hashlib.blake2b(
-        orjson.dumps(fields, option=orjson.OPT_SORT_KEYS, default=str), digest_size=10
-    )
-    return digest.hexdigest()
+    """Deterministic id, so replaying a snapshot or an events file gives the same ids.
+
+    Never raises: fields JSON cannot hold as they are (a lone surrogate from a name that is
+    not UTF-8, an integer past 64 bits, hostile nesting) are hashed in their escaped form
+    (core/text), the form the sensors put in events."""
+    return _id_and_event(fields)[0]
+
+
+def _id_and_event(fields: Event) -> tuple[str, Event]:
+    """The id of `fields`, and `fields` in the form it was computed on (itself, the usual
+    case, or its escaped copy)."""
+    try:
+        data = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS, default=str)
+    except orjson.JSONEncodeError:
+        fields = escape_value(fields)
+        data = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.blake2b(data, digest_size=10).hexdigest(), fields
 
 
 def new_event(
@@ -81,7 +94,10 @@ def new_event(
     }
     if fields:
         event.update({k: v for k, v in fields.items() if v is not None})
-    event["event.id"] = event_id(event)
+    # A node string a sensor did not escape: the event carries the escaped form its id is
+    # computed on, so no later stage meets a surrogate.
+    identity, event = _id_and_event(event)
+    event["event.id"] = identity
     return event
 
 

@@ -57,7 +57,8 @@ class SlurmCommands:
             proc = subprocess.run(
                 argv,
                 capture_output=True,
-                text=True,
+                encoding="utf-8",
+                errors="surrogateescape",  # job and user names are escaped where parsed
                 timeout=self.timeout_s,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -21,6 +21,7 @@ from typing import Any
 
 from hpcsec.detector.core import hostlist
 from hpcsec.detector.core.schema import rfc3339
+from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,11 @@ def _time(value: Any) -> str | None:
 
 
 def _text(value: Any) -> str | None:
+    """A job's string as event text (Slurm output is read with surrogateescape: a job or
+    user name that is not UTF-8 keeps its bytes as `\\xNN`)."""
     if not isinstance(value, str):
         return None
-    value = value.strip()
+    value = escape_surrogates(value).strip()
     return None if value in ("", "(null)") else value
 
 
@@ -282,11 +285,11 @@ def parse_listpids(text: str) -> ListPids:
     pids: dict[int, PidJob] = {}
     errors: list[str] = []
     for n, line in enumerate(text.splitlines(), 1):
-        cols = line.split()
+        cols = escape_surrogates(line).split()
         if not cols or cols[0] == "PID":
             continue
-        if len(cols) < 3 or not cols[0].isdigit() or not cols[1].isdigit():
-            errors.append(f"listpids line {n}: {line.strip()!r}")
+        if len(cols) < 3 or not cols[0].isdecimal() or not cols[1].isdecimal():
+            errors.append(f"listpids line {n}: {' '.join(cols)[:200]!r}")
             continue
         pids[int(cols[0])] = PidJob(cols[1], cols[2], "listpids")
     return ListPids(pids, tuple(errors))
@@ -320,9 +323,9 @@ def job_from_environ(raw: bytes) -> PidJob | None:
     job_id = step = None
     for item in raw.split(b"\0"):
         if item.startswith(b"SLURM_JOB_ID="):
-            job_id = item[13:].decode("ascii", "replace").strip()
+            job_id = from_node_bytes(item[13:]).strip()
         elif item.startswith(b"SLURM_STEP_ID="):
-            step = item[14:].decode("ascii", "replace").strip() or None
-    if not job_id or not job_id.isdigit():
+            step = from_node_bytes(item[14:]).strip() or None
+    if not job_id or not job_id.isdecimal() or not job_id.isascii():
         return None
     return PidJob(job_id, step, "environ")

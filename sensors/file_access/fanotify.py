@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
+
 # fanotify_init flags (include/uapi/linux/fanotify.h)
 FAN_CLOEXEC = 0x1
 FAN_NONBLOCK = 0x2
@@ -113,9 +115,10 @@ def respond(group_fd: int, event_fd: int, allow: bool = True) -> None:
 
 
 def fd_path(event_fd: int) -> str | None:
-    """The path of an event's file descriptor (our own fd table, hence the literal /proc)."""
+    """The path of an event's file descriptor (our own fd table, hence the literal /proc),
+    as event text: a name that is not UTF-8 keeps its bytes as `\\xNN`."""
     try:
-        return os.readlink(f"/proc/self/fd/{event_fd}")
+        return escape_surrogates(os.readlink(f"/proc/self/fd/{event_fd}"))
     except OSError:
         return None
 
@@ -176,7 +179,7 @@ def _parse_info(buf: bytes, offset: int, end: int) -> tuple[FileId, ...]:
             name = None
             if info_type in (INFO_DFID_NAME, INFO_OLD_DFID_NAME, INFO_NEW_DFID_NAME):
                 raw = bytes(buf[start + handle_bytes : offset + length])
-                name = os.fsdecode(raw.split(b"\0", 1)[0])
+                name = from_node_bytes(raw.split(b"\0", 1)[0])
             out.append(FileId(info_type, fsid, handle_type, handle, name))
         offset += length
     return tuple(out)

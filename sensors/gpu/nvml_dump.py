@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from hpcsec.detector.core.text import from_node_bytes
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
 
 NVML_JSON = "nvml.json"
@@ -53,7 +54,7 @@ _initialised = False
 
 
 def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return from_node_bytes(value) if isinstance(value, bytes) else str(value)
 
 
 def _init(pynvml: Any) -> None:

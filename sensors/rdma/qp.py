@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcsec.detector.core.schema import Event, new_event
+from hpcsec.detector.core.text import escape_surrogates
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
 
 NAME = "rdma_qp"
@@ -107,8 +108,8 @@ def _text(record: dict, key: str, required: bool = False) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{key} is not a string: {value!r}")
-    return value
+        raise ValueError(f"{key} is not a string: {escape_surrogates(repr(value))[:200]}")
+    return escape_surrogates(value)  # a comm or name that is not UTF-8, as `\\xNN`
 
 
 def qp_from_record(record: Any) -> QueuePair:
@@ -213,7 +214,12 @@ def run_rdma_tool(timeout_s: float = TIMEOUT_S) -> str:
     """Run `rdma -j res show qp`; SensorUnavailable when the tool or its netlink is missing."""
     try:
         done = subprocess.run(
-            COMMAND, capture_output=True, text=True, timeout=timeout_s, check=False
+            COMMAND,
+            capture_output=True,
+            encoding="utf-8",
+            errors="surrogateescape",  # a comm that is not UTF-8 is escaped per QP
+            timeout=timeout_s,
+            check=False,
         )
     except FileNotFoundError:
         raise SensorUnavailable("iproute2 `rdma` tool not found") from None

@@ -1,4 +1,5 @@
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -202,3 +203,19 @@ def test_always_exit_zero(tmp_path, monkeypatch, capsys):
     )
     assert "hpcsec slurm epilog: internal error: NotADirectoryError" in capsys.readouterr().err
     assert hook_cli.main(["nonsense"]) == 0
+
+
+def test_epilog_findings_survive_a_process_with_a_hostile_name(tmp_path):
+    setup_node(tmp_path)
+    make_proc(tmp_path, 105, 1001)  # a second lingering process of alice's, named in bytes
+    d = tmp_path / "proc" / "105"
+    (d / "comm").write_bytes(b"\xffsl\n")
+    (d / "cmdline").write_bytes(b"./\xffsl\0")
+    os.symlink(b"/tmp/\xffsl", os.fsencode(d / "exe"))
+    with installed(idle(h100_node())):
+        hooks.Hook(args_for(tmp_path, "epilog"), ENV, Listpids("")).epilog()
+    findings = [e for e in events(tmp_path) if e["event.action"] == "epilog_findings"]
+    lingering = {e["process.pid"]: e for e in findings if "process.pid" in e}
+    assert {101, 104, 105} <= set(lingering)
+    assert lingering[105]["process.executable"] == "/tmp/\\xffsl"
+    assert lingering[105]["process.name"] == "\\xffsl"
