@@ -21,7 +21,10 @@ Value semantics (tests/detector/test_engine_semantics.py has one test each):
 - `|cidr` compares addresses (IPv4, IPv6, any prefix; `::ffff:a.b.c.d` counts as IPv4);
 - `|fieldref` compares two fields case-insensitively; time parts read RFC 3339 strings or
   epoch seconds in UTC, `|week` being the ISO 8601 week;
-- keywords (values without a field) search every string of the event for a substring.
+- keywords (values without a field) search the event's observed values for a substring, not
+  the fields hpcsec adds (matchers.NOT_SEARCHED);
+- a `|expand` placeholder without a value matches nothing, with a warning (prepare.py).
+Correlations see their events in event-time order, whatever the arrival order (reorder.py).
 """
 
 from __future__ import annotations
