@@ -86,8 +86,11 @@ def summarize(title: str, event: Event, template: str | None = None) -> str:
 
 
 def _span(match: Match) -> tuple[tuple[float, str | None], tuple[float, str | None]]:
-    """(epoch, text) of the earliest and the latest event of a match (events may be unordered)."""
-    times = [(_epoch(e.get("@timestamp")), e.get("@timestamp")) for e in match.events]
+    """(epoch, text) of the earliest and the latest event of a match (events may be unordered);
+    a correlation's window start and completing event count too (its evidence is a sample)."""
+    stamps = [e.get("@timestamp") for e in match.events]
+    stamps += [ts for ts in (match.window_start, match.time) if ts]
+    times = [(_epoch(ts), ts) for ts in stamps]
     return min(times, key=lambda t: t[0]), max(times, key=lambda t: t[0])
 
 
@@ -196,7 +199,8 @@ class AlertBuilder:
         level = sigma_level.name.lower() if sigma_level else "medium"
         alert: dict[str, Any] = {
             "alert.id": ident,
-            "@timestamp": first.get("@timestamp"),
+            # a correlation happened when its completing event did
+            "@timestamp": match.time or first.get("@timestamp"),
             "rule.id": rule.id,
             "rule.title": sigma.title,
             "rule.level": level,

@@ -58,6 +58,7 @@ TOP_LEVEL_KEYS = (
     "silences",
     "rate_limit_per_rule",
     "dedup_window_s",
+    "correlation_lateness_s",
     "spool",
     "store",
     "agent",
@@ -80,6 +81,8 @@ class SiteConfig:
     silences: tuple[Silence, ...] = ()
     rate_limit_per_rule: int = 0  # alerts per rule and minute sent; 0 = no limit
     dedup_window_s: int = 300
+    # how late (seconds of event time) the agent still correlates an event; None: two intervals
+    correlation_lateness_s: float | None = None
     spool_dir: str | None = None
     spool_max_bytes: int = 64 * 1024 * 1024
     store_path: str | None = None
@@ -134,9 +137,13 @@ def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
     )
     retention = r.number(store.get("retention_days", 30), "store", "retention_days", minimum=1)
     interval = r.number(agent.get("interval_s", 10.0), "agent", "interval_s", minimum=0.1)
+    lateness = top.get("correlation_lateness_s")
+    if lateness is not None:
+        lateness = float(r.number(lateness, "correlation_lateness_s", minimum=0))
     return {
         "rate_limit_per_rule": int(limit),
         "dedup_window_s": int(dedup),
+        "correlation_lateness_s": lateness,
         "spool_dir": spool.get("dir"),
         "spool_max_bytes": int(spool_max),
         "store_path": store.get("path"),

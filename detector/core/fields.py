@@ -239,7 +239,11 @@ FIELD_PREFIXES = tuple(f.name[:-1] for f in FIELDS if f.name.endswith(".*"))
 # and asset fields, so an alert reads on its own in a SIEM without opening `events`.
 ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.id", "keyword", "stable id: same rule, grouping key and window give the same id"),
-    Field("@timestamp", "date", "time of the (first) triggering event"),
+    Field(
+        "@timestamp",
+        "date",
+        "time of the (first) triggering event; for a correlation, of the event that completed it",
+    ),
     Field("rule.id", "keyword", "Sigma rule id"),
     Field("rule.title", "keyword", "rule title"),
     Field("rule.level", "keyword", "informational | low | medium | high | critical"),

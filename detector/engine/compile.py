@@ -286,6 +286,9 @@ class CategoryCompiler:
 
     def leaf(self, field: str, value: Any) -> str:
         if isinstance(value, SigmaExpansion):  # base64offset, windash, ...: always OR-ed
+            if not value.values:  # a placeholder with no value (prepare.py): no match
+                self.var(field)  # still the field a guard may name (condtree.py)
+                return "False"
             return "(" + " or ".join(self.leaf(field, v) for v in value.values) + ")"
         raw = self.var(field)
         if isinstance(value, SigmaNull):

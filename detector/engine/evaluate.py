@@ -21,7 +21,10 @@ Value semantics (tests/detector/test_engine_semantics.py has one test each):
 - `|cidr` compares addresses (IPv4, IPv6, any prefix; `::ffff:a.b.c.d` counts as IPv4);
 - `|fieldref` compares two fields case-insensitively; time parts read RFC 3339 strings or
   epoch seconds in UTC, `|week` being the ISO 8601 week;
-- keywords (values without a field) search every string of the event for a substring.
+- keywords (values without a field) search the event's observed values for a substring, not
+  the fields hpcsec adds (matchers.NOT_SEARCHED);
+- a `|expand` placeholder without a value matches nothing, with a warning (prepare.py).
+Correlations see their events in event-time order, whatever the arrival order (reorder.py).
 """
 
 from __future__ import annotations
@@ -47,10 +50,9 @@ from hpcsec.detector.engine.prepare import (
     filter_condition,
     rule_error,
 )
+from hpcsec.detector.engine.reorder import Clock, ReorderBuffer
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.values import UnsupportedValue
-
-NO_TIME = float("nan")  # an event whose @timestamp cannot be read: correlations skip it
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Match:
     group: tuple[tuple[str, Any], ...] = ()  # correlation group-by (field, value) pairs
     window_start: str | None = None  # RFC 3339, correlations
     value: float | None = None  # the count/sum/avg that fired, correlations
+    time: str | None = None  # RFC 3339, correlations: the event that completed it
 
     def __repr__(self) -> str:  # the rule's whole pySigma object would drown the output
         extra = f", group={self.group}, value={self.value}" if self.group or self.value else ""
@@ -98,12 +101,21 @@ class Engine:
         *,
         max_groups: int = 20_000,
         sample_size: int = 10,
+        lateness: float | None = 0.0,
+        clock: Clock | None = None,
     ):
         """`max_groups` open groups per correlation (least recently touched evicted first),
-        each keeping at most `sample_size` events as evidence: that bounds the memory."""
+        each keeping at most `sample_size` events as evidence: that bounds the memory.
+
+        Correlations see their events in event-time order (reorder.py): `lateness` is how far
+        behind the newest event time (or `clock`, for a live stream) an event may arrive and
+        still be correlated; None holds everything until `flush()` (a whole input put in
+        order); 0 puts each `evaluate()` call in order."""
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
-        self.watermark = float("-inf")  # latest event time seen by a correlation
+        self.pending = ReorderBuffer(lateness, clock)
+        self._expired_at = float("-inf")
+        self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
         filters = [r for r in ruleset.rules if r.kind == "filter"]
         correlation_rules = [r for r in ruleset.rules if r.kind == "correlation"]
@@ -236,7 +248,7 @@ class Engine:
                 if hits:
                     hits_of(any_category[1], hits, event, out)
         if self.correlations:
-            self._expire(out)
+            self._release(self.pending.due(), out)
         return out
 
     def _hits(
@@ -247,26 +259,31 @@ class Engine:
         out: list[Match],
     ) -> None:
         self.stats.rule_hits += len(hits)
-        t: float | None = None  # event time, read once and only if a correlation needs it
-        evidence = (event,)
+        feeds: list[Feed] = []
         for i in hits:
             slot = slots[i]
             if slot.emit:
-                out.append(Match(slot.rule, evidence))
-            if slot.feeds:
-                if t is None:
-                    t = epoch(event.get("@timestamp"))
-                    if t is None:
-                        self.stats.untimed_events += 1
-                        t = NO_TIME
-                    elif t > self.watermark:
-                        self.watermark = t
-                if t is NO_TIME:
-                    continue
-                for feed in slot.feeds:
-                    fired = feed.correlation.feed(feed.source, event, t, evidence)
-                    if fired is not None:
-                        self._fire(feed.correlation, fired, out)
+                out.append(Match(slot.rule, (event,)))
+            feeds.extend(slot.feeds)
+        if not feeds:
+            return
+        t = epoch(event.get("@timestamp"))  # read only when a correlation needs it
+        if t is None:
+            self.stats.untimed_events += 1
+            return
+        # later steps of an ordered chain first: one event never completes two steps at once
+        if not self.pending.push(t, event, (event, self._ordered(feeds))):
+            self.stats.late_events += 1
+
+    def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
+        """Feed the correlations the matches whose event time is settled, oldest first."""
+        for t, (event, feeds) in due:
+            if t > self._expired_at:  # windows that closed before this event, in time order
+                self._expired_at = t
+                self._expire(t, out)
+            evidence = (event,)
+            for feed in feeds:
+                self._feed(feed, event, t, evidence, out)
 
     def _feed(
         self,
@@ -280,6 +297,15 @@ class Engine:
         if fired is not None:
             self._fire(feed.correlation, fired, out)
 
+    def take_late(self) -> int:
+        """Matches not correlated because they came later than the allowance, since the last
+        call (what the agent reports as a `late_events` status event)."""
+        late, self._late_reported = (
+            self.stats.late_events - self._late_reported,
+            (self.stats.late_events),
+        )
+        return late
+
     def _fire(self, correlation: Correlation, fired: Fired, out: list[Match]) -> None:
         slot = self._corr_slots[correlation.rule.id]
         group = correlation.group_pairs(fired.key)
@@ -291,6 +317,7 @@ class Engine:
                     group,
                     timestamp_text(fired.window_start),
                     fired.value,
+                    timestamp_text(fired.time),
                 )
             )
         # chaining: the outer correlation sees the inner one's group values at its fire time
@@ -298,14 +325,16 @@ class Engine:
         for feed in slot.feeds:
             self._feed(feed, chained, fired.time, fired.events, out)
 
-    def _expire(self, out: list[Match]) -> None:
+    def _expire(self, now: float, out: list[Match]) -> None:
         for correlation in self.correlations:
-            for fired in correlation.expire(self.watermark):
+            for fired in correlation.expire(now):
                 self._fire(correlation, fired, out)
 
     def flush(self) -> list[Match]:
-        """End of input: close every open window (conditions decided at window end)."""
+        """End of input: correlate what is held, then close every open window (conditions
+        decided at window end)."""
         out: list[Match] = []
+        self._release(self.pending.drain(), out)
         pending = True
         while pending:  # a chained correlation may open windows while inner ones close
             pending = False

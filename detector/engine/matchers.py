@@ -204,15 +204,45 @@ def fieldref(starts_with: bool, ends_with: bool) -> Callable[[Any, Any], bool]:
     return refers
 
 
+# What keywords do not search: what hpcsec adds to an observation rather than observed. The
+# `hpcsec.*` namespace (asset names, maintenance, the sensor), the event's own hash, the
+# decisions enrichment takes from policy and other events (detector/enrich/), and the Slurm
+# job context it adds to other categories' events (a `slurm_job` event observed it itself).
+NOT_SEARCHED = frozenset(
+    {
+        "event.id",
+        "user.is_admin",
+        "process.is_gpu_service",
+        "destination.is_job_node",
+        "gpu.allocated_to_job",
+        "firmware.baseline_version",
+        "firmware.drift",
+        "firmware.known_vulnerable",
+    }
+)
+
+
+def searched_by_keywords(name: str, category: Any) -> bool:
+    if name in NOT_SEARCHED or name.startswith("hpcsec."):
+        return False
+    return category == "slurm_job" or not name.startswith("slurm.")
+
+
 def keyword(test: Test) -> Callable[[dict[str, Any]], bool]:
-    """A field-less detection value searches every string (and list element) of the event."""
+    """A field-less detection value searches every string (and list element) of the event's
+    observed fields (not those hpcsec adds: see NOT_SEARCHED)."""
 
     def search(event: dict[str, Any]) -> bool:
-        for value in event.values():
+        category = event.get("event.category")
+        for name, value in event.items():
+            if value is None or value.__class__ is dict:
+                continue
+            if not searched_by_keywords(name, category):
+                continue
             if value.__class__ is list:
                 if any(x is not None and test(x) for x in value):
                     return True
-            elif value is not None and value.__class__ is not dict and test(value):
+            elif test(value):
                 return True
         return False
 

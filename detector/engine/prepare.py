@@ -4,6 +4,7 @@ values (by pySigma's own transformation), and the Sigma filters that apply to it
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from sigma.exceptions import SigmaError
@@ -11,10 +12,12 @@ from sigma.filters import SigmaFilter
 from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
 from sigma.processing.transformations import ValueListPlaceholderTransformation
 from sigma.rule import SigmaDetection, SigmaRule
-from sigma.types import Placeholder, SigmaRegularExpression
+from sigma.types import Placeholder, SigmaExpansion, SigmaRegularExpression
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.engine.ruleset import LoadedRule
+
+logger = logging.getLogger(__name__)
 
 
 def rule_error(rule: LoadedRule, message: str) -> RuleError:
@@ -30,12 +33,7 @@ def placeholder_names(rule: SigmaRule) -> set[str]:
                 walk(item)
                 continue
             for value in item.value:
-                parts = (
-                    value.regexp.s
-                    if isinstance(value, SigmaRegularExpression)
-                    else getattr(value, "s", ())
-                )
-                names.update(p.name for p in parts if isinstance(p, Placeholder))
+                names.update(_placeholders_in(value))
 
     for detection in rule.detection.detections.values():
         walk(detection)
@@ -59,30 +57,59 @@ def filter_condition(filter_rule: LoadedRule, values: dict[str, list]) -> Any:
 def fill_placeholders(
     rule: LoadedRule, values: dict[str, list], sigma: SigmaRule | None = None
 ) -> SigmaRule:
-    """`|expand` placeholders, filled by pySigma's own ValueListPlaceholderTransformation."""
+    """`|expand` placeholders, filled by pySigma's own ValueListPlaceholderTransformation.
+
+    A placeholder without a value (not in the site config, or an empty list) stands for no
+    value at all: its values match nothing, the rule's other values still work, and a warning
+    names the rule. One unset list must not stop the scan or the agent."""
     if sigma is None:
         assert isinstance(rule.sigma, SigmaRule)  # filters come with a stand-in rule
         sigma = rule.sigma
     names = placeholder_names(sigma)
     if not names:
         return sigma
-    missing = sorted(names - values.keys())
+    filled = copy.deepcopy(sigma)
+    missing = sorted(name for name in names if not values.get(name))
     if missing:
         listed = ", ".join(f"%{name}%" for name in missing)
-        raise rule_error(
-            rule,
-            f"placeholder {listed} has no value (placeholder values come from the site config)",
+        logger.warning(
+            "%s:%d: rule %s: placeholder %s has no value (placeholder values come from the "
+            "site config): its values match nothing",
+            rule.path,
+            rule.line,
+            rule.id,
+            listed,
         )
+        for detection in filled.detection.detections.values():
+            _match_nothing(detection, set(missing))
+        if not names - set(missing):
+            return filled
     pipeline = ProcessingPipeline(
         items=[ProcessingItem(ValueListPlaceholderTransformation(), identifier="hpcsec-expand")],
         vars=dict(values),
     )
-    filled = copy.deepcopy(sigma)
     try:
         pipeline.apply(filled)
     except SigmaError as e:
         raise rule_error(rule, str(e)) from e
     return filled
+
+
+def _placeholders_in(value: Any) -> set[str]:
+    parts = value.regexp.s if isinstance(value, SigmaRegularExpression) else getattr(value, "s", ())
+    return {p.name for p in parts if isinstance(p, Placeholder)}
+
+
+def _match_nothing(detection: SigmaDetection, missing: set[str]) -> None:
+    """Each value naming a missing placeholder becomes an expansion to no value: false."""
+    for item in detection.detection_items:
+        if isinstance(item, SigmaDetection):
+            _match_nothing(item, missing)
+            continue
+        item.value = [
+            SigmaExpansion([]) if _placeholders_in(value) & missing else value
+            for value in item.value
+        ]
 
 
 def filter_applies(filter_rule: LoadedRule, rule: LoadedRule) -> bool:

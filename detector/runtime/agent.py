@@ -178,8 +178,25 @@ class Agent:
             )
         return [SourceBatch(events, None)]  # about the agent itself: no node to look at
 
+    def _late_events(self) -> list[SourceBatch]:
+        """Matches that reached the correlations later than the allowance (since the last
+        turn), as a status event rules can match."""
+        late = self.gen.pipeline.engine.take_late()
+        if not late:
+            return []
+        event = status_event(
+            "engine",
+            "late_events",
+            f"{late} events arrived later than the correlation lateness allowance "
+            "and were not correlated",
+            self.host,
+            rfc3339(),
+            **{"hpcsec.late_events": late},
+        )
+        return [SourceBatch([event], None)]
+
     def _process(self, batches: list[SourceBatch]) -> None:
-        batches = batches + self._drop_events()
+        batches = batches + self._drop_events() + self._late_events()
         self.metrics.queue_depth.set(len(self.queue))
         if not batches:
             return

@@ -7,10 +7,11 @@ running one, so a broken rule or config leaves the running generation in place.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from hpcsec.detector.alerts.stage import AlertStage
-from hpcsec.detector.config.site import load_config
+from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.runtime.endpoints import file_stamp
 from hpcsec.detector.runtime.pipeline import Pipeline
@@ -64,14 +65,29 @@ class Generation:
     interval_s: float
 
 
+def correlation_lateness(config: SiteConfig, interval_s: float) -> float:
+    """How late an event may reach the agent's correlations: the config's allowance, by
+    default two sampling intervals (a sample is read, queued and evaluated in that time)."""
+    if config.correlation_lateness_s is not None:
+        return config.correlation_lateness_s
+    return 2 * interval_s
+
+
 def load_generation(settings: AgentSettings, stage: AlertStage | None = None) -> Generation:
     """Config, rules and engine, fully built; raises HpcsecError (with file:line). `stage`:
     the running alert stage, which the new generation keeps (dedup and rate limits)."""
     config = load_config(settings.config_path)
-    pipeline = Pipeline.load(config, settings.rule_paths, stage=stage, contain_errors=True)
     interval = settings.interval_s if settings.interval_s is not None else config.interval_s
     if interval <= 0:
         raise UsageError(f"the sampling interval must be positive, not {interval}")
+    pipeline = Pipeline.load(
+        config,
+        settings.rule_paths,
+        stage=stage,
+        contain_errors=True,
+        lateness_s=correlation_lateness(config, interval),
+        clock=time.time,  # a live stream: time moves on while it is idle
+    )
     outputs_key = OutputsKey(
         tuple(settings.outputs or config.outputs),
         file_stamp(settings.secret_file or config.webhook_secret_file),

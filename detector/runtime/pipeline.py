@@ -20,6 +20,7 @@ from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.reorder import Clock
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import NodeView, capture_view
@@ -96,16 +97,21 @@ class Pipeline:
         stage: AlertStage | None = None,
         dedup: bool = True,
         contain_errors: bool = False,
+        lateness_s: float | None = None,
+        clock: Clock | None = None,
     ) -> Pipeline:
         """Rules (None: the bundled ones) and engine, fully built; raises HpcsecError with
         file:line. Without the rules' test events: a slip in a tests file must not stop
-        detection."""
+        detection. `lateness_s`/`clock`: how correlations wait for late events (None: the
+        whole input is put in event-time order, as `scan` does; see engine/reorder.py)."""
         ruleset = load_rules(
             list(rule_paths) if rule_paths else None,
             with_tests=False,
             threshold_values=config.thresholds,
         )
-        engine = Engine(ruleset, placeholders=config.placeholders())
+        engine = Engine(
+            ruleset, placeholders=config.placeholders(), lateness=lateness_s, clock=clock
+        )
         return cls(
             config,
             ruleset,

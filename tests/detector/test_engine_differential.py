@@ -18,6 +18,9 @@ test_engine_semantics.py):
   'b.%' ...`), so it matches more than the rule says. Octet-aligned prefixes only here.
 - `|week`: SQLite's %W counts weeks from the first Monday; our engine uses ISO 8601 weeks.
 - keywords (field-less values) and list-valued fields have no SQL form in this backend.
+- placeholders with no value: pySigma stops; our engine matches nothing for them, with a
+  warning. Generated rules have no placeholders.
+- keywords skip the fields hpcsec adds (`hpcsec.*`, enrichment); not generated here either.
 - `|wide`/`|utf16*`: the backend puts the NUL bytes of the encoding into the SQL text, which
   sqlite3 refuses to run ("the query contains a null character").
 """

@@ -7,7 +7,6 @@ import textwrap
 import pytest
 from sigma.collection import SigmaCollection
 
-from hpcsec.detector.core.errors import RuleError
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
@@ -317,13 +316,19 @@ def test_expand_placeholders_from_site_values():
     )
 
 
-def test_unfilled_placeholder_is_a_rule_error():
-    with pytest.raises(RuleError) as err:
-        engine_for("sel:\n  user.name|expand: '%admins%'\ncondition: sel\n")
-    assert str(err.value) == (
-        "rules/test.yml:1: rule 6b1c2f6e-0000-4000-8000-000000000001: placeholder %admins% has "
-        "no value (placeholder values come from the site config)"
-    )
+def test_a_placeholder_without_value_loads_with_a_warning_and_matches_nothing(caplog):
+    detection = "sel:\n  user.name|expand:\n    - '%admins%'\n    - carol\ncondition: sel\n"
+    for values in ({}, {"admins": []}):  # not in the config, or an empty list
+        caplog.clear()
+        engine = engine_for(detection, placeholders=values)
+        assert caplog.messages == [
+            "rules/test.yml:1: rule 6b1c2f6e-0000-4000-8000-000000000001: placeholder %admins% "
+            "has no value (placeholder values come from the site config): its values match "
+            "nothing"
+        ]
+        assert not fires(engine, **{"user.name": "%admins%"})
+        assert not fires(engine, **{"user.name": "adm-carol"})
+        assert fires(engine, **{"user.name": "carol"})  # the rule's other values still work
 
 
 @pytest.mark.parametrize(
@@ -485,8 +490,8 @@ def test_filter_placeholders_are_filled():
     engine = Engine(ruleset(text), placeholders={"admins": ["adm-carol"]})
     event = {"event.category": "process", "process.name": "nvidia-smi", "user.name": "adm-carol"}
     assert [m.rule.id for m in engine.evaluate([event])] == ["6b1c2f6e-0000-4000-8000-000000000002"]
-    with pytest.raises(RuleError, match="placeholder %admins% has no value"):
-        Engine(ruleset(text))
+    # without a value the filter's item matches nobody: `not admin` holds, it filters nothing
+    assert len(Engine(ruleset(text)).evaluate([event])) == 2
 
 
 def test_time_part_with_comparison():

@@ -1,0 +1,92 @@
+"""Event-time order for correlations, whatever order the events arrive in.
+
+Sensors, threads and nodes merge into one stream, so arrival order is never event order. The
+engine does not feed a correlation as matches arrive: it holds them in a min-heap keyed by
+event time (`@timestamp`) and hands them on, oldest first, once the watermark has passed them
+by the allowed lateness. Each correlation then sees its events in event-time order, so every
+arrival order of the same events (within the lateness) gives the same alerts.
+
+- `lateness=None`: nothing is handed on before `drain()` (the end of the input): `scan` puts
+  its whole input in order. Only matches of rules that feed correlations are held, not every
+  event.
+- `lateness=L`: held until the watermark is L seconds past them. The watermark is the newest
+  event time seen, or the caller's clock when one is given (a live agent: an idle stream still
+  moves time on, and an event stamped in the future cannot move it). A match older than what
+  was already handed on is late: counted, never added.
+
+Events with the same time are put in order by `event.id` (a hash of their fields), or by their
+whole content when they have none, never by arrival. At most `max_pending` matches are held;
+beyond that the oldest is handed on early (counted as `forced`): memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+Clock = Callable[[], float]
+
+
+def tiebreak(event: dict[str, Any]) -> str:
+    """A total order among events of one instant that does not depend on arrival."""
+    ident = event.get("event.id")
+    if ident.__class__ is str:
+        return ident
+    return json.dumps(event, sort_keys=True, default=repr, ensure_ascii=True)
+
+
+class ReorderBuffer:
+    def __init__(
+        self, lateness: float | None, clock: Clock | None = None, max_pending: int = 200_000
+    ):
+        self.lateness = lateness
+        self.clock = clock
+        self.max_pending = max_pending
+        self.watermark = float("-inf")  # newest event time seen (or the clock)
+        self.released = float("-inf")  # event time up to which matches were handed on
+        self.late = 0  # matches older than `released` when they arrived: not correlated
+        self.forced = 0  # matches handed on early because `max_pending` were held
+        self._heap: list[tuple[float, str, int, Any]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, t: float, event: dict[str, Any], payload: Any) -> bool:
+        """Hold one match; False (and counted) when it is later than the allowance."""
+        if t < self.released:
+            self.late += 1
+            return False
+        if t > self.watermark and self.clock is None:
+            self.watermark = t
+        self._seq += 1
+        heapq.heappush(self._heap, (t, tiebreak(event), self._seq, payload))
+        return True
+
+    def due(self) -> Iterator[tuple[float, Any]]:
+        """(time, payload) of the matches the watermark has passed by the lateness, oldest
+        first (and of the oldest beyond `max_pending`)."""
+        heap = self._heap
+        if self.clock is not None:
+            self.watermark = max(self.watermark, self.clock())
+        edge = float("-inf") if self.lateness is None else self.watermark - self.lateness
+        while heap and (heap[0][0] <= edge or len(heap) > self.max_pending):
+            if heap[0][0] > edge:
+                self.forced += 1
+            t, _, _, payload = heapq.heappop(heap)
+            if t > self.released:
+                self.released = t
+            yield t, payload
+        if edge > self.released:
+            self.released = edge
+
+    def drain(self) -> Iterator[tuple[float, Any]]:
+        """Everything held, oldest first: the end of the input."""
+        heap = self._heap
+        while heap:
+            t, _, _, payload = heapq.heappop(heap)
+            if t > self.released:
+                self.released = t
+            yield t, payload
