@@ -95,6 +95,21 @@ class AgentMetrics:
             ["destination"],
             registry=r,
         )
+        self.unspooled = Counter(
+            "hpcsec_alerts_unspooled_total",
+            "Alerts the spool could not take (disk full), held in memory and sent directly",
+            ["destination"],
+            registry=r,
+        )
+        self.spool_corrupt = Counter(
+            "hpcsec_spool_corrupt_total",
+            "Unreadable spool lines moved to the spool's failed/ folder",
+            ["destination"],
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "hpcsec_store_errors_total", "Alert store writes that failed", registry=r
+        )
 
     def _declare_state(self, r: CollectorRegistry) -> None:
         self.last_sample = Gauge(

@@ -1,0 +1,63 @@
+"""`hpcsec agent` as a real process with its spool and store on a full disk (a real tmpfs):
+it keeps alerting, sends what it cannot spool directly, says so (a self-health status event,
+metrics, the journal), and after the disk is freed and a restart nothing is sent twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.detector.runtime.agent_harness import (
+    RULE_A_ID,
+    AgentProcess,
+    Node,
+    Receiver,
+    rule,
+    wait_for,
+)
+from tests.tinydisk import tiny_disk
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def test_agent_on_a_full_disk_keeps_alerting_and_sends_nothing_twice(node: Node):
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    receiver = Receiver()
+    with tiny_disk(node.root / "disk", size="1m") as disk:
+        node.spool = disk.path / "spool"
+        store = str(disk.path / "alerts.duckdb")
+        args = ["--output", receiver.url, "--spool", str(node.spool), "--store", store]
+        agent = AgentProcess(node, *args)
+        try:
+            disk.fill()
+            for user in range(1, 6):
+                node.start_process(5000 + user, "cryptominer", user)
+            wait_for(lambda: len(receiver.received) == 5, "5 deliveries", check=agent)
+            unspooled = [
+                v for k, v in agent.metrics().items() if k.startswith("hpcsec_alerts_unspooled")
+            ]
+            assert sum(unspooled) >= 5
+            for user in range(1, 6):
+                node.end_process(5000 + user)
+            disk.free()
+            node.start_process(5006, "cryptominer", 6)
+            wait_for(lambda: len(receiver.received) == 6, "the 6th delivery", check=agent)
+            node.end_process(5006)  # a restart forgets dedup: it would rightly alert again
+            assert agent.stop() == 0
+        finally:
+            agent.kill()
+        assert "could not be spooled, sent directly" in agent.text()
+        restarted = AgentProcess(node, *args)
+        try:
+            assert restarted.stop() == 0
+        finally:
+            restarted.kill()
+    receiver.stop()
+    assert Counter(receiver.received) == Counter(a["alert.id"] for a in node.file_alerts())
+    assert set(Counter(receiver.received).values()) == {1}
+    assert receiver.bad_signatures == 0
