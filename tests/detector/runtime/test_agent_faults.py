@@ -4,6 +4,8 @@ metrics, the journal), and after the disk is freed and a restart nothing is sent
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -61,3 +63,33 @@ def test_agent_on_a_full_disk_keeps_alerting_and_sends_nothing_twice(node: Node)
     assert Counter(receiver.received) == Counter(a["alert.id"] for a in node.file_alerts())
     assert set(Counter(receiver.received).values()) == {1}
     assert receiver.bad_signatures == 0
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_500_idle_metrics_connections_start_no_thread_and_alerts_still_flow(node: Node):
+    """Any local user can connect to the metrics port: 500 connections that never send a
+    byte do not grow the agent's threads (the unit's TasksMax would kill it), /metrics still
+    answers, and the next alert is delivered."""
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    receiver = Receiver()
+    agent = AgentProcess(node, "--output", receiver.url)
+    idle: list[socket.socket] = []
+    try:
+        host, port = agent.metrics_url.removeprefix("http://").split("/")[0].rsplit(":", 1)
+        agent.metrics()
+        before = _threads(agent.proc.pid)
+        for _ in range(500):
+            idle.append(socket.create_connection((host, int(port)), timeout=5))
+        assert "hpcsec_queue_depth" in "".join(agent.metrics())
+        node.start_process(5001, "cryptominer", 1)
+        wait_for(lambda: len(receiver.received) == 1, "the alert", check=agent)
+        assert _threads(agent.proc.pid) <= before + 1
+        assert agent.stop() == 0
+    finally:
+        for sock in idle:
+            sock.close()
+        agent.kill()
+        receiver.stop()
