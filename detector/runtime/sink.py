@@ -39,6 +39,7 @@ EVENTS_FLUSH_S = 60.0
 FLUSH_SLICE_S = 0.5  # longest a spool retry holds the main loop
 RETRY_IDLE_S = 1.0  # pause between retry rounds that delivered nothing
 MAX_BUFFERED_EVENTS = 200_000  # store down: keep at most this many events for it
+SELF_HEALTH_VECTOR = "self_health"  # rules/self_health.yml
 FAILING_REPORT_EVERY_S = 300.0  # a destination that keeps failing is reported this often
 
 # A health record: (component, action, message, extra fields) for a `sensor_status` event.
@@ -77,6 +78,13 @@ class AlertSink:
         """Keep every alert of the decision for the store; send what is to be sent."""
         for alerts, disposition, reason in dispositions(decision):
             self._keep(alerts, disposition, reason)
+        for alert in decision.send:  # the detector's own blindness goes to the journal too
+            if alert.get("rule.vector") == SELF_HEALTH_VECTOR:
+                logger.warning(
+                    "self-health alert: %s: %s",
+                    alert.get("rule.title"),
+                    alert.get("alert.summary", ""),
+                )
         if decision.send and self.outputs is not None:
             self._delivered(self.outputs.deliver(decision.send, timeout_s=0.0))
             self._retry_due = 0.0  # the rest of the batch goes out in the next tick

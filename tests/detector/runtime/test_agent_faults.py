@@ -5,6 +5,7 @@ metrics, the journal), and after the disk is freed and a restart nothing is sent
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,12 @@ from tests.detector.runtime.agent_harness import (
 )
 from tests.tinydisk import tiny_disk
 
+SELF_HEALTH_RULES = Path(__file__).resolve().parents[3] / "rules" / "self_health.yml"
+
+
+def crypto(node: Node) -> list[dict]:
+    return [a for a in node.file_alerts() if a["rule.id"] == RULE_A_ID]
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> Node:
@@ -29,6 +36,7 @@ def node(tmp_path: Path) -> Node:
 
 def test_agent_on_a_full_disk_keeps_alerting_and_sends_nothing_twice(node: Node):
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    shutil.copy(SELF_HEALTH_RULES, node.rules / "self_health.yml")
     receiver = Receiver()
     with tiny_disk(node.root / "disk", size="1m") as disk:
         node.spool = disk.path / "spool"
@@ -39,7 +47,8 @@ def test_agent_on_a_full_disk_keeps_alerting_and_sends_nothing_twice(node: Node)
             disk.fill()
             for user in range(1, 6):
                 node.start_process(5000 + user, "cryptominer", user)
-            wait_for(lambda: len(receiver.received) == 5, "5 deliveries", check=agent)
+            wait_for(lambda: len(crypto(node)) == 5, "5 alerts", check=agent)
+            wait_for(lambda: len(receiver.received) >= 5, "5 deliveries", check=agent)
             unspooled = [
                 v for k, v in agent.metrics().items() if k.startswith("hpcsec_alerts_unspooled")
             ]
@@ -48,18 +57,22 @@ def test_agent_on_a_full_disk_keeps_alerting_and_sends_nothing_twice(node: Node)
                 node.end_process(5000 + user)
             disk.free()
             node.start_process(5006, "cryptominer", 6)
-            wait_for(lambda: len(receiver.received) == 6, "the 6th delivery", check=agent)
+            wait_for(lambda: len(crypto(node)) == 6, "the 6th alert", check=agent)
             node.end_process(5006)  # a restart forgets dedup: it would rightly alert again
             assert agent.stop() == 0
         finally:
             agent.kill()
         assert "could not be spooled, sent directly" in agent.text()
+        assert "self-health alert: Alert spool cannot be written or is corrupt" in agent.text()
         restarted = AgentProcess(node, *args)
         try:
             assert restarted.stop() == 0
         finally:
             restarted.kill()
     receiver.stop()
+    assert "Alert spool cannot be written or is corrupt" in {
+        a["rule.title"] for a in node.file_alerts()
+    }
     assert Counter(receiver.received) == Counter(a["alert.id"] for a in node.file_alerts())
     assert set(Counter(receiver.received).values()) == {1}
     assert receiver.bad_signatures == 0
