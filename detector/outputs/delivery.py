@@ -4,6 +4,11 @@ call, its per-destination lanes, the retry policy and the delivery reports.
 Network outputs sit behind a durable spool (spool.py): an alert is on disk before the first
 attempt and leaves it only once the receiver has taken it, so an outage or a crash loses
 nothing. Local outputs (stdout, JSONL file) are written directly.
+
+A spool that cannot be written (disk full) does not stop delivery: those alerts are held in
+memory (at most MAX_UNSPOOLED per destination), sent directly, and spooled again as soon as
+the disk takes them; each is counted (`unspooled`), and only what does not fit in memory is
+dropped, counted, as when the spool is full.
 """
 
 from __future__ import annotations
@@ -12,13 +17,17 @@ import contextlib
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed, Output
-from hpcsec.detector.outputs.spool import Spool, SpoolEntry
+from hpcsec.detector.outputs.spool import Spool, SpoolEntry, SpoolError
+
+MAX_UNSPOOLED = 10_000  # alerts per destination held in memory while the spool cannot be written
+RESPOOL_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,9 @@ class DestinationReport:
     failed: int = 0  # not retried: refused for good by the receiver (kept in the spool's
     #                  failed/ folder), or a local output that could not write
     dropped: int = 0  # evicted or refused because the spool was full (see notices)
+    unspooled: int = 0  # could not be written to the spool (disk full): held in memory
+    corrupt: int = 0  # unreadable spool lines moved to failed/
+    spool_error: str = ""
     last_error: str = ""
 
 
@@ -75,6 +87,15 @@ class DeliveryReport:
                 )
             if d.dropped:
                 lines.append(f"{name}: {d.dropped} alert(s) dropped because the spool is full")
+            if d.unspooled:
+                lines.append(
+                    f"{name}: {d.unspooled} alert(s) could not be spooled, sent directly "
+                    f"({d.spool_error})"
+                )
+            if d.corrupt:
+                lines.append(
+                    f"{name}: {d.corrupt} unreadable spool line(s) moved to the spool's failed/"
+                )
         return lines
 
 
@@ -119,6 +140,8 @@ class _Lane:
         self.next_attempt = 0.0
         self.last_error = ""
         self.lock = threading.Lock()
+        self.unspooled: deque[Alert] = deque()  # the spool could not take them (disk full)
+        self.respool_at = 0.0  # next time.monotonic() to try writing them to the spool again
 
     def drain(
         self, deadline: float, report: DeliveryReport, sleep: Callable[[float], None]
@@ -137,12 +160,76 @@ class _Lane:
                     sleep(self.next_attempt - now)
                 entry = self.spool.next_entry()
                 if entry is None:
-                    break
+                    if not self._send_unspooled(report):
+                        break
+                    attempted = True
+                    continue
                 attempted = True
                 self._settle(entry, _attempt(self.output, entry.alert), report)
             d = report.get(self.output.name)
-            d.pending = self.spool.depth()
+            d.pending = self.depth()
+            d.corrupt += self.spool.take_corrupt()
             d.last_error = d.last_error or self.last_error
+
+    def depth(self) -> int:
+        return self.spool.depth() + len(self.unspooled)
+
+    def admit(self, alerts: Sequence[Alert], report: DeliveryReport) -> None:
+        """`alerts` into the spool, after what an unwritable spool left in memory; when the
+        spool still cannot be written, they wait in memory (bounded) and go out directly."""
+        name = self.output.name
+        d = report.get(name)
+        held = [*self.unspooled, *alerts]
+        try:
+            admitted = self.spool.add_many(held)
+        except SpoolError as exc:
+            d.unspooled += len(alerts)
+            d.spool_error = str(exc)
+            self.unspooled.extend(alerts)
+            while len(self.unspooled) > MAX_UNSPOOLED:  # memory is bounded too: oldest out
+                lost = str(self.unspooled.popleft().get("alert.id"))
+                d.dropped += 1
+                report.outcomes.append(DeliveryOutcome(lost, name, "dropped", str(exc)))
+            return
+        self.unspooled.clear()
+        d.dropped += len(admitted.dropped_ids)
+        report.outcomes.extend(
+            DeliveryOutcome(i, name, "dropped", "spool full") for i in admitted.dropped_ids
+        )
+        if admitted.notice is not None:
+            report.notices.append(admitted.notice)
+
+    def _send_unspooled(self, report: DeliveryReport) -> bool:
+        """One direct attempt for the oldest alert the spool could not take; False when there
+        is none. Tried again on disk first, so a freed disk takes them back in order."""
+        if not self.unspooled:
+            return False
+        if time.monotonic() >= self.respool_at:  # at most once a second: each try writes
+            self.respool_at = time.monotonic() + RESPOOL_EVERY_S
+            with contextlib.suppress(SpoolError):
+                self.spool.add_many(list(self.unspooled))
+                self.unspooled.clear()
+                return True  # spooled now: the loop sends them from there
+        alert = self.unspooled[0]
+        failure = _attempt(self.output, alert)
+        name = self.output.name
+        alert_id = str(alert.get("alert.id"))
+        if failure is None:
+            self.unspooled.popleft()
+            self.failures, self.next_attempt, self.last_error = 0, 0.0, ""
+            report.get(name).delivered += 1
+            report.outcomes.append(DeliveryOutcome(alert_id, name, "delivered"))
+        elif failure.permanent:
+            self.unspooled.popleft()
+            report.get(name).failed += 1
+            report.outcomes.append(DeliveryOutcome(alert_id, name, "failed", str(failure)))
+        else:
+            self.last_error = str(failure)
+            self.failures += 1
+            self.next_attempt = time.monotonic() + self.policy.delay(
+                self.failures, failure.retry_after
+            )
+        return True
 
     def _settle(
         self, entry: SpoolEntry, failure: DeliveryFailed | None, report: DeliveryReport
@@ -217,7 +304,8 @@ class OutputSet:
         return [o.name for o in self.outputs]
 
     def spool_depth(self) -> dict[str, int]:
-        return {lane.output.name: lane.spool.depth() for lane in self._lanes}
+        """Alerts waiting per destination: spooled, or held in memory while it is unwritable."""
+        return {lane.output.name: lane.depth() for lane in self._lanes}
 
     def deliver(self, alerts: Sequence[Alert], timeout_s: float = 5.0) -> DeliveryReport:
         report = DeliveryReport(spool_dir=self.spool_dir)
@@ -246,14 +334,7 @@ class OutputSet:
     def _admit(lane: _Lane, alerts: Sequence[Alert], report: DeliveryReport) -> None:
         """`alerts` into the lane's spool; what a full spool dropped goes into the report."""
         with lane.lock:
-            admitted = lane.spool.add_many(alerts)
-        name = lane.output.name
-        report.get(name).dropped += len(admitted.dropped_ids)
-        report.outcomes.extend(
-            DeliveryOutcome(i, name, "dropped", "spool full") for i in admitted.dropped_ids
-        )
-        if admitted.notice is not None:
-            report.notices.append(admitted.notice)
+            lane.admit(alerts, report)
 
     def _report_pending(self, alerts: Sequence[Alert], report: DeliveryReport) -> None:
         """What is spooled and not settled yet, so the store can show it as pending."""

@@ -7,15 +7,17 @@ state, never a torn file):
     <spool>/<destination key>/lock          flock held by the process that owns the spool
     <spool>/<destination key>/tmp/          files being written (deleted at the next open)
     <spool>/<destination key>/pending/      segments: N.jsonl, one alert per line, written
-                                            once; N.done, indexes of lines settled since
+                                            once; N.marks, one byte per line, settled or not
     <spool>/<destination key>/failed/       alerts the receiver refused for good, with .reason
 
 Each `add_many` call writes one segment to tmp/, fsyncs it, renames it into pending/ and
 fsyncs the directory before it returns: one fsync per batch, not per alert, which is what
-keeps a slow disk from capping the alert rate. A delivered alert's line number is appended to
-the segment's .done file (not fsynced: losing it only means sending that alert again), and
-the segment is deleted once every line is settled. Delivery is therefore at least once, and
-receivers deduplicate on `alert.id` (the webhook's Idempotency-Key).
+keeps a slow disk from capping the alert rate. A delivery is recorded (its byte in .marks,
+which needs no new disk space) before the next alert is sent, and the segment is deleted once
+every line is settled. Delivery is at least once (only a power loss can lose a mark);
+receivers deduplicate on `alert.id` (the webhook's Idempotency-Key). A spool that cannot be
+written (disk full) raises SpoolError and leaves nothing in tmp/; delivery.py then sends those
+alerts directly. An unreadable line is moved to failed/ and counted in `corrupt`.
 
 Full spool (pending bytes would exceed max_bytes): older alerts of a LOWER level than the new
 one are evicted, lowest level and oldest first, to make room; if that cannot make room, the new
@@ -45,10 +47,13 @@ from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.protocol import Alert
 from hpcsec.detector.outputs.spool_files import (
     NOTICE_NAME,
+    PENDING,
     SEGMENT_NAME,
     SegmentFiles,
     fsync_dir,
+    marks_name,
     settled_lines,
+    unlink_quietly,
     write_durably,
 )
 from hpcsec.detector.outputs.spool_notice import new_notice, with_drops
@@ -144,7 +149,10 @@ class Spool:
                     self._notice = orjson.loads(entry.read_bytes())
             elif SEGMENT_NAME.match(name):
                 self._load_segment(name)
-            elif not name.endswith(".done"):
+            elif name.endswith((".done", ".marks")):
+                if not (self.pending / (name.rsplit(".", 1)[0] + ".jsonl")).exists():
+                    entry.unlink(missing_ok=True)  # its segment was settled and deleted
+            else:
                 self._quarantine_file(name, "not a spool file name")
 
     def _load_segment(self, name: str) -> None:
@@ -172,6 +180,11 @@ class Spool:
 
     def depth(self) -> int:
         return len(self._index)
+
+    def take_corrupt(self) -> int:
+        """Unreadable lines and files found since the last call (they are in failed/)."""
+        count, self.corrupt = self.corrupt, 0
+        return count
 
     def bytes_used(self) -> int:
         return self._used
@@ -313,13 +326,7 @@ class Spool:
             reserved += len(line)
         segment = self._new_stem() + ".jsonl"
         try:
-            if lines:
-                self._write_tmp(segment, b"".join(lines))
-            notice = self._record_drops(dropped) if dropped else None
-            if lines:
-                os.replace(self.path / "tmp" / segment, self.pending / segment)
-            if lines or notice is not None:
-                fsync_dir(self.pending)
+            notice = self._commit(segment, lines, dropped)
         except OSError as exc:
             for victim in evicted:  # nothing was evicted after all
                 self._index[victim].size = sizes[victim]
@@ -333,6 +340,30 @@ class Spool:
         for victim in evicted:
             self._settle(victim)
         return Admission(tuple(i for i, _ in dropped), notice)
+
+    def _commit(
+        self, segment: str, lines: list[bytes], dropped: list[tuple[str, int]]
+    ) -> dict[str, Any] | None:
+        """Write the segment and its marks (and the notice) into pending/, durably; on an
+        error nothing of this call stays on disk: a full disk is not filled further."""
+        written: list[Path] = []
+        try:
+            if lines:
+                marks = marks_name(segment)
+                for name, data in ((segment, b"".join(lines)), (marks, PENDING * len(lines))):
+                    written.append(self.path / "tmp" / name)
+                    self._write_tmp(name, data)
+            notice = self._record_drops(dropped) if dropped else None
+            if lines:  # the marks first: a segment in pending/ always has them
+                os.replace(self.path / "tmp" / marks, self.pending / marks)
+                written.append(self.pending / marks)
+                os.replace(self.path / "tmp" / segment, self.pending / segment)
+            if lines or notice is not None:
+                fsync_dir(self.pending)
+            return notice
+        except OSError:
+            unlink_quietly(*written, *([self.pending / segment] if lines else []))
+            raise
 
     def _read_id(self, key: tuple[str, int]) -> str:
         try:
@@ -352,7 +383,11 @@ class Spool:
         data = alert_bytes(notice)
         name = self._notice_name
         assert name is not None
-        self._write_tmp(name, data)
+        try:
+            self._write_tmp(name, data)
+        except OSError:
+            unlink_quietly(self.path / "tmp" / name)
+            raise
         os.replace(self.path / "tmp" / name, self.pending / name)
         self._index[(name, 0)] = _Meta(LEVELS.index("high"), 0, len(data), notice=True)
         self._notice = notice

@@ -195,8 +195,18 @@ class Agent:
         )
         return [SourceBatch([event], None)]
 
+    def _health_events(self) -> list[SourceBatch]:
+        """Faults of the spool, outputs and store, as status events the self-health rules
+        match (rules/self_health.yml)."""
+        now = rfc3339()
+        events = [
+            status_event(component, action, message, self.host, now, **extra)
+            for component, action, message, extra in self.sink.take_health()
+        ]
+        return [SourceBatch(events, None)] if events else []
+
     def _process(self, batches: list[SourceBatch]) -> None:
-        batches = batches + self._drop_events() + self._late_events()
+        batches = batches + self._drop_events() + self._late_events() + self._health_events()
         self.metrics.queue_depth.set(len(self.queue))
         if not batches:
             return

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.outputs.delivery import DeliveryOutcome, DeliveryReport, OutputSet
+from hpcsec.detector.outputs.delivery import (
+    DeliveryOutcome,
+    DeliveryReport,
+    DestinationReport,
+    OutputSet,
+)
 from hpcsec.detector.outputs.registry import open_outputs
 
 if TYPE_CHECKING:  # duckdb is imported only by commands that open a store (start-up time)
@@ -20,6 +25,7 @@ if TYPE_CHECKING:  # duckdb is imported only by commands that open a store (star
 __all__ = [
     "DeliveryOutcome",
     "DeliveryReport",
+    "DestinationReport",
     "OutputSet",
     "file_stamp",
     "open_alert_outputs",

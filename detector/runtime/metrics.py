@@ -3,17 +3,29 @@
 Its own registry, so the scrape shows only what the agent measures (no default process
 collectors from another library that happens to be imported), and a loopback address by
 default: the metrics name sensors and rules, which is nobody else's business.
+
+Any local user can connect to the endpoint, so it is served by one thread and one selector
+loop: no connection, idle or slow, makes the agent start a thread. At most MAX_CONNECTIONS
+are open (a new one closes the oldest), each has CONNECTION_TIMEOUT_S to send its request
+and take the answer, and a request is at most MAX_REQUEST_BYTES.
 """
 
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
 import time
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from hpcsec.detector.core.errors import UsageError
 
@@ -26,17 +38,124 @@ def parse_address(address: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # a scrape every 15 s is not news for the journal
+MAX_CONNECTIONS = 32
+CONNECTION_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 8192
 
 
-def _server_class(host: str) -> type[WSGIServer]:
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+@dataclass
+class _Connection:
+    sock: socket.socket
+    deadline: float
+    request: bytes = b""
+    answer: bytes = b""
+    opened: float = field(default_factory=time.monotonic)
 
-    return Server
+
+class MetricsServer:
+    """/metrics over HTTP/1.0 in one thread: a selector over the listening socket and at most
+    MAX_CONNECTIONS client sockets, each closed at its deadline."""
+
+    def __init__(self, registry: CollectorRegistry, listener: socket.socket):
+        self.registry = registry
+        self.listener = listener
+        self.server_address = listener.getsockname()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._clients: dict[int, _Connection] = {}  # by fd, oldest first
+        self.refused = 0  # connections closed to make room for a newer one
+
+    def serve_forever(self) -> None:
+        while True:
+            self.serve_once(timeout=1.0)
+
+    def serve_once(self, timeout: float) -> None:
+        for key, mask in self._selector.select(timeout):
+            if key.data is None:
+                self._accept()
+            elif mask & selectors.EVENT_READ:
+                self._read(key.data)
+            else:
+                self._write(key.data)
+        now = time.monotonic()
+        for conn in [c for c in self._clients.values() if c.deadline <= now]:
+            self._close(conn)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        if len(self._clients) >= MAX_CONNECTIONS:  # the oldest waits longest: it goes
+            self.refused += 1
+            self._close(next(iter(self._clients.values())))
+        sock.setblocking(False)
+        conn = _Connection(sock, time.monotonic() + CONNECTION_TIMEOUT_S)
+        self._clients[sock.fileno()] = conn
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        conn.request += data
+        if not data or len(conn.request) > MAX_REQUEST_BYTES:
+            self._close(conn)
+        elif b"\r\n\r\n" in conn.request or b"\n\n" in conn.request:
+            conn.answer = self._answer(conn.request)
+            self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+
+    def _answer(self, request: bytes) -> bytes:
+        method, _, rest = request.partition(b" ")
+        path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
+        if method not in (b"GET", b"HEAD") or path not in (b"/", b"/metrics"):
+            status, ctype, body = b"404 Not Found", b"text/plain", b"not found\n"
+        else:
+            status, ctype = b"200 OK", CONTENT_TYPE_LATEST.encode()
+            body = generate_latest(self.registry) if method == b"GET" else b""
+        head = b"HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+            status,
+            ctype,
+            len(body),
+        )
+        return head + b"Connection: close\r\n\r\n" + body
+
+    def _write(self, conn: _Connection) -> None:
+        try:
+            sent = conn.sock.send(conn.answer)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            sent = len(conn.answer)
+        conn.answer = conn.answer[sent:]
+        if not conn.answer:
+            self._close(conn)
+
+    def _close(self, conn: _Connection) -> None:
+        if self._clients.pop(conn.sock.fileno(), None) is None:
+            return
+        self._selector.unregister(conn.sock)
+        conn.sock.close()
+
+    def open_connections(self) -> int:
+        return len(self._clients)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class AgentMetrics:
@@ -95,6 +214,21 @@ class AgentMetrics:
             ["destination"],
             registry=r,
         )
+        self.unspooled = Counter(
+            "hpcsec_alerts_unspooled_total",
+            "Alerts the spool could not take (disk full), held in memory and sent directly",
+            ["destination"],
+            registry=r,
+        )
+        self.spool_corrupt = Counter(
+            "hpcsec_spool_corrupt_total",
+            "Unreadable spool lines moved to the spool's failed/ folder",
+            ["destination"],
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "hpcsec_store_errors_total", "Alert store writes that failed", registry=r
+        )
 
     def _declare_state(self, r: CollectorRegistry) -> None:
         self.last_sample = Gauge(
@@ -127,31 +261,15 @@ class AgentMetrics:
     def _sample_age(self) -> float:
         return -1.0 if self._last_sample_at is None else time.time() - self._last_sample_at
 
-    def serve(self, address: str) -> tuple[object, str]:
-        """Serve /metrics; returns the server and the address it listens on (real port).
-
-        prometheus_client's own server thread wakes twice a second to look for a shutdown
-        request; this one sleeps until a scrape arrives (the agent never shuts it down: it
-        ends with the process).
-        """
+    def serve(self, address: str) -> tuple[MetricsServer, str]:
+        """Serve /metrics in one thread; returns the server and the address it listens on
+        (the real port)."""
         host, port = parse_address(address)
         try:
-            server = make_server(
-                host,
-                port,
-                make_wsgi_app(self.registry),
-                _server_class(host),
-                handler_class=_QuietHandler,
-            )
+            server = MetricsServer(self.registry, _listen(host, port))
         except OSError as exc:
             raise UsageError(f"cannot serve metrics on {address}: {exc.strerror}") from None
-        threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 3600.0},
-            name="hpcsec-metrics",
-            daemon=True,
-        ).start()
+        threading.Thread(target=server.serve_forever, name="hpcsec-metrics", daemon=True).start()
         bound_host, bound_port = server.server_address[:2]
-        host = bound_host.decode() if isinstance(bound_host, bytes) else str(bound_host)
-        shown = f"[{host}]" if ":" in host else host
+        shown = f"[{bound_host}]" if ":" in str(bound_host) else str(bound_host)
         return server, f"{shown}:{bound_port}"

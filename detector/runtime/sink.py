@@ -7,6 +7,11 @@ in short slices, so a receiver that is down costs a retry now and then, not a st
 Store writes are batched: each opens the DuckDB file (so `hpcsec alerts` can read it in
 between), which costs tens of milliseconds, so events are written every EVENTS_FLUSH_S and
 alerts within ALERTS_FLUSH_S.
+
+Faults of the sink itself (a spool that cannot be written or has unreadable lines, outputs
+that keep failing, a store that cannot be written) never stop the agent: each is counted in a
+metric, logged, and kept as a health record that the agent turns into a `sensor_status`
+event, so the self-health rules (rules/self_health.yml) raise an alert about it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ from datetime import UTC, datetime
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.suppression import Decision, dispositions
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.runtime.endpoints import DeliveryOutcome, DeliveryReport, OutputSet
+from hpcsec.detector.runtime.endpoints import (
+    DeliveryOutcome,
+    DeliveryReport,
+    DestinationReport,
+    OutputSet,
+)
 from hpcsec.detector.runtime.metrics import AgentMetrics
 from hpcsec.detector.store.alert_store import Store, StoreError
 
@@ -29,6 +39,11 @@ EVENTS_FLUSH_S = 60.0
 FLUSH_SLICE_S = 0.5  # longest a spool retry holds the main loop
 RETRY_IDLE_S = 1.0  # pause between retry rounds that delivered nothing
 MAX_BUFFERED_EVENTS = 200_000  # store down: keep at most this many events for it
+SELF_HEALTH_VECTOR = "self_health"  # rules/self_health.yml
+FAILING_REPORT_EVERY_S = 300.0  # a destination that keeps failing is reported this often
+
+# A health record: (component, action, message, extra fields) for a `sensor_status` event.
+Health = tuple[str, str, str, dict[str, object]]
 
 
 class AlertSink:
@@ -45,6 +60,17 @@ class AlertSink:
         self._store_due = time.monotonic() + EVENTS_FLUSH_S
         self._retry_due = 0.0
         self.store_errors = 0
+        self._health: list[Health] = []
+        self._failing_reported: dict[str, float] = {}  # destination -> when last reported
+
+    def take_health(self) -> list[Health]:
+        """Faults of the sink since the last call, oldest first."""
+        health, self._health = self._health, []
+        return health
+
+    def _fault(self, component: str, action: str, message: str, **extra: object) -> None:
+        logger.warning("%s: %s", component, message)
+        self._health.append((component, action, message, extra))
 
     # -- alerts ------------------------------------------------------------------------------
 
@@ -52,6 +78,13 @@ class AlertSink:
         """Keep every alert of the decision for the store; send what is to be sent."""
         for alerts, disposition, reason in dispositions(decision):
             self._keep(alerts, disposition, reason)
+        for alert in decision.send:  # the detector's own blindness goes to the journal too
+            if alert.get("rule.vector") == SELF_HEALTH_VECTOR:
+                logger.warning(
+                    "self-health alert: %s: %s",
+                    alert.get("rule.title"),
+                    alert.get("alert.summary", ""),
+                )
         if decision.send and self.outputs is not None:
             self._delivered(self.outputs.deliver(decision.send, timeout_s=0.0))
             self._retry_due = 0.0  # the rest of the batch goes out in the next tick
@@ -82,9 +115,43 @@ class AlertSink:
                 self.metrics.delivered.labels(name).inc(dest.delivered)
             if dest.failed or dest.dropped:
                 self.metrics.delivery_failed.labels(name).inc(dest.failed + dest.dropped)
+            self._destination_faults(name, dest)
         for notice in report.notices:  # the spool was full: say so everywhere we can
             logger.warning("%s", notice.get("alert.summary") or notice.get("rule.title"))
             self._keep([Alert(notice)], "sent", "")
+
+    def _destination_faults(self, name: str, dest: DestinationReport) -> None:
+        if dest.unspooled:
+            self.metrics.unspooled.labels(name).inc(dest.unspooled)
+            self._fault(
+                "spool",
+                "unwritable",
+                f"{dest.unspooled} alert(s) for {name} could not be spooled, sent directly: "
+                f"{dest.spool_error}",
+                **{"hpcsec.count": dest.unspooled, "hpcsec.destination": name},
+            )
+        if dest.corrupt:
+            self.metrics.spool_corrupt.labels(name).inc(dest.corrupt)
+            self._fault(
+                "spool",
+                "corrupt",
+                f"{dest.corrupt} unreadable line(s) in the spool for {name}, moved to failed/",
+                **{"hpcsec.count": dest.corrupt, "hpcsec.destination": name},
+            )
+        now = time.monotonic()
+        if dest.pending and dest.last_error and not dest.delivered:
+            if now - self._failing_reported.get(name, -FAILING_REPORT_EVERY_S) >= (
+                FAILING_REPORT_EVERY_S
+            ):
+                self._failing_reported[name] = now
+                self._fault(
+                    "outputs",
+                    "failing",
+                    f"{name}: {dest.pending} alert(s) waiting: {dest.last_error}",
+                    **{"hpcsec.count": dest.pending, "hpcsec.destination": name},
+                )
+        elif dest.delivered:
+            self._failing_reported.pop(name, None)  # recovered: the next failure is news
 
     # -- events ------------------------------------------------------------------------------
 
@@ -139,7 +206,8 @@ class AlertSink:
                 self._outcomes = []
         except StoreError as exc:  # kept in memory (bounded) and written at the next flush
             self.store_errors += 1
-            logger.warning("store: %s", exc)
+            self.metrics.store_errors.inc()
+            self._fault("store", "write_failed", str(exc))
 
     def prune_store(self) -> None:
         if self.store is None:

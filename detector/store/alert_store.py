@@ -186,18 +186,26 @@ class Store:
         if not rows:
             return
         marks = "(" + ", ".join("?" * len(rows[0])) + ")"
-        con.execute("BEGIN")
         try:
-            for i in range(0, len(rows), _ROWS_PER_INSERT):
-                chunk = rows[i : i + _ROWS_PER_INSERT]
-                con.execute(
-                    f"{verb} INTO {table} VALUES " + ", ".join([marks] * len(chunk)),
-                    [v for row in chunk for v in row],
-                )
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+            con.execute("BEGIN")
+            try:
+                for i in range(0, len(rows), _ROWS_PER_INSERT):
+                    chunk = rows[i : i + _ROWS_PER_INSERT]
+                    con.execute(
+                        f"{verb} INTO {table} VALUES " + ", ".join([marks] * len(chunk)),
+                        [v for row in chunk for v in row],
+                    )
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):  # a failed COMMIT may have ended it
+                    con.execute("ROLLBACK")
+                raise
+        except duckdb.Error as exc:
+            # A full disk or an I/O error is the store's failure, reported as one: the caller
+            # keeps the rows and tries again, it does not crash.
+            raise StoreError(
+                f"cannot write to alert store: {table}: {str(exc).splitlines()[0]}"
+            ) from None
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ VECTORS = (
     "data_poisoning",
     "firmware_drift",
     "isolation_escape",
+    "self_health",
 )
 TAG = re.compile(r"(attack\.(t\d{4}(\.\d{3})?|[a-z_]+)|atlas\.aml\.t\d{4}(\.\d{3})?)")
 
@@ -49,7 +50,7 @@ def alerting(ruleset: RuleSet, vector: str):
     ]
 
 
-def test_the_six_rulesets_and_nothing_else():
+def test_the_bundled_rulesets_and_nothing_else():
     assert sorted(p.stem for p in RULES.glob("*.yml")) == sorted(VECTORS)
     assert sorted(p.name for p in (RULES / "tests").glob("*.yaml")) == sorted(
         f"{v}.yaml" for v in VECTORS

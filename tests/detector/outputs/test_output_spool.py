@@ -44,14 +44,17 @@ def test_alerts_are_on_disk_in_order_and_survive_a_reopen(tmp_path):
     spool.add_many([alert(i) for i in range(3)])
     spool.add_many([alert(i) for i in range(3, 5)])
     pending = tmp_path / destination_key(DEST) / "pending"
-    segments = sorted(os.listdir(pending))
-    assert len(segments) == 2 and all(s.endswith(".jsonl") for s in segments)
+    segments = sorted(s for s in os.listdir(pending) if s.endswith(".jsonl"))
+    assert len(segments) == 2
+    assert sorted(os.listdir(pending)) == sorted(
+        [*segments, *(s.replace(".jsonl", ".marks") for s in segments)]
+    )
     assert [
         orjson.loads(line)["alert.id"] for line in (pending / segments[0]).read_bytes().splitlines()
     ] == ["a000", "a001", "a002"]
     assert (tmp_path / destination_key(DEST) / "destination").read_text() == DEST + "\n"
     entry = spool.next_entry()
-    spool.remove(entry)  # a000 delivered: recorded in the segment's .done
+    spool.remove(entry)  # a000 delivered: recorded in the segment's .marks
     spool.close()
     # a write torn by a crash stays in tmp/ and is not an accepted alert
     (tmp_path / destination_key(DEST) / "tmp" / "torn.jsonl").write_bytes(b'{"alert.id": "a')
@@ -134,7 +137,7 @@ def test_unreadable_spool_line_is_moved_aside_not_lost(tmp_path):
     spool.add_many([alert(0), alert(1)])
     spool.close()
     pending = tmp_path / destination_key(DEST) / "pending"
-    (segment,) = os.listdir(pending)
+    (segment,) = (s for s in os.listdir(pending) if s.endswith(".jsonl"))
     lines = (pending / segment).read_bytes().splitlines(keepends=True)
     (pending / segment).write_bytes(b"not json\n" + lines[1])
     spool = Spool.open(tmp_path, DEST, max_bytes=1 << 20)
