@@ -77,21 +77,6 @@ DEFAULT_LISTS: dict[str, tuple[str, ...]] = {
         "tensorboard",
         "code-server",
     ),
-    # Well-known ports of the same services (listening side): a service started through an
-    # interpreter (`python -m jupyter`, `python -m ray.util.client.server`) is found by port.
-    "service_ports": (
-        "8265",  # Ray dashboard and job API
-        "10001",  # Ray client server
-        "8888",  # Jupyter
-        "6006",  # TensorBoard
-        "8000",  # vLLM, TGI, Triton HTTP
-        "8080",  # TGI
-        "8001",  # Triton gRPC
-        "8002",  # Triton metrics
-        "11434",  # Ollama
-        "7860",  # Gradio
-        "8501",  # Streamlit
-    ),
     "slurm_daemons": ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "slurmrestd"),
     "ld_preload_allowed": (
         "libtcmalloc",
