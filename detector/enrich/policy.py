@@ -120,7 +120,7 @@ class Policy:
             event.get("slurm.job.id") is not None
             and account is None
             and event.get("slurm.job.user") is None
-        )
+        ) or _job_unknown(event, asset)
         read = asset.readers.allows(user, account) or asset.writers.allows(user, account)
         write = asset.writers.allows(user, account)
         if read or not undecided:
@@ -143,6 +143,19 @@ class Policy:
             event["firmware.drift"] = version != str(baseline)
         if "firmware.known_vulnerable" not in event:
             event["firmware.known_vulnerable"] = firmware.is_vulnerable(component, version)
+
+
+def _job_unknown(event: Event, asset: Asset) -> bool:
+    """The asset grants access by Slurm account, and whether the accessing process is in a
+    job at all is unknown (Slurm did not answer, or the job is newer than the job list): the
+    enrichment then leaves out `slurm.node.user_has_job` as well as `slurm.job.id`."""
+    if not (asset.readers.accounts or asset.writers.accounts):
+        return False
+    return (
+        event.get("slurm.job.id") is None
+        and event.get("slurm.job.account") is None
+        and "slurm.node.user_has_job" not in event
+    )
 
 
 # Policies prepared per config object: the agent reloads the config on SIGHUP, so a handful

@@ -3,11 +3,16 @@
 Every event with a `process.pid` gets the `slurm.job.*` of its job; events whose process has
 no job get no `slurm.job.id` at all (rules test `slurm.job.id: null`). `gpu_process` events
 also get `gpu.allocated_to_job`: whether their GPU is in the job's allocation on this node
-(false for a process with no job).
+(false for a process with no job, once that is decided).
 
 Events with a user (`user.id`, else `user.name`) get `slurm.node.user_has_job`: whether that
 user has a running job on this node. A process with no job of a user who has one here is an
 SSH session outside pam_slurm_adopt; of a user who has none, someone who should not be here.
+
+Unknown is never "no": "no job" is decided only when Slurm gave a clean job list and the
+process does not name (in its environment) a job newer than that list. Until then a process
+without a job id has neither `slurm.node.user_has_job` nor `gpu.allocated_to_job`, so rules
+that conclude from the absence of a job require one of them.
 
 Node-level events (RDMA counters, RoCE flows, GPU devices: no pid) get
 `slurm.node.job_count`, the jobs running on this node, so rules can tell traffic or GPU use on
@@ -55,35 +60,57 @@ def apply_jobs(events: list[Event], view: NodeView | None) -> None:
     """Job fields of each process, and which users have a job here."""
     if view is None or view.slurm is None:
         return
-    for event in filter(needs_job, events):
-        _job_of_event(event, view)
+    undecided = [e for e in filter(needs_job, events) if not _job_of_event(e, view)]
     if view.slurm.reachable:
-        mark_users_with_jobs(events, view.jobs_on_node())
+        mark_users_with_jobs(events, view.jobs_on_node(), skip=undecided)
 
 
-def _job_of_event(event: Event, view: NodeView) -> None:
+def _job_of_event(event: Event, view: NodeView) -> bool:
+    """Set the job fields of `event`; False when whether it has a job is still unknown."""
     assert view.slurm is not None
     pid = event["process.pid"]
     fields = job_fields(view.job_of(pid, event), view.slurm.table, view.host_name)
     for key, value in fields.items():
         event.setdefault(key, value)
+    decided = bool(fields) or view.job_decided(pid, event)
     if event.get("event.category") == "gpu_process":
         index = event.get("gpu.index")
         gpus = fields.get("slurm.job.gpus")
-        if not fields:
+        if not fields and decided:
             event["gpu.allocated_to_job"] = False
         elif isinstance(index, int) and gpus is not None:
             event["gpu.allocated_to_job"] = index in gpus
-        # a job whose GRES detail we could not read: leave the field out rather than guess
+        # a job whose GRES detail we could not read, or no job list: leave the field out
+    return decided
 
 
-def mark_users_with_jobs(events: list[Event], on_node: list[JobRecord]) -> None:
+def mark_users_with_jobs(
+    events: list[Event], on_node: list[JobRecord], skip: Iterable[Event] = ()
+) -> None:
     """`slurm.node.user_has_job` on every event with a user (uid first: names can differ
-    between Slurm and the node's passwd; the name where the event has no uid)."""
+    between Slurm and the node's passwd; the name where the event has no uid).
+
+    A user counts as having a job here when Slurm lists one, or when one of their processes
+    was seen in a job (a cgroup names a job the list lacks). Events in `skip` (processes whose
+    job is undecided) get no answer.
+    """
     uids = {j.user_id for j in on_node if j.user_id is not None}
     names = {j.user for j in on_node if j.user}
     for event in events:
-        if "slurm.node.user_has_job" in event or event.get("event.category") == "sensor_status":
+        if event.get("slurm.job.id") is not None and event.get("slurm.job.id_source") in (
+            "cgroup",
+            "listpids",
+        ):
+            uid = event.get("user.id")
+            if isinstance(uid, int) and not isinstance(uid, bool):
+                uids.add(uid)
+    skipped = {id(e) for e in skip}
+    for event in events:
+        if (
+            "slurm.node.user_has_job" in event
+            or event.get("event.category") == "sensor_status"
+            or id(event) in skipped
+        ):
             continue
         uid, name = event.get("user.id"), event.get("user.name")
         if isinstance(uid, int) and not isinstance(uid, bool):

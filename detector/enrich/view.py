@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.slurm.attribution import ProcReader, RecordedProcesses, attribute
+from hpcsec.detector.slurm.attribution import (
+    ProcReader,
+    RecordedProcesses,
+    attribute,
+    unlisted_claim,
+)
 from hpcsec.detector.slurm.jobs import job_context
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
 from hpcsec.detector.slurm.table import EMPTY_TABLE, JobTable
@@ -46,6 +51,8 @@ class SlurmView:
     table: JobTable = EMPTY_TABLE
     reachable: bool | None = None  # None: never asked
     status: tuple[Event, ...] = ()  # outage, recovery and parse-error records to report
+    # job ids processes' environments named that no table fetched since has settled yet
+    pending_jobs: frozenset[str] = frozenset()
 
     @property
     def list_known(self) -> bool:
@@ -78,6 +85,16 @@ class NodeView:
         if self.slurm is None:
             return None
         return attribute(pid, self.slurm.table, self.procs, seen)
+
+    def job_decided(self, pid: int, seen: Mapping[str, Any]) -> bool:
+        """Whether "no job" is an answer for `pid`: Slurm gave a clean job list, and the
+        process does not name a job that started after it (pending a fresh list)."""
+        if self.slurm is None or not self.slurm.list_known:
+            return False
+        if not self.slurm.pending_jobs:
+            return True
+        claim = unlisted_claim(pid, self.slurm.table, self.procs, seen)
+        return claim is None or claim not in self.slurm.pending_jobs
 
 
 def event_pid(event: Event) -> int | None:
@@ -146,7 +163,8 @@ def _capture_jobs(
         # A process named a job newer than the table, which was fetched again: ask once more
         # with the new table, so the facts cover the walk enrichment will make with it.
     status = tuple(jobs.take_status())
-    return SlurmView(jobs.table, jobs.reachable, status), reader.recorded()
+    view = SlurmView(jobs.table, jobs.reachable, status, jobs.pending_claims())
+    return view, reader.recorded()
 
 
 def host_addresses(etc: FsRoot) -> dict[str, frozenset[str]]:

@@ -153,17 +153,37 @@ def _listed_ancestor(
     return None
 
 
+def _environ_claim(
+    pid: int, procs: ProcessReader, seen: Mapping[str, Any]
+) -> tuple[PidJob | None, int | None]:
+    """The job the process's environment names, and the process's uid (captured first)."""
+    claimed = seen.get("process.env.SLURM_JOB_ID")
+    if isinstance(claimed, str):
+        seen_uid = seen.get("user.id")
+        uid = seen_uid if isinstance(seen_uid, int) and not isinstance(seen_uid, bool) else None
+        return job_from_environ(b"SLURM_JOB_ID=" + claimed.encode()), uid
+    return procs.environ_job(pid), procs.uid(pid)
+
+
+def unlisted_claim(
+    pid: int, table: JobTable, procs: ProcessReader, seen: Mapping[str, Any] | None = None
+) -> str | None:
+    """The job id a process's environment names when the job table does not hold that job.
+
+    A job that started after the table was fetched looks like this (on proctrack/linuxproc
+    nodes listpids does not list its processes either), and so does a forged SLURM_JOB_ID:
+    only a fresh job list tells them apart, so the caller refreshes before deciding.
+    """
+    claim, _uid = _environ_claim(pid, procs, seen or {})
+    if claim is None or claim.job_id in table.jobs:
+        return None
+    return claim.job_id
+
+
 def _from_environ(
     pid: int, table: JobTable, procs: ProcessReader, seen: Mapping[str, Any]
 ) -> PidJob | None:
-    claimed = seen.get("process.env.SLURM_JOB_ID")
-    if isinstance(claimed, str):
-        found = job_from_environ(b"SLURM_JOB_ID=" + claimed.encode())
-        seen_uid = seen.get("user.id")
-        uid = seen_uid if isinstance(seen_uid, int) else None
-    else:
-        found = procs.environ_job(pid)
-        uid = procs.uid(pid)
+    found, uid = _environ_claim(pid, procs, seen)
     if found is None:
         return None
     # A user can only claim their own job: the job's owner must be the process's uid.

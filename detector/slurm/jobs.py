@@ -24,7 +24,13 @@ from typing import Any
 
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.slurm import parse as slurm
-from hpcsec.detector.slurm.attribution import ProcessReader, ProcReader, attribute, job_fields
+from hpcsec.detector.slurm.attribution import (
+    ProcessReader,
+    ProcReader,
+    attribute,
+    job_fields,
+    unlisted_claim,
+)
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
 from hpcsec.detector.slurm.table import EMPTY_TABLE, INPUTS, ON_NODE_STATES, JobTable, build_table
 from hpcsec.sensors.base import SensorContext
@@ -32,6 +38,11 @@ from hpcsec.sensors.base import SensorContext
 SENSOR = "slurm_context"
 STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.state
 DEFAULT_HOOK_STATE_DIR = "/var/lib/hpcsec"
+# A process naming a job the cached table lacks asks for a fresh table, at most this often:
+# prompt for a job that just started, bounded against forged SLURM_JOB_IDs.
+MIN_REFRESH_INTERVAL_S = 1.0
+# Claimed job ids a fresh table did not hold (forged, or already gone): no more refreshes.
+MAX_CHECKED_CLAIMS = 4096
 HOOK_EVENTS_FILE = "slurm-events.jsonl"  # appended by the prolog/epilog, tailed by slurm_jobs
 
 
@@ -114,6 +125,10 @@ class JobContext:
         self._events_mtime: float | None = None
         self._pending_status: list[Event] = []
         self.refreshes = 0
+        # job ids named by environments and not in the table: waiting for a fresh table, or
+        # checked against one fetched after they were seen (then decided: no such job here)
+        self._pending_claims: set[str] = set()
+        self._checked_claims: set[str] = set()
 
     # -------------------------------------------------------------- refresh
     def invalidate(self) -> None:
@@ -166,6 +181,7 @@ class JobContext:
         self.reachable = True
         self._raw = raw
         self.table = build_table(raw)
+        self._settle_claims()
         if self.table.errors:
             errors = list(self.table.errors)
             self._pending_status.append(
@@ -187,6 +203,26 @@ class JobContext:
         if any(j.gpus_by_node is None and j.nodes for j in jobs.jobs):
             raw["slurm-jobs-detail.txt"] = ctx.raw_input("slurm-jobs-detail.txt", cmds.jobs_detail)
         return raw
+
+    def _settle_claims(self) -> None:
+        """A table fetched after a claim was seen decides it: listed, or not a job here."""
+        if len(self._checked_claims) > MAX_CHECKED_CLAIMS:
+            self._checked_claims.clear()
+        self._checked_claims |= self._pending_claims - set(self.table.jobs)
+        self._pending_claims.clear()
+
+    def pending_claims(self) -> frozenset[str]:
+        """Job ids named by processes' environments that no table fetched since has settled:
+        their processes' job is undecided until the next fetch."""
+        return frozenset(self._pending_claims - set(self.table.jobs))
+
+    def _may_refresh(self, ctx: SensorContext) -> bool:
+        return (
+            not ctx.replaying
+            and self.reachable is True
+            and self._fetched_at is not None
+            and self.clock() - self._fetched_at >= MIN_REFRESH_INTERVAL_S
+        )
 
     def take_status(self) -> list[Event]:
         """Status events produced since the last call (outage, recovery, parse errors)."""
@@ -210,16 +246,19 @@ class JobContext:
     ) -> PidJob | None:
         """The job of `pid` (see `attribution.attribute`), reading the node through `procs`
         (default: the context's proc root). A job our cached table does not know yet started
-        after the last fetch: the table is fetched again."""
-        found = attribute(pid, self.table, procs or ProcReader(ctx.proc), seen, use_environ)
-        if (
-            found is not None
-            and found.job_id not in self.table.jobs
-            and not ctx.replaying
-            and self.reachable
-            and self._fetched_at is not None
-            and self.clock() - self._fetched_at >= 1.0
-        ):
+        after the last fetch: the table is fetched again (at most every
+        MIN_REFRESH_INTERVAL_S). That includes a job only the environment names (no Slurm
+        cgroup, not yet in listpids): until a table fetched after it was seen settles it, the
+        claim is pending (`pending_claims`) and the process's job undecided."""
+        reader = procs or ProcReader(ctx.proc)
+        found = attribute(pid, self.table, reader, seen, use_environ)
+        newer = found is not None and found.job_id not in self.table.jobs
+        if found is None and use_environ and not ctx.replaying:
+            claim = unlisted_claim(pid, self.table, reader, seen)
+            if claim is not None and claim not in self._checked_claims:
+                self._pending_claims.add(claim)
+                newer = True
+        if newer and self._may_refresh(ctx):
             self.refresh(ctx, force=True)  # a job newer than our cache
         return found
 

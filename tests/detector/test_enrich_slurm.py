@@ -1,7 +1,10 @@
+import json
 from pathlib import Path
 
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.schema import new_event
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, SlurmUnreachable
@@ -127,7 +130,21 @@ def test_slurm_down_events_flow_with_one_status(tmp_path):
     assert [e["event.category"] for e in first] == ["gpu_process", "sensor_status"]
     assert first[1]["message"].endswith("Unable to contact slurm controller (connect failure)")
     assert [e["event.category"] for e in second] == ["gpu_process"]
-    assert "slurm.job.id" not in second[0] and second[0]["gpu.allocated_to_job"] is False
+    # unknown is not "no": neither a job nor "not in its allocation" is concluded
+    assert "slurm.job.id" not in second[0] and "gpu.allocated_to_job" not in second[0]
+
+
+def test_slurm_down_raises_the_bundled_self_health_alert_once(tmp_path):
+    """The status the job context emits is what the bundled self-health rule matches."""
+    ctx = ctx_for(tmp_path, replay=None)
+    jobs = JobContext(DownCommands(), ttl_s=0)
+    engine = Engine(load_rules(None, with_tests=False), placeholders=SiteConfig().placeholders())
+    matches = [
+        m for _ in range(3) for m in engine.evaluate(enrich([gpu_event(19315, 0)], ctx, jobs))
+    ]
+    titles = [m.rule.sigma.title for m in [*matches, *engine.flush()]]
+    assert titles.count("Slurm unreachable from the node") == 1
+    assert not any("outside" in t for t in titles)  # unknown is not "no job"
 
 
 def test_process_gone_uses_what_the_sensor_saw(tmp_path):
@@ -221,3 +238,90 @@ def test_user_has_job_on_node(tmp_path):
     enrich(events, ctx_for(tmp_path))
     assert [e.get("slurm.node.user_has_job") for e in events] == [True, False, False, True, None]
     assert "slurm.job.id" not in events[0]  # alice has a job here, this process is not in it
+
+
+NEW_JOB = {
+    "job_id": 7,
+    "user_name": "alice",
+    "user_id": 1001,
+    "nodes": "vm",
+    "job_state": "RUNNING",
+    "start_time": 1796002353,
+}
+
+
+class StartingJobCommands:
+    """Slurm whose job list gains job 7 (alice) from the second fetch on; counts fetches."""
+
+    def __init__(self):
+        self.fetches = 0
+
+    def available(self):
+        return True
+
+    def jobs_json(self):
+        self.fetches += 1
+        jobs = [NEW_JOB] if self.fetches > 1 else []
+        return json.dumps({"jobs": jobs})
+
+    def listpids(self):
+        return "PID JOBID STEPID\n7001 7 batch\n" if self.fetches > 1 else ""
+
+    def jobs_detail(self):
+        return ""
+
+
+def claiming(pid: int, job_id: str, uid: int = 1001, name: str = "alice") -> dict:
+    fields = {"process.pid": pid, "user.id": uid, "user.name": name}
+    fields["process.env.SLURM_JOB_ID"] = job_id
+    return new_event("process", "present", "process", "vm", TS, fields)
+
+
+def test_a_job_newer_than_the_cache_is_fetched_at_once(tmp_path):
+    """The batch script of a job that started after the last fetch names its job only in its
+    environment (no Slurm cgroup, not in the cached listpids): the table is fetched again."""
+    ctx, now = ctx_for(tmp_path, replay=None), [0.0]
+    commands = StartingJobCommands()
+    jobs = JobContext(commands, ttl_s=30, clock=lambda: now[0])
+    enrich([], ctx, jobs)
+    jobs.refresh(ctx)  # the sample before the job started
+    now[0] = 5.0
+    [event] = enrich([claiming(7001, "7")], ctx, jobs)
+    assert commands.fetches == 2
+    assert (event["slurm.job.id"], event["slurm.job.id_source"]) == ("7", "listpids")
+    assert event["slurm.node.user_has_job"] is True
+
+
+def test_a_claimed_job_stays_undecided_until_a_fresh_list(tmp_path):
+    ctx, now = ctx_for(tmp_path, replay=None), [0.0]
+    commands = StartingJobCommands()
+    jobs = JobContext(commands, ttl_s=30, clock=lambda: now[0])
+    jobs.refresh(ctx)
+    now[0] = 0.2  # the list was fetched a moment ago: no second fetch yet (rate limit)
+    [event] = enrich([claiming(7001, "7")], ctx, jobs)
+    assert commands.fetches == 1
+    assert "slurm.job.id" not in event and "slurm.node.user_has_job" not in event
+    now[0] = 2.0  # the next sample may fetch again, and the job is there
+    [event] = enrich([claiming(7001, "7")], ctx, jobs)
+    assert commands.fetches == 2 and event["slurm.job.id"] == "7"
+
+
+def test_a_forged_job_id_is_decided_by_one_fresh_list(tmp_path):
+    ctx, now = ctx_for(tmp_path, replay=None), [0.0]
+    commands = StartingJobCommands()
+    jobs = JobContext(commands, ttl_s=30, clock=lambda: now[0])
+    jobs.refresh(ctx)
+    now[0] = 5.0
+    [event] = enrich([claiming(6666, "99999", 1003, "mallory")], ctx, jobs)
+    assert commands.fetches == 2
+    assert "slurm.job.id" not in event and event["slurm.node.user_has_job"] is False
+    now[0] = 10.0  # the same forged claim again: no more fetches for it
+    [again] = enrich([claiming(6666, "99999", 1003, "mallory")], ctx, jobs)
+    assert commands.fetches == 2 and again["slurm.node.user_has_job"] is False
+
+
+def test_gpu_process_outside_jobs_decided_only_with_a_job_list(tmp_path):
+    ctx, now = ctx_for(tmp_path, replay=None), [0.0]
+    jobs = JobContext(StartingJobCommands(), ttl_s=30, clock=lambda: now[0])
+    [event] = enrich([gpu_event(4242, 0)], ctx, jobs)
+    assert "slurm.job.id" not in event and event["gpu.allocated_to_job"] is False

@@ -81,6 +81,7 @@ def test_writers_may_write_and_read(config):
     by_user = file_event("/lustre/datasets/imagenet/train/a.JPEG", "svc-data", action="write")
     by_account = file_event("/lustre/datasets/imagenet/x", "carl", "data-eng", action="delete")
     reader = file_event("/lustre/datasets/imagenet/train/a.JPEG", "bob", action="write")
+    reader["slurm.node.user_has_job"] = True  # Slurm answered: bob's process is in no job
     for e in (by_user, by_account, reader):
         apply_policy(e, config)
     assert (by_user["hpcsec.asset.read_allowed"], by_user["hpcsec.asset.write_allowed"]) == (
@@ -286,9 +287,20 @@ def test_a_job_without_known_account_leaves_access_undecided():
     policy.apply(unknown)
     assert "hpcsec.asset.read_allowed" not in unknown
     assert "hpcsec.asset.write_allowed" not in unknown
-    no_job = {"event.category": "file_access", "file.path": "/ckpt/a", "user.name": "alice"}
+    # Slurm answered: no job (the enrichment set slurm.node.user_has_job)
+    no_job = {
+        "event.category": "file_access",
+        "file.path": "/ckpt/a",
+        "user.name": "alice",
+        "slurm.node.user_has_job": False,
+    }
     policy.apply(no_job)
     assert no_job["hpcsec.asset.read_allowed"] is False
+    # Slurm did not answer: the account that might allow the access is unknown
+    job_unknown = {"event.category": "file_access", "file.path": "/ckpt/a", "user.name": "alice"}
+    policy.apply(job_unknown)
+    assert "hpcsec.asset.read_allowed" not in job_unknown
+    assert "hpcsec.asset.write_allowed" not in job_unknown
     known = {**unknown, "slurm.job.account": "other"}
     policy.apply(known)
     assert known["hpcsec.asset.write_allowed"] is False
