@@ -21,7 +21,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.outputs.alertjson import alert_bytes
+from hpcsec.detector.outputs.fit import fit
 from hpcsec.detector.outputs.protocol import (
     Alert,
     DeliveryFailed,
@@ -34,6 +36,9 @@ from hpcsec.detector.outputs.protocol import (
 # (401 wrong secret, 404 wrong path, 403, 405, …) is a receiver or config problem that an
 # operator fixes, so those alerts stay spooled and are retried.
 PERMANENT_STATUSES = frozenset({400, 413, 415, 422})
+# The largest request body: an alert that would be bigger is cut to fit (fit.py). Receivers
+# commonly accept 1 MiB or more; a 64 KiB command line with control characters stays below.
+MAX_BODY_BYTES = 1 << 20
 USER_AGENT = "hpcsec-webhook/1"
 
 
@@ -51,6 +56,10 @@ def read_secret(path: str | None, url: str) -> bytes:
     if not secret:
         raise OutputError(f"webhook secret file {path} is empty")
     return secret
+
+
+def _json_body(alert: Alert) -> bytes:
+    return visible_json(alert_bytes(alert))  # DEL and C1 controls as \\u escapes too
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -111,7 +120,7 @@ class WebhookOutput:
         }
 
     def send(self, alert: Alert) -> None:
-        body = alert_bytes(alert)
+        body = fit(alert, _json_body, MAX_BODY_BYTES)
         try:
             response = self._client.post(
                 self.url, content=body, headers=self.request_headers(alert, body)

@@ -45,6 +45,7 @@ class Receiver:
         self.port = port
         self.lock = threading.Lock()
         self.posts: list[tuple[str, str, float]] = []  # (alert.id, Idempotency-Key, time)
+        self.bodies: list[bytes] = []  # of the accepted posts
         self.refused: list[tuple[int, float]] = []
         self.bad_signatures = 0
         self.truncated = 0  # requests cut off by a sender that died while sending
@@ -77,6 +78,7 @@ class Receiver:
                         receiver.refused.append((status, time.monotonic()))
                     else:
                         status, extra = 200, {}
+                        receiver.bodies.append(body)
                         receiver.posts.append(
                             (
                                 json.loads(body)["alert.id"],
