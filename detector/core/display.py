@@ -19,8 +19,10 @@ doubling backslashes would show those differently from the events themselves.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 # Explicit ranges rather than a table built from unicodedata at import: the Slurm prolog
 # imports this and runs before every job. C0 controls are added below: JSON escapes those
@@ -81,3 +83,30 @@ def visible_json(encoded: bytes) -> bytes:
     if text.isascii() and "\x7f" not in text:  # the usual case, without a regex pass
         return encoded
     return _INVISIBLE_JSON.sub(_json_escape, text).encode("utf-8", "surrogateescape")
+
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,15}")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def redacted_url(url: str) -> str:
+    """`url` as scheme, host and port plus a short hash of the whole URL, for every place a
+    person or a metrics system sees it: webhook URLs carry tokens in their path (Slack-style)
+    or query. `https://hooks.example/T0/B0/XXX?token=…` -> `https://hooks.example:443#1a2b3c`.
+    The hash tells two URLs of one host apart without showing either. Malformed URLs (a
+    mistyped scheme) lose everything but what is recognisably a scheme and a host."""
+    if url == "-":
+        return url
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:6]
+    scheme_text, sep, _ = url.partition(":")
+    scheme = scheme_text.lower() if sep and _SCHEME.fullmatch(scheme_text.lower()) else "?"
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # a port that is not a number, a broken IPv6 literal
+        host, port = "", None
+    port = port if port is not None else _DEFAULT_PORTS.get(scheme)
+    where = f"[{host}]" if ":" in host else host
+    if port is not None:
+        where += f":{port}"
+    return visible(f"{scheme}://{where}#{digest}")
