@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from hpcsec.detector.cli.render import printable
 from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.display import visible, visible_json
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.store.alert_store import DISPOSITIONS, AlertQuery, Store, parse_since
 
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cell(value: Any) -> str:
     if value is None or value == "":
         return "-"
-    return printable(str(value).replace("\n", " "))
+    return visible(value)
 
 
 def render_table(alerts: list[dict[str, Any]]) -> str:
@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     if args.format == "json":
-        sys.stdout.write(orjson.dumps(alerts, option=orjson.OPT_INDENT_2).decode() + "\n")
+        text = visible_json(orjson.dumps(alerts, option=orjson.OPT_INDENT_2))
+        sys.stdout.write(text.decode() + "\n")
     elif alerts:
         print(render_table(alerts))
     else:

@@ -10,6 +10,7 @@ from typing import Any
 
 from hpcsec.detector.cli.common import add_roots
 from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.display import visible, visible_json
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import Event
@@ -148,7 +149,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 def print_status(run: SensorRun) -> None:
     status = run.status
     print(
-        f"hpcsec: sensor {run.name}: {status['event.action']}: {status.get('message', '')}",
+        f"hpcsec: sensor {run.name}: {visible(status['event.action'])}: "
+        f"{visible(status.get('message', ''))}",
         file=sys.stderr,
     )
 
@@ -157,11 +159,15 @@ def write_events(events: list[Event], fmt: str) -> None:
     if fmt == "jsonl":
         out = sys.stdout.buffer
         for event in events:
-            out.write(dumps(event) + b"\n")
+            out.write(visible_json(dumps(event)) + b"\n")
         out.flush()
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    def cell(value: object) -> Text:  # node data: never markup, controls escaped
+        return Text(visible(value))
 
     table = Table()
     for column in ("time", "category", "action", "sensor"):
@@ -171,11 +177,11 @@ def write_events(events: list[Event], fmt: str) -> None:
         keys = [k for k in e if k.split(".")[0] not in ("event", "host", "hpcsec", "@timestamp")]
         summary = " ".join(f"{k}={e[k]}" for k in keys[:8])
         table.add_row(
-            e["@timestamp"][11:19],
-            e["event.category"],
-            e["event.action"],
-            e["hpcsec.sensor"],
-            summary,
+            cell(str(e["@timestamp"])[11:19]),
+            cell(e["event.category"]),
+            cell(e["event.action"]),
+            cell(e["hpcsec.sensor"]),
+            cell(summary),
         )
     # piped output gets a wide table rather than rich's 80 columns
     Console(width=None if sys.stdout.isatty() else 200).print(table)
@@ -223,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_skipped(problem: str) -> None:
-    print(f"hpcsec: skipped a snapshot sample: {problem}", file=sys.stderr)
+    print(f"hpcsec: skipped a snapshot sample: {visible(problem)}", file=sys.stderr)
 
 
 def print_runs(

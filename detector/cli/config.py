@@ -14,6 +14,7 @@ import sys
 import orjson
 
 from hpcsec.detector.config.site import SiteConfig, load_config
+from hpcsec.detector.core.display import visible_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,8 +63,9 @@ def effective_policy(config: SiteConfig) -> dict:
 
 def run_show(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    sys.stdout.buffer.write(
-        orjson.dumps(effective_policy(config), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    policy = orjson.dumps(
+        effective_policy(config), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
     )
+    sys.stdout.buffer.write(visible_json(policy))
     sys.stdout.write("\n")
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import HpcsecError, UsageError
 from hpcsec.detector.core.fields import FIRMWARE_COMPONENTS
 from hpcsec.detector.core.schema import Event
@@ -81,7 +82,8 @@ def collect_inventory(ctx: SensorContext) -> list[Event]:
         )
     for event in result.events:
         if event["event.category"] == "sensor_status":
-            print(f"hpcsec firmware baseline: note: {event.get('message')}", file=sys.stderr)
+            message = visible(event.get("message"))  # firmware strings come from the node
+            print(f"hpcsec firmware baseline: note: {message}", file=sys.stderr)
     return [e for e in result.events if e["event.category"] == "firmware"]
 
 
@@ -134,7 +136,7 @@ def run_baseline(args: argparse.Namespace) -> int:
     ctx = _context(args)
     golden, warnings = golden_versions(collect_inventory(ctx))
     for warning in warnings:
-        print(f"hpcsec firmware baseline: warning: {warning}", file=sys.stderr)
+        print(f"hpcsec firmware baseline: warning: {visible(warning)}", file=sys.stderr)
     source = f"snapshot {args.from_snapshot}" if args.from_snapshot else f"host {ctx.host_name}"
     text = baseline_yaml(node_class, golden, source)
     if args.output:

@@ -14,8 +14,8 @@ import os
 import sys
 import traceback
 
-from hpcsec.detector.cli.render import printable
 from hpcsec.detector.core import log
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import HpcsecError
 
 # Explicit order of sub-commands (module name under detector/cli/).
@@ -57,7 +57,7 @@ def _leading_options(argv: list[str]) -> list[str]:
 
 
 def _one_line(text: str) -> str:
-    return printable(" ".join(text.split()))
+    return visible(" ".join(text.split()))
 
 
 def report_internal_error(exc: BaseException, debug: bool) -> int:
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(command).parse_args(argv)
         return int(args.func(args) or 0)
     except HpcsecError as exc:
-        print(f"hpcsec: error: {exc}", file=sys.stderr)
+        print(f"hpcsec: error: {visible(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.engine.convert import convert_rules
 from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
@@ -127,8 +128,10 @@ def run_list(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
     columns = ("id", "title", "level", "vector", "status", "file")
-    widths = {c: max([len(c), *(len(row[c]) for row in rows)]) for c in columns}
-    for row in [{c: c.upper() for c in columns}, *rows]:
+    # titles and paths come from rule files, which may be a contributor's: shown, not obeyed
+    shown = [{c: visible(row[c]) for c in columns} for row in rows]
+    widths = {c: max([len(c), *(len(row[c]) for row in shown)]) for c in columns}
+    for row in [{c: c.upper() for c in columns}, *shown]:
         print("  ".join(row[c].ljust(widths[c]) for c in columns).rstrip())
     return EXIT_OK
 
@@ -136,7 +139,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     findings = check_paths(_paths(args))
     for finding in findings:
-        print(finding)
+        print(visible(finding))
     errors = sum(f.severity == ERROR for f in findings)
     warnings = sum(f.severity == WARNING for f in findings)
     print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
@@ -149,9 +152,10 @@ def run_test(args: argparse.Namespace) -> int:
     passed, failures = run_tests(ruleset, placeholders)
     gaps = coverage_gaps(ruleset)
     for failure in failures:
-        print(f"FAIL {failure}")
+        print(f"FAIL {visible(failure)}")
     for rule, gap in gaps:
-        print(f"FAIL {rule.path}:{rule.line}: rule {rule.id} ({rule.sigma.title}) {gap}")
+        where = visible(f"{rule.path}:{rule.line}: rule {rule.id} ({rule.sigma.title}) {gap}")
+        print(f"FAIL {where}")
     untested = len({id(rule) for rule, _ in gaps})
     print(
         f"{passed} passed, {len(failures)} failed, {untested} rule(s) missing test events",

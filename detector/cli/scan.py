@@ -11,6 +11,7 @@ from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
 from hpcsec.detector.cli.render import write_json, write_jsonl, write_table
 from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.engine import thresholds
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline.load(config, args.rules, dedup=not args.no_dedup)
     for name in thresholds.unused(config.thresholds, pipeline.ruleset.rules):
         print(
-            f"hpcsec: warning: threshold {name!r} of the config is not used by any rule",
+            f"hpcsec: warning: threshold {visible(repr(name))} of the config "
+            "is not used by any rule",
             file=sys.stderr,
         )
     outputs = open_alert_outputs(

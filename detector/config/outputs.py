@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from hpcsec.detector.config.reader import ConfigReader
+from hpcsec.detector.core.display import redacted_url
 
 OUTPUT_SCHEMES = ("syslog+udp", "syslog+tcp", "syslog+tls", "http", "https", "file")
 SILENCE_MATCHERS = ("rule_id", "host", "job", "user")
@@ -49,7 +50,7 @@ def parse_output_urls(r: ConfigReader, value: Any) -> tuple[str, ...]:
         scheme, sep, rest = url.partition("://")
         if not sep or scheme.lower() not in OUTPUT_SCHEMES or not rest.strip("/"):
             raise r.fail(
-                f"output {url!r} is not one of: syslog+udp|tcp|tls://HOST:PORT, "
+                f"output {redacted_url(url)!r} is not one of: syslog+udp|tcp|tls://HOST:PORT, "
                 "http(s)://…, file:///PATH.jsonl, -",
                 "outputs",
                 i,

@@ -17,8 +17,9 @@ import sys
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.timefmt import rfc3339
 
 LOGGER_NAME = "hpcsec"
@@ -57,7 +58,23 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-class _JournalFormatter(logging.Formatter):
+class _VisibleFormatter(logging.Formatter):
+    """Messages quote node data (paths, names, receivers' replies): their control and invisible
+    characters are escaped, so a record can neither drive the terminal nor forge another
+    record (a LF would start a new journal entry). A traceback keeps its own line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = visible(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join(visible(line) for line in super().formatException(ei).splitlines())
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join(visible(line) for line in stack_info.splitlines())
+
+
+class _JournalFormatter(_VisibleFormatter):
     def format(self, record: logging.LogRecord) -> str:
         priority = _PRIORITY.get(record.levelno, 2 if record.levelno > logging.ERROR else 6)
         return f"<{priority}>" + super().format(record)
@@ -80,14 +97,14 @@ def setup(
     text = "hpcsec: %(levelname)s: %(message)s"
     if debug:
         level = logging.DEBUG
-        handler.setFormatter(logging.Formatter("hpcsec: %(levelname)s: %(name)s: %(message)s"))
+        handler.setFormatter(_VisibleFormatter("hpcsec: %(levelname)s: %(name)s: %(message)s"))
     elif under_systemd(env) or service:
         level = logging.INFO
         journal = _stderr_is_journal(env)
-        handler.setFormatter(_JournalFormatter(text) if journal else logging.Formatter(text))
+        handler.setFormatter(_JournalFormatter(text) if journal else _VisibleFormatter(text))
     else:
         level = logging.WARNING
-        handler.setFormatter(logging.Formatter(text))
+        handler.setFormatter(_VisibleFormatter(text))
     logger.setLevel(level)
     logger.addHandler(handler)
     logger.propagate = False  # a library user's root handlers must not print our records twice

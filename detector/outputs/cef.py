@@ -4,13 +4,18 @@
 
 The header escapes `\\` and `|` and turns line breaks into spaces (CEF allows them only in
 extension values); extension values escape `\\` and `=` and write line breaks as `\\n`/`\\r`.
+Every other control character (C0, DEL, C1) and invisible format character (bidi controls,
+zero-width characters, BOM) is written as the visible escape of core/display.py (`\\x1b`,
+`\\u202e`), with its backslash escaped like any other: no raw control byte reaches the SIEM.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from typing import Any
 
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.schema import parse_time
 from hpcsec.detector.outputs.protocol import Alert
 
@@ -28,17 +33,20 @@ CEF_PRODUCT_VERSION = _product_version()
 
 
 def _header_field(value: Any) -> str:
-    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
-    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    text = re.sub(r"\r\n|[\r\n]", " ", str(value))
+    return visible(text).replace("\\", "\\\\").replace("|", "\\|")
+
+
+_EXTENSION_BREAKS = {"\r": "\\r", "\n": "\\n"}
 
 
 def _extension_value(value: Any) -> str:
-    return (
-        str(value)
-        .replace("\\", "\\\\")
-        .replace("=", "\\=")
-        .replace("\r", "\\r")
-        .replace("\n", "\\n")
+    # Line breaks as CEF's \r and \n; every other control or invisible character as the
+    # visible escape of core.display, its backslash escaped like any other (`\\x1b`).
+    return "".join(
+        _EXTENSION_BREAKS.get(part) or visible(part).replace("\\", "\\\\").replace("=", "\\=")
+        for part in re.split(r"([\r\n])", str(value))
+        if part
     )
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
+from hpcsec.detector.core.display import redacted_url
 from hpcsec.detector.core.errors import HpcsecError
 
 # Outputs only read alerts: an alert is a value that other outputs, the store and the
@@ -54,17 +54,15 @@ class OutputOptions:
     """What an output needs besides its URL."""
 
     secret_file: str | None = None
+    secret_must_be_private: bool = False  # True: a secret file others can read is an error
     syslog_format: str = "json"
     timeout_s: float = 10.0
 
 
 def redact(url: str) -> str:
-    """The URL without user info, query or fragment (webhook URLs often carry tokens).
+    """The URL as scheme, host, port and a short hash (core.display.redacted_url): what an
+    output is called in reports, logs, metrics labels, alerts and spool directory names.
 
     Here rather than in the registry: outputs name themselves with it, and an output must not
     import the registry that opens it."""
-    if url == "-":
-        return url
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return redacted_url(url)

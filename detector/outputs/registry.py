@@ -97,15 +97,19 @@ def open_outputs(
     secret_file: str | None = None,
     spool_dir: str | None = None,
     config: SiteConfig | None = None,
+    private_secret: bool = False,
 ) -> OutputSet:
     """Outputs for `urls` (command line first, else the config's `outputs`).
 
-    Raises OutputError for an unknown type, a malformed URL, a missing or unreadable secret;
+    Raises OutputError for an unknown type, a malformed URL, a missing or unreadable secret
+    (with `private_secret`, also for a secret file that group or others can read);
     SpoolError when the spool cannot be used.
     """
     config = config or SiteConfig()
     options = OutputOptions(
-        secret_file=secret_file or config.webhook_secret_file, syslog_format=config.syslog_format
+        secret_file=secret_file or config.webhook_secret_file,
+        secret_must_be_private=private_secret,
+        syslog_format=config.syslog_format,
     )
     outputs = _open_each(urls or config.outputs, options)
     durable = any(o.durable for o in outputs)

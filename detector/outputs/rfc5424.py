@@ -18,12 +18,13 @@ import json
 import os
 import re
 import socket
-from collections.abc import Callable
 from typing import Any
 
+from hpcsec.detector.core.display import visible, visible_json
 from hpcsec.detector.core.schema import parse_time, rfc3339
 from hpcsec.detector.outputs.alertjson import alert_dict, json_default
 from hpcsec.detector.outputs.cef import cef_body
+from hpcsec.detector.outputs.fit import cut_text, fit
 from hpcsec.detector.outputs.protocol import Alert
 
 SD_ID = "hpcsec@32473"  # 32473: the private enterprise number RFC 5612 sets aside for examples
@@ -40,14 +41,19 @@ FACILITIES = {
 }
 DEFAULT_FACILITY = FACILITIES["authpriv"]
 DEFAULT_MAX_BYTES = 8192  # what rsyslog accepts by default
+MIN_MAX_BYTES = 2048  # the header and the identifying fields of a cut alert always fit
+SD_VALUE_CHARS = 128
 BOM = "\ufeff".encode()
 _PRINTUSASCII = re.compile(r"^[\x21-\x7e]+$")
 _SD_SPECIAL = re.compile(r'["\\\]]')
 
 
 def sd_escape(value: Any) -> str:
-    """PARAM-VALUE escaping of RFC 5424 6.3.3: `"`, `\\` and `]` get a backslash."""
-    return _SD_SPECIAL.sub(r"\\\g<0>", str(value))
+    """PARAM-VALUE escaping of RFC 5424 6.3.3 (`"`, `\\` and `]` get a backslash) of the value
+    with its controls and invisible characters as visible escapes, cut to SD_VALUE_CHARS: the
+    structured data only helps a receiver route; the whole values are in the body."""
+    text = cut_text(visible(value), SD_VALUE_CHARS)
+    return _SD_SPECIAL.sub(r"\\\g<0>", text)
 
 
 def header_token(value: Any, limit: int) -> str:
@@ -77,37 +83,16 @@ def structured_data(alert: Alert) -> str:
     return f"[{SD_ID}{body}]"
 
 
-def _without_events(alert: Alert) -> dict[str, Any]:
-    smaller = {k: v for k, v in alert.items() if k != "events"}
-    smaller["hpcsec.events_omitted"] = len(alert.get("events") or ())
-    return smaller
+def _json_body(alert: Alert) -> bytes:
+    # ASCII JSON has every C0 control and non-ASCII character as an escape; DEL is ASCII and
+    # the one raw control left: visible_json writes it as \u007f too.
+    text = json.dumps(alert, ensure_ascii=True, separators=(",", ":"), default=json_default)
+    return visible_json(text.encode())
 
 
-def _strings_cut(alert: Alert, limit: int = 512) -> dict[str, Any]:
-    return {
-        k: (v[:limit] + "…" if isinstance(v, str) and len(v) > limit else v)
-        for k, v in alert.items()
-    }
-
-
-# Too big for the receiver: drop the evidence events first (they are in the store), then cut
-# long strings; past that the message goes as it is.
-_SMALLER_FORMS: tuple[Callable[[Alert], Alert], ...] = (
-    lambda a: a,
-    _without_events,
-    lambda a: _strings_cut(_without_events(a)),
-)
-
-
-def _json_body(alert: Alert, room: int) -> bytes:
-    body = b""
-    for form in _SMALLER_FORMS:  # the smaller forms are only built when needed
-        body = json.dumps(
-            form(alert), ensure_ascii=True, separators=(",", ":"), default=json_default
-        ).encode()
-        if len(body) <= room:
-            break
-    return body
+def _cef_bytes(alert: Alert) -> bytes:
+    body = cef_body(alert)
+    return body.encode() if body.isascii() else BOM + body.encode()
 
 
 def format_message(
@@ -132,7 +117,5 @@ def format_message(
         f"{procid if procid is not None else os.getpid()} {msgid(fields.get('rule.id'))} "
         f"{structured_data(fields)} "
     ).encode()
-    if body_format == "cef":
-        body = cef_body(fields)
-        return head + (body.encode() if body.isascii() else BOM + body.encode())
-    return head + _json_body(fields, max_bytes - len(head))
+    encode = _cef_bytes if body_format == "cef" else _json_body
+    return head + fit(fields, encode, max_bytes - len(head))

@@ -3,8 +3,8 @@ receiver. UDP sends one message per datagram (RFC 5426); TCP and TLS use octet-c
 (RFC 6587 3.4.1, RFC 5425), so a message may hold any byte, newlines included.
 
 Query options: `format=json|cef`, `facility=NAME|NUMBER`, `max_bytes=N` (default 8192, what
-rsyslog accepts by default; larger alerts lose `events` first), for TLS `ca=FILE`,
-`cert=FILE`, `key=FILE`.
+rsyslog accepts by default, at least 2048; a larger alert is cut to fit, see fit.py; over
+UDP also at most what one datagram carries), for TLS `ca=FILE`, `cert=FILE`, `key=FILE`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ from hpcsec.detector.outputs.protocol import (
     OutputOptions,
     redact,
 )
-from hpcsec.detector.outputs.rfc5424 import DEFAULT_MAX_BYTES, FACILITIES, format_message
+from hpcsec.detector.outputs.rfc5424 import (
+    DEFAULT_MAX_BYTES,
+    FACILITIES,
+    MIN_MAX_BYTES,
+    format_message,
+)
 
 DEFAULT_PORTS = {"udp": 514, "tcp": 514, "tls": 6514}
 QUERY_KEYS = ("format", "facility", "max_bytes", "ca", "cert", "key")
@@ -92,21 +97,39 @@ class _Stream:
                 self.sock = None
 
 
+# The largest UDP payload: 65,535 less the UDP header (8) and, on IPv4, the IP header (20);
+# Linux counts the 40-byte IPv6 header against IPv6's 65,535 too.
+DATAGRAM_LIMIT = {socket.AF_INET: 65_507, socket.AF_INET6: 65_487}
+
+
 class _Datagram:
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self.sock: socket.socket | None = None
 
-    def send(self, data: bytes) -> None:
-        try:
-            if self.sock is None:
+    def _open(self) -> socket.socket:
+        if self.sock is None:
+            try:
                 info = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_DGRAM)[0]
-                self.sock = socket.socket(info[0], socket.SOCK_DGRAM)
-                self.sock.connect(info[4])  # connected: a port-unreachable shows up as an error
-            self.sock.send(data)
+                sock = socket.socket(info[0], socket.SOCK_DGRAM)
+                sock.connect(info[4])  # connected: a port-unreachable shows up as an error
+            except OSError as exc:
+                raise DeliveryFailed(f"{self.host}:{self.port}: {exc}") from None
+            self.sock = sock
+        return self.sock
+
+    def limit(self) -> int:
+        """The largest message one datagram to this receiver can carry."""
+        return DATAGRAM_LIMIT.get(self._open().family, DATAGRAM_LIMIT[socket.AF_INET6])
+
+    def send(self, data: bytes) -> None:
+        sock = self._open()
+        try:
+            sock.send(data)
         except OSError as exc:
             self.close()
-            # too big for one datagram: no retry can help this message (lower max_bytes)
+            # messages are cut to limit(): a refusal for size is the path MTU of a
+            # receiver that does not fragment; no retry can help this message
             raise DeliveryFailed(
                 f"{self.host}:{self.port}: {exc}", permanent=exc.errno == errno.EMSGSIZE
             ) from None
@@ -159,6 +182,8 @@ def _message_settings(url: str, query: dict[str, str], default_format: str) -> _
         max_bytes = int(query.get("max_bytes", str(DEFAULT_MAX_BYTES)))
     except ValueError:
         raise OutputError(f"output {url!r}: max_bytes must be a number") from None
+    if max_bytes < MIN_MAX_BYTES:
+        raise OutputError(f"output {url!r}: max_bytes must be at least {MIN_MAX_BYTES}")
     return _MessageSettings(facility, body_format, max_bytes)
 
 
@@ -210,8 +235,11 @@ class SyslogOutput:
         )
 
     def send(self, alert: Alert) -> None:
+        limit = self.max_bytes
+        if isinstance(self.transport, _Datagram):
+            limit = min(limit, self.transport.limit())
         message = format_message(
-            alert, facility=self.facility, body_format=self.body_format, max_bytes=self.max_bytes
+            alert, facility=self.facility, body_format=self.body_format, max_bytes=limit
         )
         self.transport.send(octet_frame(message) if self.framed else message)
 

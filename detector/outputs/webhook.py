@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import os
+import stat
 import time
 from datetime import UTC
 from email.utils import parsedate_to_datetime
@@ -21,7 +24,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.outputs.alertjson import alert_bytes
+from hpcsec.detector.outputs.fit import fit
 from hpcsec.detector.outputs.protocol import (
     Alert,
     DeliveryFailed,
@@ -34,10 +39,16 @@ from hpcsec.detector.outputs.protocol import (
 # (401 wrong secret, 404 wrong path, 403, 405, …) is a receiver or config problem that an
 # operator fixes, so those alerts stay spooled and are retried.
 PERMANENT_STATUSES = frozenset({400, 413, 415, 422})
+# The largest request body: an alert that would be bigger is cut to fit (fit.py). Receivers
+# commonly accept 1 MiB or more; a 64 KiB command line with control characters stays below.
+MAX_BODY_BYTES = 1 << 20
 USER_AGENT = "hpcsec-webhook/1"
+logger = logging.getLogger(__name__)
 
 
-def read_secret(path: str | None, url: str) -> bytes:
+def read_secret(path: str | None, url: str, must_be_private: bool = False) -> bytes:
+    """The signing secret in `path`. A file that group or others may read is a leaked secret:
+    a warning, or with `must_be_private` (the agent, a long-running service) an error."""
     if not path:
         raise OutputError(
             f"webhook output {redact(url)} needs a signing secret: "
@@ -45,12 +56,25 @@ def read_secret(path: str | None, url: str) -> bytes:
         )
     try:
         with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
             secret = fh.read().strip()
     except OSError as exc:
         raise OutputError(f"cannot read webhook secret file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        problem = (
+            f"webhook secret file {path} is readable by group or others "
+            f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it"
+        )
+        if must_be_private:
+            raise OutputError(problem)
+        logger.warning("%s", problem)
     if not secret:
         raise OutputError(f"webhook secret file {path} is empty")
     return secret
+
+
+def _json_body(alert: Alert) -> bytes:
+    return visible_json(alert_bytes(alert))  # DEL and C1 controls as \\u escapes too
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -99,7 +123,8 @@ class WebhookOutput:
             raise OutputError(
                 f"webhook output {redact(url)!r}: expected http(s)://HOST[:PORT]/PATH"
             )
-        return cls(url, read_secret(options.secret_file, url), options.timeout_s)
+        secret = read_secret(options.secret_file, url, options.secret_must_be_private)
+        return cls(url, secret, options.timeout_s)
 
     def request_headers(self, alert: Alert, body: bytes) -> dict[str, str]:
         timestamp = str(int(time.time()))
@@ -111,13 +136,13 @@ class WebhookOutput:
         }
 
     def send(self, alert: Alert) -> None:
-        body = alert_bytes(alert)
+        body = fit(alert, _json_body, MAX_BODY_BYTES)
         try:
             response = self._client.post(
                 self.url, content=body, headers=self.request_headers(alert, body)
             )
         except httpx.TransportError as exc:
-            raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from None
+            raise DeliveryFailed(self._without_url(f"{type(exc).__name__}: {exc}")) from None
         status = response.status_code
         if 200 <= status < 300:
             return
@@ -128,6 +153,14 @@ class WebhookOutput:
         if status in (429, 503):
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
         raise DeliveryFailed(reason, retry_after=retry_after)
+
+    def _without_url(self, message: str) -> str:
+        """An error message with the URL and its path and query (tokens) replaced by the name."""
+        parts = urlsplit(self.url)
+        for secret in (self.url, parts.path + ("?" + parts.query if parts.query else "")):
+            if len(secret) > 1:
+                message = message.replace(secret, self.name)
+        return message
 
     def close(self) -> None:
         self._client.close()

@@ -57,6 +57,7 @@ def _open_outputs(settings: AgentSettings, gen: Generation) -> OutputSet | None:
         spool_dir=settings.spool_dir,
         config=gen.pipeline.config,
         fallback="-",
+        private_secret=True,  # a service: a secret others can read is refused, not warned about
     )
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.suppression import Decision
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.runtime.endpoints import DeliveryReport, OutputSet
 
 if TYPE_CHECKING:  # duckdb is imported only by commands that open a store (start-up time)
@@ -42,9 +43,9 @@ def deliver_alerts(outputs: OutputSet, alerts: list[Alert]) -> DeliveryReport:
     report.outcomes[:0] = leftovers.outcomes  # so the store learns they were delivered
     for name, dest in report.destinations.items():
         if dest.delivered:
-            print(f"hpcsec: sent {dest.delivered} alert(s) to {name}", file=sys.stderr)
-    for line in report.problems():
-        print(f"hpcsec: {line}", file=sys.stderr)
+            print(f"hpcsec: sent {dest.delivered} alert(s) to {visible(name)}", file=sys.stderr)
+    for line in report.problems():  # receivers' replies are in there: shown, not obeyed
+        print(f"hpcsec: {visible(line)}", file=sys.stderr)
     return report
 
 

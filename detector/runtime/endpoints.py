@@ -40,6 +40,7 @@ def open_alert_outputs(
     spool_dir: str | None,
     config: SiteConfig,
     fallback: str | None = None,
+    private_secret: bool = False,
 ) -> OutputSet | None:
     """The OutputSet for `urls` (command line first, else the config's outputs), opened before
     anything runs so a bad URL or secret fails at once. With no URL at all: `fallback`
@@ -47,7 +48,13 @@ def open_alert_outputs(
     chosen = list(urls or config.outputs or ([fallback] if fallback else []))
     if not chosen:
         return None
-    return open_outputs(chosen, secret_file=secret_file, spool_dir=spool_dir, config=config)
+    return open_outputs(
+        chosen,
+        secret_file=secret_file,
+        spool_dir=spool_dir,
+        config=config,
+        private_secret=private_secret,
+    )
 
 
 def open_store(path: str | None, retention_days: int, lock_wait_s: float = 5.0) -> Store | None:

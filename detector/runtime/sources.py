@@ -12,6 +12,7 @@ from typing import Any, BinaryIO, TextIO
 import orjson
 
 from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import SourceError, UsageError
 from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl
 from hpcsec.detector.core.schema import Event
@@ -61,18 +62,19 @@ class ScanReport:
             bad = {k: v for k, v in problems.items() if k[0] == name}
             state = "ok" if not bad else ", ".join(sorted({k[1] for k in bad}))
             per = f" in {count} samples" if count > 1 else ""
-            print(f"hpcsec: sensor {name}: {state}: {events[name]} events{per}", file=out)
+            # status messages quote node data (paths, names): shown escaped, never obeyed
+            print(f"hpcsec: sensor {name}: {visible(state)}: {events[name]} events{per}", file=out)
             for (_, action, message), times in bad.items():
                 again = f" (x{times})" if times > 1 else ""
-                print(f"hpcsec:   {action}: {message}{again}", file=out)
+                print(f"hpcsec:   {visible(action)}: {visible(message)}{again}", file=out)
         for problem in self.skipped_samples:
-            print(f"hpcsec: skipped a snapshot sample: {problem}", file=out)
+            print(f"hpcsec: skipped a snapshot sample: {visible(problem)}", file=out)
         for report in self.inputs:
             text = report.describe()
             if text:
-                print(f"hpcsec: {text}", file=out)
+                print(f"hpcsec: {visible(text)}", file=out)
         for note in self.notes:
-            print(f"hpcsec: note: {note}", file=out)
+            print(f"hpcsec: note: {visible(note)}", file=out)
         print(f"hpcsec: {self.events} events evaluated", file=out)
 
 

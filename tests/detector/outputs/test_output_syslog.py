@@ -63,7 +63,9 @@ class Rsyslog:
     """rsyslogd of the tests: its own config, ports, pid file and output; never the system's.
     With `tls` (certificate, key) its TCP input speaks RFC 5425 TLS instead of plain TCP."""
 
-    def __init__(self, workdir: Path, tls: tuple[Path, Path] | None = None):
+    def __init__(
+        self, workdir: Path, tls: tuple[Path, Path] | None = None, max_message_size: str = "64k"
+    ):
         self.workdir = workdir
         self.udp, self.tcp = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_STREAM)
         self.out = workdir / "received.jsonl"
@@ -82,7 +84,7 @@ class Rsyslog:
         # No imuxsock/imklog: only our loopback inputs, nothing from the host's own logging.
         conf.write_text(f"""
 global(workDirectory="{workdir}" parser.escapeControlCharactersOnReceive="off"
-       maxMessageSize="64k" net.enableDNS="off" {tls_global})
+       maxMessageSize="{max_message_size}" net.enableDNS="off" {tls_global})
 module(load="imudp")
 module(load="imtcp"{tls_module})
 input(type="imudp" address="127.0.0.1" port="{self.udp}")
@@ -355,15 +357,24 @@ def test_tls_with_octet_counting_and_certificate_check(tmp_path):
     assert all(f.startswith(b"<83>1 2026-11-30T01:02:03.456Z ") for f in frames)
 
 
-def test_a_datagram_too_big_for_udp_is_refused_not_retried_forever(tmp_path):
-    port = free_port(socket.SOCK_DGRAM)
-    url = f"syslog+udp://127.0.0.1:{port}"
+def test_an_alert_too_big_for_one_datagram_is_cut_to_fit_not_refused(tmp_path):
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.settimeout(5)
+    url = f"syslog+udp://127.0.0.1:{receiver.getsockname()[1]}"
     huge = make_alert("big", 0, **{"process.command_line": "x" * 100_000})
-    with open_outputs([url + "?max_bytes=200000"], spool_dir=str(tmp_path)) as outputs:
-        report = outputs.deliver([huge, make_alert("big", 1)])
+    with receiver, open_outputs([url + "?max_bytes=200000"], spool_dir=str(tmp_path)) as out:
+        report = out.deliver([huge, make_alert("big", 1)])
+        datagrams = [receiver.recv(70_000) for _ in range(2)]
     d = report.destinations[url]
-    assert (d.delivered, d.pending, d.failed) == (1, 0, 1)
-    assert "Message too long" in d.last_error
+    assert (d.delivered, d.pending, d.failed) == (2, 0, 0)
+    assert 60_000 < len(datagrams[0]) <= 65_507  # max_bytes above what UDP carries: UDP's limit
+    cut = json.loads(datagrams[0].split(b"] ", 1)[1])
+    assert cut["alert.truncated"] is True
+    assert cut["process.command_line"].endswith(
+        f"...[cut 100000->{cut['process.command_line'].index('.')}]"
+    )
+    assert json.loads(datagrams[1].split(b"] ", 1)[1]) == make_alert("big", 1)
 
 
 @pytest.mark.rsyslog

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from hpcsec.detector.outputs.protocol import redact
 from hpcsec.detector.outputs.registry import open_outputs
 from hpcsec.detector.outputs.webhook import parse_retry_after
 
@@ -45,6 +46,7 @@ class Receiver:
         self.port = port
         self.lock = threading.Lock()
         self.posts: list[tuple[str, str, float]] = []  # (alert.id, Idempotency-Key, time)
+        self.bodies: list[bytes] = []  # of the accepted posts
         self.refused: list[tuple[int, float]] = []
         self.bad_signatures = 0
         self.truncated = 0  # requests cut off by a sender that died while sending
@@ -77,6 +79,7 @@ class Receiver:
                         receiver.refused.append((status, time.monotonic()))
                     else:
                         status, extra = 200, {}
+                        receiver.bodies.append(body)
                         receiver.posts.append(
                             (
                                 json.loads(body)["alert.id"],
@@ -143,7 +146,8 @@ def alert(n: int, prefix: str = "a") -> dict:
 
 def test_signed_post_with_idempotency_key(receiver, secret_file, tmp_path):
     with open_outputs([receiver.url], secret_file=secret_file, spool_dir=str(tmp_path)) as outputs:
-        assert outputs.names == [f"http://127.0.0.1:{receiver.port}/hpcsec"]  # no token shown
+        assert outputs.names == [redact(receiver.url)]
+        assert outputs.names[0].startswith(f"http://127.0.0.1:{receiver.port}#")  # no token
         report = outputs.deliver([alert(1), alert(2)])
     assert report.complete
     assert [(o.alert_id, o.state) for o in report.outcomes] == [
@@ -157,7 +161,7 @@ def test_signed_post_with_idempotency_key(receiver, secret_file, tmp_path):
 def test_wrong_secret_is_refused_and_alerts_stay_spooled(receiver, tmp_path):
     wrong = tmp_path / "wrong.secret"
     wrong.write_text("not-the-secret")
-    url = f"http://127.0.0.1:{receiver.port}/hpcsec"
+    url = redact(receiver.url)
     with open_outputs(
         [receiver.url], secret_file=str(wrong), spool_dir=str(tmp_path / "spool")
     ) as outputs:
@@ -170,7 +174,7 @@ def test_wrong_secret_is_refused_and_alerts_stay_spooled(receiver, tmp_path):
 
 def test_outage_then_flush_delivers_each_alert_exactly_once(receiver, secret_file, tmp_path):
     spool = str(tmp_path / "spool")
-    url = f"http://127.0.0.1:{receiver.port}/hpcsec"
+    url = redact(receiver.url)
     with open_outputs([receiver.url], secret_file=secret_file, spool_dir=spool) as outputs:
         assert outputs.deliver([alert(i) for i in range(3)]).complete
         receiver.stop()
@@ -198,7 +202,7 @@ def test_429_retry_after_and_5xx_are_retried(receiver, secret_file, tmp_path):
 
 def test_a_refused_alert_is_moved_aside_and_reported(receiver, secret_file, tmp_path):
     receiver.responses = [(422, {})]
-    url = f"http://127.0.0.1:{receiver.port}/hpcsec"
+    url = redact(receiver.url)
     with open_outputs(
         [receiver.url], secret_file=secret_file, spool_dir=str(tmp_path / "spool")
     ) as outputs:
@@ -215,6 +219,7 @@ def test_a_refused_alert_is_moved_aside_and_reported(receiver, secret_file, tmp_
 
 CHILD = """
 import sys
+from hpcsec.detector.outputs.protocol import redact
 from hpcsec.detector.outputs.registry import open_outputs
 url, secret, spool, n = sys.argv[1:5]
 alerts = [{"alert.id": f"k{i:03d}", "rule.id": "r", "rule.level": "high", "events": [],

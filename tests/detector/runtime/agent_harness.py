@@ -108,6 +108,7 @@ class Node:
         (self.etc / "passwd").write_text(PASSWD)
         self.secret = root / "secret"
         self.secret.write_bytes(SECRET + b"\n")
+        self.secret.chmod(0o600)  # the agent refuses a secret others can read
         self.alerts_file = root / "alerts.jsonl"
         self.spool = root / "spool"
         # One dedup window for the whole test: a process alerts once, whatever the clock.
