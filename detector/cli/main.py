@@ -18,17 +18,32 @@ from hpcsec.detector.core import log
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import HpcsecError
 
-# Explicit order of sub-commands (module name under detector/cli/).
-COMMANDS = ("scan", "collect", "rules", "config", "alerts", "agent", "slurm", "firmware")
+# Sub-commands in the order `--help` lists them (module name under detector/cli/) and their
+# one-line help. The lines are kept here, not read from the modules, so that `hpcsec --help`
+# imports no command module at all; a test checks they match what each module registers.
+COMMANDS = {
+    "scan": "run sensors once (or read a snapshot/events), evaluate the rules, print or send "
+    "alerts",
+    "collect": "run sensors and print their events",
+    "rules": "list, check, test and convert Sigma rules",
+    "config": "validate or show a site config",
+    "alerts": "query the alert store (or export its events to Parquet)",
+    "agent": "run continuously on a node: sampled sensors, the file access stream, rules, "
+    "alerts to outputs and the store; SIGHUP reloads",
+    "slurm": "Slurm Prolog=/Epilog= hooks (always exit 0)",
+    "firmware": "firmware baselines (golden versions per node class)",
+}
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 2, 3, 130
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with `only`, just that sub-command's module is imported.
+    """The parser; with `only` a known sub-command, just that sub-command's module is imported,
+    and without one (`hpcsec --help`, a typo) none is: the sub-commands are listed from
+    COMMANDS.
 
     Importing every command pulls in pySigma, DuckDB and scapy; `hpcsec slurm prolog` runs
-    before every job and must not pay for them.
+    before every job and must not pay for them, nor should `hpcsec --help`.
     """
     parser = argparse.ArgumentParser(
         prog="hpcsec",
@@ -41,8 +56,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="debug messages, and the traceback of an internal error, on stderr",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in (only,) if only in COMMANDS else COMMANDS:
-        importlib.import_module(f"{__package__}.{name}").register(sub)
+    if only in COMMANDS:
+        importlib.import_module(f"{__package__}.{only}").register(sub)
+    else:
+        for name, text in COMMANDS.items():
+            sub.add_parser(name, help=text)
     return parser
 
 

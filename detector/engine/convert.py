@@ -14,26 +14,22 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 from sigma.collection import SigmaCollection
-from sigma.conversion.base import Backend
 from sigma.exceptions import SigmaError, SigmaPipelineNotFoundError
-from sigma.plugins import InstalledSigmaPlugins
-from sigma.processing.conditions import LogsourceCondition
-from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
-from sigma.processing.transformations import (
-    AddConditionTransformation,
-    QueryExpressionPlaceholderTransformation,
-    ValueListPlaceholderTransformation,
-)
 from sigma.rule import SigmaRule
 
 from hpcsec.detector.core.errors import RuleError, UsageError, location
 from hpcsec.detector.core.schema import CATEGORIES, PRODUCT
 from hpcsec.detector.engine.prepare import placeholder_names
 from hpcsec.detector.engine.ruleset import RuleSet
+
+if TYPE_CHECKING:
+    from sigma.conversion.base import Backend
+    from sigma.plugins import InstalledSigmaPlugins
+    from sigma.processing.pipeline import ProcessingPipeline
 
 # Runs before pipelines given with -p (pySigma orders pipelines by priority, lowest first), so
 # a site's own mapping sees our field names.
@@ -69,6 +65,16 @@ def hpcsec_pipeline(
     `placeholder_expression` (pySigma's QueryExpressionPlaceholderTransformation, with `{field}`
     and `{id}`) replaces the placeholders that have no value; without it they are an error.
     """
+    # pySigma's processing and plugin modules (and jinja2 under them) are imported where a
+    # conversion needs them, so that commands that only load rules start quickly.
+    from sigma.processing.conditions import LogsourceCondition
+    from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
+    from sigma.processing.transformations import (
+        AddConditionTransformation,
+        QueryExpressionPlaceholderTransformation,
+        ValueListPlaceholderTransformation,
+    )
+
     items = [
         ProcessingItem(
             identifier=f"hpcsec_logsource_{category}",
@@ -159,6 +165,8 @@ def convert_rules(
     placeholder_expression: str | None = None,
 ) -> list[Any]:
     """Queries for `target` (an installed pySigma backend), our pipeline applied first."""
+    from sigma.plugins import InstalledSigmaPlugins
+
     plugins = InstalledSigmaPlugins.autodiscover()
     # pySigma annotates its backend registry with instances; it holds the classes
     backend_class = cast("type[Backend] | None", plugins.backends.get(target))

@@ -10,10 +10,8 @@ from typing import Any, cast
 
 from sigma.correlations import SigmaCorrelationRule
 from sigma.filters import SigmaFilter
-from sigma.plugins import InstalledSigmaPlugins
 from sigma.rule.detection import SigmaDetectionItem
 from sigma.types import SigmaFieldReference
-from sigma.validation import SigmaValidator
 from sigma.validators.base import (
     SigmaRuleValidator,
     SigmaValidationIssue,
@@ -297,6 +295,11 @@ def _run_validators(ruleset: RuleSet) -> tuple[list[SigmaValidationIssue], list[
     pySigma accepts shapes its validators do not expect (`references: [{a: b}]` makes one
     raise TypeError), so each validator runs alone on each rule rather than all in one call.
     """
+    # Plugin autodiscovery imports every installed backend and validator (a third of a second):
+    # only `rules check` pays for it, not every command that loads rules.
+    from sigma.plugins import InstalledSigmaPlugins
+    from sigma.validation import SigmaValidator
+
     # pySigma annotates its validator registry with instances; it holds the classes
     installed = cast(
         "dict[str, type[SigmaRuleValidator]]", InstalledSigmaPlugins.autodiscover().validators

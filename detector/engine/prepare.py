@@ -9,8 +9,6 @@ from typing import Any
 
 from sigma.exceptions import SigmaError
 from sigma.filters import SigmaFilter
-from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
-from sigma.processing.transformations import ValueListPlaceholderTransformation
 from sigma.rule import SigmaDetection, SigmaRule
 from sigma.types import Placeholder, SigmaExpansion, SigmaRegularExpression
 
@@ -84,6 +82,11 @@ def fill_placeholders(
             _match_nothing(detection, set(missing))
         if not names - set(missing):
             return filled
+    # Imported here, by the few rules with placeholders: the pipeline module pulls in jinja2,
+    # which commands that only list or load rules should not pay for at start-up.
+    from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
+    from sigma.processing.transformations import ValueListPlaceholderTransformation
+
     pipeline = ProcessingPipeline(
         items=[ProcessingItem(ValueListPlaceholderTransformation(), identifier="hpcsec-expand")],
         vars=dict(values),

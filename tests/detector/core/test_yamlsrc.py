@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from hpcsec.detector.core.errors import SourceError
@@ -86,3 +88,30 @@ def test_node_count_is_bounded(monkeypatch):
     with pytest.raises(SourceError) as exc:
         load_text_documents("a: [1, 2]\nb:\n  - 3\n  - 4\n", "f.yml")
     assert str(exc.value) == "f.yml:2: document has more than 5 nodes"  # at key `b`
+
+
+def test_libyaml_path_reads_every_bundled_file_as_the_python_path_does() -> None:
+    """The libyaml fast path gives the same values and the same lines, file by file."""
+    from hpcsec.detector.core import yamlsrc
+
+    root = Path(__file__).resolve().parents[3]
+    files = sorted((root / "rules").rglob("*.yml")) + sorted((root / "rules").rglob("*.yaml"))
+    assert files
+    for path in files:
+        text = path.read_text()
+        fast = yamlsrc._fast_documents(text, str(path))
+        assert fast is not None, path
+        slow = list(yamlsrc.python_documents(text, str(path)))
+        assert [(d.data, d.line, d.lines) for d in fast] == [
+            (d.data, d.line, d.lines) for d in slow
+        ]
+
+
+def test_an_alias_leaves_the_fast_path_for_the_error_with_its_line() -> None:
+    from hpcsec.detector.core import yamlsrc
+
+    text = "a: &x [1]\nb: *x\n"
+    assert yamlsrc._fast_documents(text, "f.yml") is None
+    with pytest.raises(SourceError, match="aliases") as info:
+        load_text_documents(text, "f.yml")
+    assert info.value.location.line == 2

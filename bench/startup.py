@@ -1,0 +1,80 @@
+"""Start-up cost of the short commands: CPU seconds and peak RSS of a fresh process.
+
+`python -m bench.startup [--repeat N]`
+
+Each command runs `--repeat` times (default 5) as its own process; the figure is the median
+of user + system CPU (from wait4's rusage, so other load on the machine does not count) and
+the peak RSS. The peer is `python -c pass` in the same run: the interpreter's own start.
+Target: <= 0.15 s CPU for `--help`, `slurm prolog` and `config check`. `rules list` also loads
+pySigma's rule parser (its import builds pyparsing grammars) and parses the bundled rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_CPU_S = 0.15
+HPCSEC = [sys.executable, "-m", "hpcsec.detector.cli.main"]
+
+
+def commands(state_dir: str) -> dict[str, list[str]]:
+    config = str(REPO / "examples" / "site-config.yml")
+    return {
+        "python -c pass (peer)": [sys.executable, "-c", "pass"],
+        "hpcsec --help": [*HPCSEC, "--help"],
+        "hpcsec rules list": [*HPCSEC, "rules", "list"],
+        "hpcsec config check": [*HPCSEC, "config", "check", config],
+        "hpcsec slurm prolog": [
+            *HPCSEC,
+            "slurm",
+            "prolog",
+            "--state-dir",
+            state_dir,
+            "--host-name",
+            "n1",
+        ],
+        "hpcsec alerts --help": [*HPCSEC, "alerts", "--help"],
+    }
+
+
+# What slurmd sets for a Prolog=: the hook records a job start as it would on a node (it may
+# also ask scontrol, when Slurm answers here).
+HOOK_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "bench"}
+
+
+def measure(argv: list[str]) -> tuple[float, float]:
+    """(CPU seconds, peak RSS in MB) of one run of argv."""
+    env = {**os.environ, **HOOK_ENV}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0  # reaped here
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench.startup", description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as state_dir:
+        peer = None
+        print(f"{'command':26} {'CPU s':>7} {'x peer':>7} {'RSS MB':>7}")
+        for name, cmd in commands(state_dir).items():
+            runs = [measure(cmd) for _ in range(args.repeat)]
+            cpu = statistics.median(r[0] for r in runs)
+            rss = max(r[1] for r in runs)
+            peer = cpu if peer is None else peer
+            mark = "" if "peer" in name or cpu <= TARGET_CPU_S else "  > target"
+            print(f"{name:26} {cpu:7.3f} {cpu / peer:7.1f} {rss:7.1f}{mark}")
+        print(f"target: <= {TARGET_CPU_S} s CPU")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""Commands that run often or on every job import only what they use.
+
+`hpcsec slurm prolog` runs before every job, `--help`, `rules list` and `config check` are run by
+hand: none of them may pull in DuckDB, pySigma's plugin autodiscovery (every installed backend
+and validator, requests, jinja2) or the packet and netlink libraries. Each command runs in a
+fresh interpreter and reports which heavy modules ended up in sys.modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.cli.main import COMMANDS
+
+HEAVY = (
+    "duckdb",
+    "sigma.plugins",
+    "sigma.validation",
+    "sigma.conversion.base",
+    "sigma.processing.pipeline",
+    "jinja2",
+    "requests",
+    "scapy",
+    "pyroute2",
+    "httpx",
+    "pyarrow",
+)
+# pySigma's rule parser (and pyparsing under it) is what `rules list` needs; nothing else does
+SIGMA_PARSER = ("sigma", "pyparsing")
+
+PROBE = """
+import contextlib, io, json, sys
+from hpcsec.detector.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        main(sys.argv[2:])
+    except SystemExit:
+        pass
+with open(sys.argv[1], "w") as out:
+    json.dump(sorted(sys.modules), out)
+"""
+
+SITE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "site-config.yml"
+
+
+def imported_by(argv: list[str], tmp_path: Path) -> set[str]:
+    report = tmp_path / "modules.json"
+    subprocess.run(
+        [sys.executable, "-c", PROBE, str(report), *argv], check=True, timeout=120, cwd=tmp_path
+    )
+    return set(json.loads(report.read_text()))
+
+
+def heavy_in(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if n in modules or any(m.startswith(n + ".") for m in modules))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["slurm", "prolog", "--state-dir", "{tmp}/state", "--host-name", "n1"],
+        ["slurm", "epilog", "--state-dir", "{tmp}/state", "--host-name", "n1"],
+        ["config", "check", str(SITE_CONFIG)],
+    ],
+    ids=["help", "slurm-prolog", "slurm-epilog", "config-check"],
+)
+def test_light_commands_import_nothing_heavy(argv: list[str], tmp_path: Path) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    modules = imported_by(argv, tmp_path)
+    assert heavy_in(modules, HEAVY + SIGMA_PARSER) == []
+
+
+@pytest.mark.parametrize("action", ["list", "--help"])
+def test_rules_list_imports_the_parser_but_no_plugin(action: str, tmp_path: Path) -> None:
+    modules = imported_by(["rules", action], tmp_path)
+    assert "sigma.rule" in modules
+    assert heavy_in(modules, HEAVY) == []
+
+
+def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
+    """The plugins are imported where they are used: `rules check` still runs them."""
+    modules = imported_by(["rules", "check"], tmp_path)
+    assert "sigma.plugins" in modules and "sigma.validation" in modules
+
+
+def test_help_lines_match_what_each_command_registers() -> None:
+    """`hpcsec --help` lists COMMANDS without importing the modules; they must agree."""
+    for name, text in COMMANDS.items():
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(f"hpcsec.detector.cli.{name}").register(sub)
+        (action,) = sub._choices_actions
+        assert (action.dest, " ".join(action.help.split())) == (name, " ".join(text.split()))
