@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
         config_path = str(demo_snapshot_dir() / "site-config.yml")
     config = load_config(config_path)
-    pipeline = Pipeline.load(config, args.rules, dedup=not args.no_dedup)
+    pipeline = Pipeline.load(
+        config, args.rules, default_rules=not args.no_default_rules, dedup=not args.no_dedup
+    )
     for name in thresholds.unused(config.thresholds, pipeline.ruleset.rules):
         print(
             f"hpcsec: warning: threshold {visible(repr(name))} of the config "

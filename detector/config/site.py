@@ -47,6 +47,7 @@ __all__ = [
 
 TOP_LEVEL_KEYS = (
     "node_class",
+    "rules",
     "assets",
     "admins",
     "gpu_services",
@@ -70,6 +71,9 @@ TOP_LEVEL_KEYS = (
 @dataclass(frozen=True)
 class SiteConfig:
     node_class: str | None = None
+    # local rule files and directories, loaded beside the bundled rules (relative paths are
+    # taken from the config file's directory)
+    rule_paths: tuple[str, ...] = ()
     assets: tuple[Asset, ...] = ()
     admins: Principals = field(default_factory=Principals)
     gpu_services: tuple[str, ...] = ()
@@ -155,6 +159,16 @@ def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
     }
 
 
+def _rule_paths(r: ConfigReader, value: Any) -> tuple[str, ...]:
+    """`rules:` paths, relative ones taken from the config file's directory (not from where
+    the agent happens to be started)."""
+    paths = r.strings(value, "rules")
+    if any(not p for p in paths):
+        raise r.fail("rules: a path must not be empty", "rules")
+    base = Path(r.doc.path).parent if r.doc.path else Path()
+    return tuple(str(base / p) for p in paths)
+
+
 def parse_config(doc: YamlDocument) -> SiteConfig:
     # Sections are read in document order of importance, so with several mistakes the
     # first one reported is the one `config check` always reported first.
@@ -175,6 +189,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     node_class = _node_class(r, top.get("node_class"), firmware)
     return SiteConfig(
         node_class=node_class,
+        rule_paths=_rule_paths(r, top.get("rules")),
         assets=assets,
         admins=parse_principals(r, top.get("admins"), "admins"),
         gpu_services=r.strings(top.get("gpu_services"), "gpu_services"),

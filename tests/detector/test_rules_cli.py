@@ -30,9 +30,15 @@ def test_list_table(capsys):
     code, out, err = run(capsys, "list", str(VALID))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "TITLE", "LEVEL", "VECTOR", "STATUS", "FILE"]
+    assert lines[0].split() == ["ID", "TITLE", "LEVEL", "VECTOR", "STATUS", "ORIGIN", "FILE"]
     assert lines[1].split()[0] == "0b7e51a4-6d43-4a43-8f1a-6c2f3c3d8a01"
-    assert lines[1].split()[-4:] == ["high", "sample", "test", f"{VALID / 'sample.yml'}:1"]
+    assert lines[1].split()[-5:] == [
+        "high",
+        "sample",
+        "test",
+        str(VALID),
+        f"{VALID / 'sample.yml'}:1",
+    ]
     assert len(lines) == 5
 
 
@@ -47,6 +53,7 @@ def test_list_json(capsys):
         "vector": "sample",
         "status": "experimental",
         "kind": "correlation",
+        "origin": str(VALID),
         "file": f"{VALID / 'sample.yml'}:65",
     }
     assert [r["kind"] for r in rows] == ["detection", "detection", "filter", "correlation"]
