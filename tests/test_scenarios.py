@@ -121,6 +121,9 @@ def test_attack_raises_its_rules_with_context_and_evidence(name, capsys):
             wanted,
             [names(a) for a in fired],
         )
+        for field, values in item.get("distinct", {}).items():  # dedup hides no action
+            named = {a.get(field) for a in fired}
+            assert not [v for v in values if v not in named], (name, item["title"], field, named)
         for a in fired:
             assert a["rule.title"] == item["title"]
             assert a["events"], "an alert carries its evidence"

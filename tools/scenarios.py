@@ -19,6 +19,7 @@ from scenario_common import (
     system_sockets,
     training,
 )
+from scenario_dedup import DEDUP_ATTACKS
 from snapshot_model import FileAccess, GpuProc, Job, Proc, Sample, Scenario
 
 
@@ -105,7 +106,11 @@ def benign_training() -> Scenario:
     )
 
 
-SCENARIOS: list[Scenario] = [benign_training(), *(build() for build in ATTACKS)]
+SCENARIOS: list[Scenario] = [
+    benign_training(),
+    *(build() for build in ATTACKS),
+    *(build() for build in DEDUP_ATTACKS),
+]
 
 
 def demo_scenario() -> Scenario:
