@@ -1,11 +1,11 @@
 """The identity of a detection alert: which matches are repeats of one action, and which are
 distinct actions that each deserve an alert of their own (docs/outputs.md, "Dedup").
 
-Dedup used to fold every match of a rule by one host, job and user into the first alert of
-the window, so the outputs named only the first action: a job that read a harmless file first
-and then copied three weight shards showed the harmless file. The identity therefore adds to
-(host, job, user) the values that make an action distinct: the process, the file or device it
-touched, the peer it talked to. Matches with the same identity fold into one alert with a
+Folding every match of a rule by one host, job and user into the window's first alert would
+let an adversary choose what the outputs show: read a harmless file first, and the three
+weight shards copied next only grow its count. The identity therefore adds to (host, job,
+user) the values that make an action distinct: the process, the file or device it touched,
+the peer it talked to. Matches with the same identity fold into one alert with a
 `count`; a new identity is a new alert with its own `alert.id`, visible to every output.
 
 A rule names its own identity with the `alert_identity:` attribute (a list of event fields;
