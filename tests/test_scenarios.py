@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 import yaml
 
@@ -124,6 +125,9 @@ def test_attack_raises_its_rules_with_context_and_evidence(name, capsys):
             wanted,
             [names(a) for a in fired],
         )
+        for field, values in item.get("distinct", {}).items():  # dedup hides no action
+            named = {a.get(field) for a in fired}
+            assert not [v for v in values if v not in named], (name, item["title"], field, named)
         for a in fired:
             assert a["rule.title"] == item["title"]
             assert a["events"], "an alert carries its evidence"
@@ -221,3 +225,29 @@ def test_fixtures_are_what_the_generator_writes(tmp_path):
         assert differences(filecmp.dircmp(generated, committed, ignore=[])) == [], (
             "run tools/build_scenarios.py and commit its output"
         )
+
+
+def test_distinct_actions_reach_the_outputs_and_the_store_as_one_state(tmp_path, capsys):
+    """A harmless read first, then three shards by other tools and two nc to two pools:
+    every action is an alert the outputs get, and the store holds those alerts with the
+    counts of the repeats folded into them."""
+    directory = SCENARIOS / "model_theft-distinct-actions-under-dedup"
+    out, db = tmp_path / "alerts.jsonl", tmp_path / "alerts.duckdb"
+    argv = ["scan", "--snapshot", str(directory), "--config", str(directory / "site-config.yml")]
+    assert main([*argv, "--output", f"file://{out}", "--store", str(db)]) == 1
+    capsys.readouterr()
+    sent = [json.loads(line) for line in out.read_text().splitlines()]
+    reads = [a for a in sent if a["rule.id"] == "4c174e27-ed1a-4006-900a-52f92b9e8ebf"]
+    assert sorted(a["file.path"].rsplit("/", 1)[1] for a in reads) == [
+        "config.json",
+        "model-00001-of-00030.safetensors",
+        "model-00002-of-00030.safetensors",
+        "model-00003-of-00030.safetensors",
+    ]
+    assert {a["process.name"] for a in reads} == {"python3", "cp", "dd", "rsync"}
+    pools = [a for a in sent if a["rule.id"] == "f59bcccf-92ba-48c8-9f3e-1eb9599acd73"]
+    assert sorted(a["destination.ip"] for a in pools) == ["203.0.113.50", "203.0.113.77"]
+    assert all(a["count"] == 2 for a in pools)  # each connection seen in two samples
+    with duckdb.connect(str(db), read_only=True) as con:
+        stored = dict(con.execute("SELECT alert_id, count FROM alerts").fetchall())
+    assert stored == {a["alert.id"]: a["count"] for a in sent}

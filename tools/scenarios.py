@@ -20,6 +20,7 @@ from scenario_common import (
     system_sockets,
     training,
 )
+from scenario_dedup import DEDUP_ATTACKS
 from scenario_edge_cases import EDGE_CASES
 from snapshot_model import FileAccess, GpuProc, Job, Proc, Sample, Scenario
 
@@ -111,6 +112,7 @@ SCENARIOS: list[Scenario] = [
     benign_training(),
     *(build() for build in ATTACKS),
     *(build() for build in EDGE_CASES),
+    *(build() for build in DEDUP_ATTACKS),
 ]
 
 

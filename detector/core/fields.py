@@ -238,7 +238,11 @@ FIELD_PREFIXES = tuple(f.name[:-1] for f in FIELDS if f.name.endswith(".*"))
 # fields of the triggering event when present; also its file, peer, firmware, RDMA device
 # and asset fields, so an alert reads on its own in a SIEM without opening `events`.
 ALERT_FIELDS: tuple[Field, ...] = (
-    Field("alert.id", "keyword", "stable id: same rule, grouping key and window give the same id"),
+    Field(
+        "alert.id",
+        "keyword",
+        "stable id: same rule, identity (grouping key) and window give the same id",
+    ),
     Field(
         "@timestamp",
         "date",
@@ -264,6 +268,12 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.group", "object", "correlations: the `group-by` values of the group that fired"),
     Field("alert.value", "double", "correlations: the count, sum or average that fired"),
     Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
+    Field(
+        "alert.distinct_overflow",
+        "boolean",
+        "more distinct actions of one rule, host, job and user in a window than dedup keeps "
+        "apart were folded into this alert",
+    ),
 )
 ALERT_COPIED_PREFIXES = (
     "slurm.job.",

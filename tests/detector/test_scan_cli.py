@@ -73,9 +73,10 @@ def test_alerts_exit_1_and_json_output(setup, capsys):
     out, err = capsys.readouterr()
     assert rc == 1
     alerts = json.loads(out)
-    assert [(a["rule.title"], a["count"]) for a in alerts] == [
-        ("Miner process", 2),
-        ("Copy tool on weights", 1),
+    assert [(a["rule.title"], a["process.pid"], a["count"]) for a in alerts] == [
+        ("Miner process", 1, 1),  # two miner processes: two distinct actions
+        ("Miner process", 4, 1),
+        ("Copy tool on weights", 2, 1),
     ]
     assert "skipped 2 malformed line(s) of 6 (line 2: not JSON" in err
     assert "line 3: not an object but list" in err
