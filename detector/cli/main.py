@@ -85,6 +85,9 @@ def report_internal_error(exc: BaseException, debug: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # What we write holds the node's command lines and environments: nothing of it for group
+    # or others, whatever umask we were started with (DuckDB's WAL follows the umask alone).
+    os.umask(os.umask(0o077) | 0o077)
     leading = _leading_options(argv)
     debug = "--debug" in leading
     command = argv[len(leading)] if len(argv) > len(leading) else None

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from hpcsec.detector.core.private_fs import open_private
+
 SEGMENT_NAME = re.compile(r"^\d{20}-\d+-\d{6}\.jsonl$")
 NOTICE_NAME = re.compile(r"^\d{20}-\d+-\d{6}-notice\.json$")
 
@@ -32,7 +34,7 @@ def fsync_dir(path: Path) -> None:
 
 def write_durably(path: Path, data: bytes) -> None:
     """`data` in a new file at `path`, on disk (fsynced) when this returns."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
@@ -81,7 +83,8 @@ class SegmentFiles:
                 if self._done is not None:
                     self._done[1].close()
                     self._done = None
-                done = open(self.pending / done_name(segment), "a")  # noqa: SIM115 - kept open
+                fd = open_private(self.pending / done_name(segment))
+                done = open(fd, "a")  # noqa: SIM115 - kept open
                 self._done = (segment, done)
             self._done[1].write(f"{number}\n")
             self._done[1].flush()  # in the kernel: a crash of this process loses none of it
