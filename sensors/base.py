@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from hpcsec.detector.core.schema import Event, rfc3339, status_event
 
@@ -63,6 +63,19 @@ class FsRoot:
         try:
             with open(self._abs(rel), "rb") as fh:
                 data = fh.read(limit)
+        except OSError:
+            return None
+        if self.recorder is not None:
+            self.recorder.record_file(self.name, rel, data)
+        return data
+
+    def read_condensed(self, rel: str, condense: Callable[[BinaryIO], bytes]) -> bytes | None:
+        """What `condense` keeps of the file, which it reads whole in bounded chunks (a
+        cmdline or environ of any length); None when absent or unreadable. A snapshot
+        records what was kept."""
+        try:
+            with open(self._abs(rel), "rb") as fh:
+                data = condense(fh)
         except OSError:
             return None
         if self.recorder is not None:

@@ -72,6 +72,12 @@ FIELDS: tuple[Field, ...] = (
     _f("process.executable", "keyword", "absolute path of the executable"),
     _f("process.command_line", "keyword", "full command line, arguments joined by spaces"),
     _f("process.args", "list", "command line arguments"),
+    _f(
+        "process.command_line_truncated",
+        "boolean",
+        "true when the command line was too long to keep whole: arguments were cut or left "
+        "out (head, tail, flags and URLs are kept; markers say what is missing)",
+    ),
     _f("process.parent.pid", "long", "parent process id"),
     _f("process.start", "date", "process start time"),
     _f("process.cgroup", "keyword", "cgroup path(s) of the process"),

@@ -28,7 +28,7 @@ from hpcsec.detector.core.schema import new_event, rfc3339
 from hpcsec.detector.slurm.jobs import HOOK_EVENTS_FILE, SlurmCommands, SlurmUnreachable
 from hpcsec.detector.slurm.parse import PidJob, job_from_cgroup, job_from_environ, parse_listpids
 from hpcsec.sensors.base import FsRoot, SensorContext
-from hpcsec.sensors.procinfo import Users, process_fields, status_fields
+from hpcsec.sensors.procinfo import Users, process_fields, read_environ, status_fields
 
 GPU_MEMORY_SLACK = 64 << 20  # bytes above the prolog's reading that still count as released
 
@@ -212,7 +212,7 @@ class Hook:
             owner = cgroup or tracked.get(pid)
             if owner is not None and owner.job_id != self.job_id:
                 continue  # belongs to another running job of this user
-            claimed = job_from_environ(proc.read_bytes(f"{name}/environ") or b"")
+            claimed = job_from_environ(read_environ(proc, name) or b"")
             proc_fields = process_fields(ctx, pid, users)
             if not proc_fields:
                 continue  # exited meanwhile
