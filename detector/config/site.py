@@ -96,6 +96,10 @@ class SiteConfig:
                 return asset
         return None
 
+    def list_values(self, name: str) -> tuple[str, ...]:
+        """A named list: the site's, else the built-in default."""
+        return self.lists.get(name, DEFAULT_LISTS.get(name, ()))
+
     def placeholders(self) -> dict[str, list[Any]]:
         """Values for Sigma `|expand` placeholders: thresholds and named lists."""
         values: dict[str, list[Any]] = {k: [v] for k, v in self.thresholds.items()}

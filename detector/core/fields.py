@@ -73,6 +73,11 @@ FIELDS: tuple[Field, ...] = (
     _f("process.command_line", "keyword", "full command line, arguments joined by spaces"),
     _f("process.args", "list", "command line arguments"),
     _f(
+        "process.executable_name",
+        "keyword",
+        "file name of the executable (not cut at 15 characters like `process.name`)",
+    ),
+    _f(
         "process.command_line_truncated",
         "boolean",
         "true when the command line was too long to keep whole: arguments were cut or left "
@@ -84,7 +89,16 @@ FIELDS: tuple[Field, ...] = (
     _f("process.env.LD_PRELOAD", "keyword", "LD_PRELOAD from the process environment"),
     _f("process.env.SLURM_JOB_ID", "keyword", "SLURM_JOB_ID from the process environment"),
     _f("process.env.CUDA_VISIBLE_DEVICES", "keyword", "CUDA_VISIBLE_DEVICES from the environment"),
-    _f("process.is_gpu_service", "boolean", "the process is a site-declared GPU service"),
+    _f(
+        "process.is_gpu_service",
+        "boolean",
+        "the process is a site-declared GPU service: its executable, run by root or a system uid",
+    ),
+    _f(
+        "process.ld_preload_allowed",
+        "boolean",
+        "every library in `process.env.LD_PRELOAD` is allowed by the site (`ld_preload_allowed`)",
+    ),
     _f("user.name", "keyword", "user name (from the node's passwd)"),
     _f("user.id", "long", "numeric uid"),
     _f("user.is_admin", "boolean", "the user is a site admin"),
