@@ -169,6 +169,26 @@ class SensorRun:
         return self.status["event.action"] == "ok"
 
 
+class _Unloadable:
+    """Stands in for a sensor whose module failed to import (a missing or broken library):
+    every run reports it unavailable, like any absent source, and the others still run."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name = name
+        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
+
+    def collect(self, ctx: SensorContext) -> Iterable[Event]:
+        raise SensorUnavailable(self.error)
+
+
+def load_sensor(spec: SensorSpec) -> Sensor:
+    """The sensor of `spec`, or a stand-in that reports why it could not be loaded."""
+    try:
+        return spec.factory()
+    except Exception as exc:
+        return _Unloadable(spec.name, exc)
+
+
 def run_sensor(spec: SensorSpec, sensor: Sensor, ctx: SensorContext) -> SensorRun:
     """Run one sensor; absence and failure become its status record, never an exception."""
     try:

@@ -28,7 +28,15 @@ from hpcsec.detector.core.private_fs import (
     write_private_file,
 )
 from hpcsec.detector.core.schema import parse_time, rfc3339
-from hpcsec.sensors.base import FsRoot, Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.sensors.base import (
+    FsRoot,
+    Sensor,
+    SensorContext,
+    SensorRun,
+    SensorSpec,
+    load_sensor,
+    run_sensor,
+)
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -273,7 +281,7 @@ def record_snapshot(
     ctx.recorder = writer
     for root in (ctx.sys, ctx.proc, ctx.etc):
         root.recorder = writer
-    sensors = [(spec, spec.factory()) for spec in specs]
+    sensors = [(spec, load_sensor(spec)) for spec in specs]
     runs: list[SensorRun] = []
     try:
         for n in range(samples):

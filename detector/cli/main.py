@@ -92,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in leading
     command = argv[len(leading)] if len(argv) > len(leading) else None
     log.setup(debug=debug, service=command in log.SERVICE_COMMANDS)
+    if command == "slurm":
+        # The Prolog=/Epilog= contract: whatever happens (bad arguments, a module that does
+        # not import, a bug), exit 0 once it is reported: a failing hook drains the node.
+        try:
+            code = _run(argv, command, debug)
+        except SystemExit as exc:  # argparse has printed why
+            code = EXIT_USAGE if exc.code else EXIT_OK
+        return EXIT_INTERRUPTED if code == EXIT_INTERRUPTED else EXIT_OK
+    return _run(argv, command, debug)
+
+
+def _run(argv: list[str], command: str | None, debug: bool) -> int:
     try:
         args = build_parser(command).parse_args(argv)
         return int(args.func(args) or 0)

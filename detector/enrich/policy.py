@@ -200,9 +200,7 @@ def _allowed_entry(library: str, allowed: Iterable[str]) -> bool:
         if "/" in entry:
             if _path_glob_matches(entry, library):
                 return True
-        elif _system_library_dir(directory) and (
-            name == entry or name.startswith(entry + ".")
-        ):
+        elif _system_library_dir(directory) and (name == entry or name.startswith(entry + ".")):
             return True
     return False
 
