@@ -84,10 +84,18 @@ def report_internal_error(exc: BaseException, debug: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     # What we write holds the node's command lines and environments: nothing of it for group
     # or others, whatever umask we were started with (DuckDB's WAL follows the umask alone).
-    os.umask(os.umask(0o077) | 0o077)
+    # Restored on return, for a caller that runs main() in its own process (tests).
+    started_with = os.umask(0o077)
+    os.umask(started_with | 0o077)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        os.umask(started_with)
+
+
+def _main(argv: list[str]) -> int:
     leading = _leading_options(argv)
     debug = "--debug" in leading
     command = argv[len(leading)] if len(argv) > len(leading) else None
