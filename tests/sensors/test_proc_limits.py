@@ -126,6 +126,7 @@ def test_a_miner_url_behind_a_66_kb_argument_still_raises_the_alert(alice_runs):
             "process",
             "--format",
             "json",
+            "--no-dedup",  # one alert per process, whatever else on the node looks like a miner
         ],
         capture_output=True,
         text=True,
