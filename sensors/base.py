@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from hpcsec.detector.core.schema import Event, rfc3339, status_event
 from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
@@ -149,6 +149,19 @@ class FsRoot:
             self.recorder.record_file(self.name, rel, data)
         return data
 
+    def read_condensed(self, rel: str, condense: Callable[[BinaryIO], bytes]) -> bytes | None:
+        """What `condense` keeps of the file, which it reads whole in bounded chunks (a
+        cmdline or environ of any length); None when absent or unreadable. A snapshot
+        records what was kept."""
+        try:
+            with open(self._abs(rel), "rb") as fh:
+                data = condense(fh)
+        except OSError:
+            return None
+        if self.recorder is not None:
+            self.recorder.record_file(self.name, rel, data)
+        return data
+
     def read_text(self, rel: str, limit: int = 1 << 16) -> str | None:
         """The file as event text (bytes that are not UTF-8 as visible `\\xNN`)."""
         data = self.read_bytes(rel, limit)
@@ -253,6 +266,26 @@ class SensorRun:
     @property
     def ok(self) -> bool:
         return self.status["event.action"] == "ok"
+
+
+class _Unloadable:
+    """Stands in for a sensor whose module failed to import (a missing or broken library):
+    every run reports it unavailable, like any absent source, and the others still run."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name = name
+        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
+
+    def collect(self, ctx: SensorContext) -> Iterable[Event]:
+        raise SensorUnavailable(self.error)
+
+
+def load_sensor(spec: SensorSpec) -> Sensor:
+    """The sensor of `spec`, or a stand-in that reports why it could not be loaded."""
+    try:
+        return spec.factory()
+    except Exception as exc:
+        return _Unloadable(spec.name, exc)
 
 
 def run_sensor(spec: SensorSpec, sensor: Sensor, ctx: SensorContext) -> SensorRun:

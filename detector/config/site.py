@@ -45,6 +45,15 @@ __all__ = [
     "parse_config",
 ]
 
+# Upper bounds: beyond them a value is a typo or an attempt to switch something off, and a
+# huge number overflows the windows and sizes computed from it.
+THRESHOLD_MAX = 1e12
+WINDOW_MAX_S = 7 * 86400
+RATE_MAX = 1_000_000
+SPOOL_MAX_BYTES = 1 << 40
+# The longest a correlation may wait for late events: a day (more is a typo, not a policy).
+MAX_LATENESS_S = 86400.0
+
 TOP_LEVEL_KEYS = (
     "node_class",
     "rules",
@@ -96,12 +105,18 @@ class SiteConfig:
     webhook_secret_file: str | None = None
     syslog_format: str = "json"  # json | cef
     path: str | None = None
+    # `thresholds.NAME` / `lists.NAME` -> its line, for errors about names no rule uses
+    name_lines: dict[str, int] = field(default_factory=dict, compare=False)
 
     def asset_for(self, path: str) -> Asset | None:
         for asset in self.assets:
             if asset.covers(path):
                 return asset
         return None
+
+    def list_values(self, name: str) -> tuple[str, ...]:
+        """A named list: the site's, else the built-in default."""
+        return self.lists.get(name, DEFAULT_LISTS.get(name, ()))
 
     def placeholders(self) -> dict[str, list[Any]]:
         """Values for Sigma `|expand` placeholders: thresholds and named lists."""
@@ -134,16 +149,30 @@ def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
     syslog_format = top.get("syslog_format", "json")
     if syslog_format not in ("json", "cef"):
         raise r.fail("syslog_format must be json or cef", "syslog_format")
-    limit = r.number(top.get("rate_limit_per_rule", 0), "rate_limit_per_rule", minimum=0)
-    dedup = r.number(top.get("dedup_window_s", 300), "dedup_window_s", minimum=1)
-    spool_max = r.number(
-        spool.get("max_bytes", 64 * 1024 * 1024), "spool", "max_bytes", minimum=1024
+    limit = r.number(
+        top.get("rate_limit_per_rule", 0), "rate_limit_per_rule", minimum=0, maximum=RATE_MAX
     )
-    retention = r.number(store.get("retention_days", 30), "store", "retention_days", minimum=1)
-    interval = r.number(agent.get("interval_s", 10.0), "agent", "interval_s", minimum=0.1)
+    dedup = r.number(
+        top.get("dedup_window_s", 300), "dedup_window_s", minimum=1, maximum=WINDOW_MAX_S
+    )
+    spool_max = r.number(
+        spool.get("max_bytes", 64 * 1024 * 1024),
+        "spool",
+        "max_bytes",
+        minimum=1024,
+        maximum=SPOOL_MAX_BYTES,
+    )
+    retention = r.number(
+        store.get("retention_days", 30), "store", "retention_days", minimum=1, maximum=36500
+    )
+    interval = r.number(
+        agent.get("interval_s", 10.0), "agent", "interval_s", minimum=0.1, maximum=86400
+    )
     lateness = top.get("correlation_lateness_s")
     if lateness is not None:
-        lateness = float(r.number(lateness, "correlation_lateness_s", minimum=0))
+        lateness = float(
+            r.number(lateness, "correlation_lateness_s", minimum=0, maximum=MAX_LATENESS_S)
+        )
     return {
         "rate_limit_per_rule": int(limit),
         "dedup_window_s": int(dedup),
@@ -180,8 +209,13 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     maintenance = parse_maintenance(r, top.get("maintenance"))
     firmware = parse_firmware(r, top.get("firmware"))
     thresholds = {
-        str(k): r.number(v, "thresholds", k)
+        str(k): r.number(v, "thresholds", k, minimum=0, maximum=THRESHOLD_MAX)
         for k, v in r.mapping(top.get("thresholds"), "thresholds").items()
+    }
+    name_lines = {
+        f"{section}.{k}": doc.line_of(section, k)
+        for section in ("thresholds", "lists")
+        for k in (top.get(section) or {})
     }
     lists = parse_lists(r, top.get("lists"))
     silences = parse_silences(r, top.get("silences"))
@@ -200,6 +234,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
         outputs=parse_output_urls(r, top.get("outputs")),
         silences=silences,
         path=doc.path,
+        name_lines=name_lines,
         **delivery,
     )
 

@@ -42,6 +42,12 @@ from typing import Any
 import orjson
 
 from hpcsec.detector.core.errors import HpcsecError
+from hpcsec.detector.core.private_fs import (
+    PrivatePathError,
+    make_private_dir,
+    open_private,
+    write_private_file,
+)
 from hpcsec.detector.core.schema import LEVELS, rfc3339
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.protocol import Alert
@@ -57,6 +63,8 @@ from hpcsec.detector.outputs.spool_files import (
     write_durably,
 )
 from hpcsec.detector.outputs.spool_notice import new_notice, with_drops
+
+SUBDIRS = ("tmp", "pending", "failed")
 
 
 class SpoolError(HpcsecError):
@@ -115,10 +123,14 @@ class Spool:
     def open(cls, root: Path, destination: str, *, max_bytes: int) -> Spool:
         path = Path(root) / destination_key(destination)
         try:
-            for sub in ("tmp", "pending", "failed"):
-                (path / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
-            (path / "destination").write_text(destination + "\n")
-            fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+            # Ours and private, or refused: a spool directory another user made (or can write)
+            # would let them read the alerts and plant ones we would sign and deliver.
+            for directory in (Path(root), path, *(path / sub for sub in SUBDIRS)):
+                make_private_dir(directory)
+            write_private_file(path / "destination", (destination + "\n").encode())
+            fd = open_private(path / "lock", os.O_RDWR)
+        except PrivatePathError as exc:
+            raise SpoolError(f"cannot use spool directory {root}: {exc.message}") from None
         except OSError as exc:
             raise SpoolError(f"cannot use spool directory {root}: {exc.strerror}") from None
         try:
@@ -258,15 +270,15 @@ class Spool:
         with contextlib.suppress(OSError):
             if not line:
                 line = self._files.read_line(segment, number)
-            base.write_bytes(line)
-            base.with_name(base.name + ".reason").write_text(reason + "\n")
+            write_private_file(base, line)
+            write_private_file(base.with_name(base.name + ".reason"), (reason + "\n").encode())
         if reason.startswith("unreadable"):
             self.corrupt += 1
 
     def _quarantine_file(self, name: str, reason: str) -> None:
         with contextlib.suppress(OSError):
             os.replace(self.pending / name, self.path / "failed" / name)
-            (self.path / "failed" / (name + ".reason")).write_text(reason + "\n")
+            write_private_file(self.path / "failed" / (name + ".reason"), (reason + "\n").encode())
         if reason.startswith("unreadable") or reason.startswith("not a spool"):
             self.corrupt += 1
 
