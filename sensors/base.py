@@ -10,6 +10,7 @@ with the roots pointed at the snapshot sample.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -30,6 +31,11 @@ class Recorder(Protocol):
     def record_file(self, root: str, rel: str, data: bytes) -> None: ...
     def record_link(self, root: str, rel: str, target: str) -> None: ...
     def record_input(self, name: str, data: str) -> None: ...
+
+
+# A recorded cmdline or environ is what `condense` kept (a head, a tail and the indicators
+# of a long one): well under this; a larger file in a snapshot was not written by hpcsec.
+CONDENSED_RECORD_LIMIT = 1 << 18
 
 
 class Refused(Exception):
@@ -152,10 +158,19 @@ class FsRoot:
     def read_condensed(self, rel: str, condense: Callable[[BinaryIO], bytes]) -> bytes | None:
         """What `condense` keeps of the file, which it reads whole in bounded chunks (a
         cmdline or environ of any length); None when absent or unreadable. A snapshot
-        records what was kept."""
+        records what was kept; a replay reads that record inside the snapshot only."""
         try:
-            with open(self._abs(rel), "rb") as fh:
-                data = condense(fh)
+            if self.jail is not None:
+                raw = read_confined(self._abs(rel), self.jail, CONDENSED_RECORD_LIMIT)
+                if raw is None:
+                    return None
+                data = condense(io.BytesIO(raw))
+            else:
+                with open(self._abs(rel), "rb") as fh:
+                    data = condense(fh)
+        except Refused as exc:
+            self._refuse(rel, str(exc))
+            return None
         except OSError:
             return None
         if self.recorder is not None:

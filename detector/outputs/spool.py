@@ -105,6 +105,23 @@ class _Meta:
     notice: bool = False
 
 
+def _note_destination(path: Path, destination: str) -> None:
+    """Write the spool's `destination` file unless it already says so: rewriting it takes
+    disk space, and a spool must open on a full disk to hand over what it holds."""
+    want = (destination + "\n").encode()
+    try:
+        fd = open_private(path, os.O_RDONLY)
+    except FileNotFoundError:
+        fd = -1
+    if fd >= 0:
+        try:
+            if os.read(fd, len(want) + 1) == want:
+                return
+        finally:
+            os.close(fd)
+    write_private_file(path, want)
+
+
 class Spool:
     def __init__(self, path: Path, destination: str, max_bytes: int, lock_fd: int):
         self.path, self.destination, self.max_bytes = path, destination, max_bytes
@@ -127,7 +144,7 @@ class Spool:
             # would let them read the alerts and plant ones we would sign and deliver.
             for directory in (Path(root), path, *(path / sub for sub in SUBDIRS)):
                 make_private_dir(directory)
-            write_private_file(path / "destination", (destination + "\n").encode())
+            _note_destination(path / "destination", destination)
             fd = open_private(path / "lock", os.O_RDWR)
         except PrivatePathError as exc:
             raise SpoolError(f"cannot use spool directory {root}: {exc.message}") from None

@@ -86,11 +86,11 @@ def test_spool_files_and_directories_are_private_whatever_the_umask(tmp_path):
     with umask(0o022):
         spool = Spool.open(tmp_path / "spool", DEST, max_bytes=1 << 20)
         spool.add_many([ALERT, {**ALERT, "alert.id": "a2"}])
-        spool.remove(spool.next_entry())  # writes the segment's .done file
+        spool.remove(spool.next_entry())  # settles the entry in the segment's .marks file
         spool.close()
     names = {p.name for p in (tmp_path / "spool").rglob("*")}
     assert {"destination", "lock", "pending"} <= names
-    assert any(n.endswith(".done") for n in names)
+    assert any(n.endswith(".marks") for n in names)
     assert_private_tree(tmp_path / "spool")
 
 
