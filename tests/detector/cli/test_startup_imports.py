@@ -1,9 +1,10 @@
 """Commands that run often or on every job import only what they use.
 
-`hpcsec slurm prolog` runs before every job, `--help`, `rules list` and `config check` are run by
-hand (the last two parse the rules with pySigma's parser): none of them may pull in DuckDB, pySigma's plugin autodiscovery (every installed backend
-and validator, requests, jinja2) or the packet and netlink libraries. Each command runs in a
-fresh interpreter and reports which heavy modules ended up in sys.modules.
+`hpcsec slurm prolog` runs before every job; `--help`, `rules list` and `config check` are run
+by hand (the last two parse the rules with pySigma's parser). None of them may pull in DuckDB,
+pySigma's plugin autodiscovery (every installed backend and validator, requests, jinja2) or the
+packet and netlink libraries. Each command runs in a fresh interpreter and reports which heavy
+modules ended up in sys.modules.
 """
 
 from __future__ import annotations
