@@ -16,12 +16,20 @@ percentile, per sensor and in total, against the 20 ms target. The fake NVML ans
 Python; a real driver adds its own ioctl time on top of the wrapper and parsing cost here.
 The roce sensor reads a capture rather than sampling: its figure is CPU time per packet of a
 generated mirror-port pcap.
+
+The sockets figure (`--held-fds N`, live: sock_diag and this machine's /proc) is the cost of
+one sockets sample while processes hold N descriptors (opened in child processes, each up to
+the descriptor limit): a new sensor every sample (every descriptor link read, as before the
+owner cache) against one sensor kept across samples (the agent's), in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +39,7 @@ from hpcsec.detector.core.schema import rfc3339
 from hpcsec.detector.runtime import registry
 from hpcsec.sensors.base import FsRoot, SensorContext, run_sensor
 from hpcsec.sensors.snapshot import close_sensor
+from hpcsec.sensors.sockets import SocketSensor
 from tests.fakes.nvml import h100_node, installed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +154,61 @@ def roce_figure(packets: int) -> None:
     )
 
 
+HOLDER = (
+    "import os, resource, sys\n"
+    "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))\n"
+    "held = [os.open('/dev/null', os.O_RDONLY) for _ in range(int(sys.argv[1]))]\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def hold_descriptors(total: int) -> list[subprocess.Popen]:
+    """Child processes holding `total` descriptors between them, each up to the limit."""
+    per_child = max(resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 64, 1)
+    children = []
+    while total > 0:
+        count = min(total, per_child)
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        children.append(child)
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        total -= count
+    return children
+
+
+def sockets_figure(held: int, samples: int = 5) -> None:
+    """CPU time of one live sockets sample with `held` descriptors open: full walk vs cache."""
+    live = SensorContext(
+        "live", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+    )
+    children = hold_descriptors(held)
+    try:
+        kept = SocketSensor()
+        list(kept.collect(live))  # its first sample walks everything, as a new sensor does
+        costs: dict[str, list[float]] = {"full walk": [], "cached": []}
+        for _ in range(samples):
+            for label, sensor in (("full walk", SocketSensor()), ("cached", kept)):
+                start = time.process_time()
+                list(sensor.collect(live))
+                costs[label].append(time.process_time() - start)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    full, cached = (statistics.median(costs[k]) for k in ("full walk", "cached"))
+    print(
+        f"sockets (live): {held:,} descriptors held in {len(children)} processes, median of "
+        f"{samples} samples: full walk {full * 1e3:.1f} ms CPU, cached {cached * 1e3:.1f} ms "
+        f"({full / max(cached, 1e-9):.0f} x less)"
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sensors", description=__doc__)
     parser.add_argument("--cycles", type=int, default=200)
@@ -155,6 +219,13 @@ def main(argv: list[str]) -> int:
         default=5000,
         metavar="N",
         help="packets of the RoCE capture figure (0: skip it)",
+    )
+    parser.add_argument(
+        "--held-fds",
+        type=int,
+        default=200_000,
+        metavar="N",
+        help="descriptors held during the sockets figure (0: skip it)",
     )
     args = parser.parse_args(argv)
     specs = [s for s in registry.select(args.sensor) if args.sensor or s.name not in STREAMING]
@@ -225,10 +296,10 @@ def main(argv: list[str]) -> int:
     print(f"wall {wall:.1f} s for {args.cycles + 1} cycles")
     if args.roce_packets > 0:
         roce_figure(args.roce_packets)
+    if args.held_fds > 0:
+        sockets_figure(args.held_fds)
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

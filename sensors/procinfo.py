@@ -121,3 +121,15 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         fields["user.id"] = uid
         fields["user.name"] = (users or users_of(ctx)).name(uid)
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def start_time(proc: FsRoot, pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names one
+    process, whereas a pid alone is reused. The name (field 2) may hold spaces and `)`, so
+    the fields are counted from its last `)`."""
+    stat = proc.read_bytes(f"{pid}/stat", 4096)
+    if not stat:
+        return None
+    fields = stat[stat.rfind(b")") + 1 :].split()
+    # fields[0] is field 3 (state): field 22 is fields[19]
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None

@@ -4,18 +4,27 @@ The kernel's sock_diag netlink family (through pyroute2) lists IPv4 and IPv6 soc
 their inode; the owner is found by reading the `socket:[inode]` links under
 /proc/<pid>/fd. The listing is kept as the `sockets.json` raw input so a snapshot replays
 through the same code.
+
+Reading every descriptor link of every process each sample costs what users hold (200,000
+descriptors of one user: about 1.4 s of CPU per sample), so `SocketOwners` keeps each
+process's socket inodes across samples, keyed by pid and start time, and reads a process's
+links again only when its descriptor count changed. A descriptor swapped for a socket without
+changing the count is found by a walk of every process, made when a socket has no known owner,
+at most once every FULL_WALK_EVERY samples (docs/agent.md, "Sampling cost").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from hpcsec.detector.core.schema import Event, new_event
-from hpcsec.sensors.base import SensorContext, SensorUnavailable
-from hpcsec.sensors.procinfo import Users, process_fields
+from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable
+from hpcsec.sensors.procinfo import Users, process_fields, start_time
 
 # include/net/tcp_states.h
 TCP_STATES = {
@@ -45,20 +54,102 @@ def _state_name(transport: str, code: int) -> str:
     return TCP_STATES.get(code, str(code))
 
 
+# The owner cache's bound: past this many processes it is forgotten, not hoarded (a fork
+# storm costs one full walk, not memory).
+MAX_CACHED_PROCESSES = 65536
+# A socket without a known owner makes every process walked again at most this often
+# (samples): the cost of a full walk, spread out, and the longest a descriptor swapped for a
+# socket (same count) stays unattributed. A socket no process holds (in flight between
+# processes) keeps costing that walk every FULL_WALK_EVERY samples: it is not exempted, or
+# handing it over later in a swapped descriptor would hide its owner for good.
+FULL_WALK_EVERY = 6
+
+
+def socket_inodes(proc: FsRoot, pid: int) -> frozenset[int]:
+    """Inodes of the sockets `pid` holds: one readlink per descriptor."""
+    found: set[int] = set()
+    for fd in proc.listdir(f"{pid}/fd"):
+        target = proc.readlink(f"{pid}/fd/{fd}")
+        if target and target.startswith("socket:[") and target[8:-1].isdigit():
+            found.add(int(target[8:-1]))
+    return frozenset(found)
+
+
+def fd_count(proc: FsRoot, pid: int) -> int | None:
+    """How many descriptors `pid` holds: the size Linux (6.2 and later) gives /proc/<pid>/fd,
+    without listing it; older kernels say 0, and then the entries are counted."""
+    path = proc.path / str(pid) / "fd"
+    try:
+        size = os.stat(path).st_size
+        return size if size > 0 else len(os.listdir(path))
+    except OSError:
+        return None
+
+
 def socket_owners(ctx: SensorContext, inodes: set[int]) -> dict[int, int]:
-    """socket inode -> pid of the first process holding it (lowest pid)."""
-    owners: dict[int, int] = {}
-    if not inodes:
+    """socket inode -> pid of the first process holding it (lowest pid), reading every
+    descriptor of every process (what `SocketOwners` does on its first sample)."""
+    return SocketOwners().owners(ctx.proc, inodes)
+
+
+@dataclass(frozen=True)
+class _Walked:
+    start: int  # /proc/<pid>/stat start time: a reused pid is another process
+    fds: int  # descriptors counted before the walk
+    inodes: frozenset[int]
+
+
+class SocketOwners:
+    """socket inode -> owning pid, kept from one sample to the next (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._walked: dict[int, _Walked] = {}
+        self._since_full_walk = 0
+        self.walks = 0  # processes whose links were read, since creation
+
+    def owners(self, proc: FsRoot, wanted: set[int]) -> dict[int, int]:
+        if not wanted:
+            return {}
+        pids = sorted(int(name) for name in proc.listdir() if name.isdigit())
+        kept: dict[int, _Walked] = {}
+        walked_now: set[int] = set()
+        for pid in pids:
+            entry = self._current(proc, pid, walked_now)
+            if entry is not None:
+                kept[pid] = entry
+        self._since_full_walk = 0 if len(walked_now) == len(kept) else self._since_full_walk + 1
+        owners = _first_owners(kept, wanted)
+        if wanted - owners.keys() and self._since_full_walk >= FULL_WALK_EVERY:
+            for pid, entry in kept.items():  # a descriptor swapped without a count change
+                if pid not in walked_now:
+                    kept[pid] = self._walk(proc, pid, entry.start, entry.fds)
+            self._since_full_walk = 0
+            owners = _first_owners(kept, wanted)
+        self._walked = kept if len(kept) <= MAX_CACHED_PROCESSES else {}
         return owners
-    for name in ctx.proc.listdir():
-        if not name.isdigit():
-            continue
-        for fd in ctx.proc.listdir(f"{name}/fd"):
-            target = ctx.proc.readlink(f"{name}/fd/{fd}")
-            if target and target.startswith("socket:["):
-                inode = int(target[8:-1]) if target[8:-1].isdigit() else -1
-                if inode in inodes:
-                    owners.setdefault(inode, int(name))
+
+    def _current(self, proc: FsRoot, pid: int, walked_now: set[int]) -> _Walked | None:
+        start = start_time(proc, pid)
+        count = fd_count(proc, pid)
+        if start is None or count is None:
+            return None  # gone, or its descriptors are not ours to read
+        cached = self._walked.get(pid)
+        if cached is not None and cached.start == start and cached.fds == count:
+            return cached
+        walked_now.add(pid)
+        return self._walk(proc, pid, start, count)
+
+    def _walk(self, proc: FsRoot, pid: int, start: int, count: int) -> _Walked:
+        # the count was read before the links: a change during the walk shows next sample
+        self.walks += 1
+        return _Walked(start, count, socket_inodes(proc, pid))
+
+
+def _first_owners(walked: dict[int, _Walked], wanted: set[int]) -> dict[int, int]:
+    owners: dict[int, int] = {}
+    for pid, entry in walked.items():  # in pid order
+        for inode in entry.inodes & wanted:
+            owners.setdefault(inode, pid)
     return owners
 
 
@@ -111,6 +202,9 @@ def parse_sockets(text: str) -> tuple[list[dict[str, Any]], int]:
 class SocketSensor:
     name = "sockets"
 
+    def __init__(self) -> None:
+        self.owners = SocketOwners()  # lives as long as the sensor: across samples
+
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
         text = ctx.raw_input("sockets.json", lambda: self._live_json(ctx))
         if text is None:
@@ -153,7 +247,7 @@ class SocketSensor:
             records = live_sockets()
         except (ImportError, OSError) as exc:
             raise SensorUnavailable(f"sock_diag netlink: {exc}") from None
-        owners = socket_owners(ctx, {r["inode"] for r in records if r["inode"]})
+        owners = self.owners.owners(ctx.proc, {r["inode"] for r in records if r["inode"]})
         for rec in records:
             rec["pid"] = owners.get(rec["inode"])
         records.sort(key=lambda r: (r["transport"], r["source.port"], r["inode"]))

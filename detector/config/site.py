@@ -102,6 +102,9 @@ class SiteConfig:
     retention_days: int = 30
     interval_s: float = 10.0
     metrics_address: str = "127.0.0.1:9817"
+    # agent.sensor_budget_s: seconds per sampled sensor ("*": every sensor); unset: half the
+    # interval (detector/runtime/threads.py)
+    sensor_budget_s: dict[str, float] = field(default_factory=dict)
     webhook_secret_file: str | None = None
     syslog_format: str = "json"  # json | cef
     path: str | None = None
@@ -141,11 +144,27 @@ def _node_class(r: ConfigReader, value: Any, firmware: FirmwarePolicy) -> str | 
     return value
 
 
+def _sensor_budgets(r: ConfigReader, value: Any) -> dict[str, float]:
+    """`agent.sensor_budget_s`: one number for every sampled sensor, or sensor name -> seconds
+    (names are the sensors of `hpcsec collect --list`; `*` is every other sensor)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return {"*": float(r.number(value, "agent", "sensor_budget_s", minimum=0.01))}
+    budgets = r.mapping(value, "agent", "sensor_budget_s")
+    return {
+        str(name): float(r.number(seconds, "agent", "sensor_budget_s", name, minimum=0.01))
+        for name, seconds in budgets.items()
+    }
+
+
 def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
     """The SiteConfig fields of sending and keeping alerts and of the agent loop."""
     spool = r.mapping(top.get("spool"), "spool", allowed=("dir", "max_bytes"))
     store = r.mapping(top.get("store"), "store", allowed=("path", "retention_days"))
-    agent = r.mapping(top.get("agent"), "agent", allowed=("interval_s", "metrics_address"))
+    agent = r.mapping(
+        top.get("agent"), "agent", allowed=("interval_s", "metrics_address", "sensor_budget_s")
+    )
     syslog_format = top.get("syslog_format", "json")
     if syslog_format not in ("json", "cef"):
         raise r.fail("syslog_format must be json or cef", "syslog_format")
@@ -183,6 +202,7 @@ def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
         "retention_days": int(retention),
         "interval_s": float(interval),
         "metrics_address": str(agent.get("metrics_address", "127.0.0.1:9817")),
+        "sensor_budget_s": _sensor_budgets(r, agent.get("sensor_budget_s")),
         "webhook_secret_file": top.get("webhook_secret_file"),
         "syslog_format": syslog_format,
     }

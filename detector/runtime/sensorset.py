@@ -2,13 +2,26 @@
 
 Sensor objects live as long as the set (NVML stays initialised, counters keep their previous
 values, the fanotify stream keeps its groups), and every sensor is closed at the end.
+
+`BudgetedSensors` is the agent's way to sample them: every sensor in its own long-lived
+thread, all started together, each waited for until its own deadline. A sensor still reading
+at its deadline is reported `slow` and left to finish in its thread; what it read then comes
+with the next sample (it is not discarded: a sensor that is always a little late must not
+become a sensor that never reports). A sensor has at most one run in flight, so a stuck one
+costs one thread and never piles up work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 from hpcsec.sensors.base import (
+    FsRoot,
     Sensor,
     SensorContext,
     SensorRun,
@@ -17,6 +30,12 @@ from hpcsec.sensors.base import (
     run_sensor,
 )
 from hpcsec.sensors.snapshot import close_sensor
+
+logger = logging.getLogger(__name__)
+
+SLOW = "slow"
+# How long closing waits for a sensor thread still reading before leaving it (a daemon).
+CLOSE_WAIT_S = 2.0
 
 
 def make_sensor(spec: SensorSpec) -> Sensor:
@@ -48,3 +67,139 @@ class SensorSet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _own_root(root: FsRoot) -> FsRoot:
+    mine = copy.copy(root)
+    mine.refused = []
+    return mine
+
+
+def fork_context(ctx: SensorContext) -> SensorContext:
+    """The sample's context for one sensor thread: the same time, config, options and carried
+    state, but its own refusal lists, so sensors running at once do not take each other's."""
+    return replace(
+        ctx,
+        sys=_own_root(ctx.sys),
+        proc=_own_root(ctx.proc),
+        etc=_own_root(ctx.etc),
+        refused=[],
+    )
+
+
+class _Worker:
+    """One sensor's thread: runs the sensor on each context it is given, one run at a time.
+
+    Every field is guarded by the set's condition, which also carries both wake-ups (work
+    for a worker, a finished run for the sampler)."""
+
+    def __init__(self, spec: SensorSpec, sensor: Sensor, cond: threading.Condition):
+        self.spec, self.sensor = spec, sensor
+        self._cond = cond
+        self.job: SensorContext | None = None
+        self.reading: SensorContext | None = None  # the sample it is reading now
+        self.result: SensorRun | None = None
+        self.closed = False
+        self.thread = threading.Thread(
+            target=self._loop, name=f"hpcsec-sensor-{spec.name}", daemon=True
+        )
+        self.thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None or self.reading is not None
+
+    def submit(self, ctx: SensorContext) -> None:
+        self.job = ctx
+        self._cond.notify_all()
+
+    def take(self) -> SensorRun | None:
+        result, self.result = self.result, None
+        return result
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self.job is None and not self.closed:
+                    self._cond.wait()
+                if self.closed:
+                    return
+                ctx, self.job = self.job, None
+                self.reading = ctx
+            run = run_sensor(self.spec, self.sensor, ctx)  # never raises (see run_sensor)
+            with self._cond:
+                self.result, self.reading = run, None
+                self._cond.notify_all()
+
+
+def slow_run(spec: SensorSpec, ctx: SensorContext, budget_s: float, reading: str) -> SensorRun:
+    """The status of a sensor that did not finish within its budget in this sample."""
+    message = (
+        f"still reading (the sample of {reading}) after its budget of {budget_s:g} s: skipped "
+        "in this sample; what it reads comes with the next sample"
+    )
+    status = ctx.status(spec.name, SLOW, message, **{"hpcsec.budget_s": budget_s})
+    return SensorRun(spec.name, [], status)
+
+
+class BudgetedSensors:
+    """The sensors of `specs`, each in its own thread, sampled together within budgets."""
+
+    def __init__(self, specs: Iterable[SensorSpec]):
+        self.sensors = SensorSet(specs)
+        self._cond = threading.Condition()
+        self._interrupted = False
+        self.workers = [_Worker(spec, sensor, self._cond) for spec, sensor in self.sensors.sensors]
+
+    def sample(self, ctx: SensorContext, budget_s: Callable[[str], float]) -> list[SensorRun]:
+        """One sample: late results of the previous samples first, then each sensor's run of
+        this one, or its `slow` status when it is still reading at `budget_s(name)` seconds
+        after the start. Returns early (with what it has) when interrupted."""
+        start = time.monotonic()
+        runs: list[SensorRun] = []
+        with self._cond:
+            for worker in self.workers:
+                late = worker.take()
+                if late is not None:
+                    runs.append(late)
+                if not worker.busy:
+                    worker.submit(fork_context(ctx))
+            for worker in self.workers:
+                budget = budget_s(worker.spec.name)
+                deadline = start + budget
+                while worker.busy and not self._interrupted:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._interrupted:
+                    break
+                run = worker.take()
+                if run is None:
+                    reading = worker.reading or worker.job or ctx
+                    run = slow_run(worker.spec, ctx, budget, reading.timestamp)
+                runs.append(run)
+        return runs
+
+    def interrupt(self) -> None:
+        """Make a waiting `sample` return now (the source is stopping)."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the threads and close the sensors; a sensor still reading after CLOSE_WAIT_S
+        is left to its (daemon) thread unclosed: closing a library mid-call is worse."""
+        self.interrupt()
+        with self._cond:
+            for worker in self.workers:
+                worker.closed = True
+                worker.job = None
+            self._cond.notify_all()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for worker in self.workers:
+            worker.thread.join(max(deadline - time.monotonic(), 0.0))
+            if worker.thread.is_alive():
+                logger.warning("sensor %s still reading at shutdown: left open", worker.spec.name)
+            else:
+                close_sensor(worker.sensor)

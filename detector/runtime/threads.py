@@ -22,11 +22,14 @@ from typing import Any
 from hpcsec.detector.core.schema import Event, rfc3339
 from hpcsec.detector.enrich.view import NodeView
 from hpcsec.detector.runtime.pipeline import SourceBatch, capture
-from hpcsec.detector.runtime.sensorset import SensorSet
+from hpcsec.detector.runtime.sensorset import BudgetedSensors, SensorSet
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
 logger = logging.getLogger(__name__)
 
+# A sampled sensor's budget when the site config names none: this share of the interval. The
+# sensors run at once, so a sample waits at most this long for the slowest one.
+DEFAULT_BUDGET_SHARE = 0.5
 # How often the stream thread collects what the fanotify reader folded: the bound on the
 # latency it adds between a file access and its evaluation.
 STREAM_POLL_S = 0.25
@@ -111,6 +114,15 @@ def _capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView | None, 
         return None, []
 
 
+def sensor_budget(config: Any, name: str, interval_s: float) -> float:
+    """Seconds the sampler waits for sensor `name` in one sample: `agent.sensor_budget_s` of
+    the site config (for this sensor, else for every sensor), else DEFAULT_BUDGET_SHARE of
+    the interval; never more than the interval, so a sample ends before the next is due."""
+    budgets: dict[str, float] = getattr(config, "sensor_budget_s", None) or {}
+    budget = budgets.get(name, budgets.get("*", DEFAULT_BUDGET_SHARE * interval_s))
+    return min(budget, interval_s)
+
+
 class _SourceThread:
     def __init__(self, name: str):
         self._stop = threading.Event()
@@ -140,7 +152,8 @@ class _SourceThread:
 
 
 class SampledSource(_SourceThread):
-    """Runs every sampled sensor once per interval, each on the same fresh context.
+    """Runs every sampled sensor once per interval, all at once, each on a fork of the same
+    fresh context and within its budget (see `sensorset.BudgetedSensors`).
 
     Sensor objects live as long as the source, and `state` (counter values for deltas,
     firmware versions for changes) is carried from one sample to the next.
@@ -156,12 +169,17 @@ class SampledSource(_SourceThread):
         on_sample: Callable[[float], None],
     ):
         super().__init__("hpcsec-sampler")
-        self.sensors = SensorSet(specs)
+        self.sensors = BudgetedSensors(specs)
         self.make_context = make_context
         self.queue = queue
         self.interval_s = interval_s
         self.on_run, self.on_sample = on_run, on_sample
         self.state: dict[str, Any] = {}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.sensors.interrupt()  # a sample waiting on a slow sensor returns now
+        super().stop(timeout)
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -181,14 +199,14 @@ class SampledSource(_SourceThread):
     def _sample(self) -> bool:
         ctx = self.make_context()
         ctx.state = self.state
-        runs: list[SensorRun] = []
         if self._stop.is_set():
             return False
-        for run in self.sensors.runs(ctx):  # each sensor runs when the loop asks for it
+        interval = self.interval_s
+        runs = self.sensors.sample(ctx, lambda name: sensor_budget(ctx.config, name, interval))
+        if self._stop.is_set():
+            return False
+        for run in runs:
             self.on_run(run)
-            runs.append(run)
-            if self._stop.is_set():
-                return False
         # One view for the whole sample: enrichment relates events of different sensors.
         view, status = _capture(ctx, [e for run in runs for e in run.events])
         sample = [(SourceBatch([*run.events, run.status], view), run.name) for run in runs]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,9 @@ class JobContext:
         # checked against one fetched after they were seen (then decided: no such job here)
         self._pending_claims: set[str] = set()
         self._checked_claims: set[str] = set()
+        # The agent's slurm_jobs sensor thread and its sampler (capturing the node view) may
+        # refresh at once when the sensor runs late: one fetch at a time, one status each.
+        self._lock = threading.RLock()
 
     # -------------------------------------------------------------- refresh
     def invalidate(self) -> None:
@@ -150,6 +154,10 @@ class JobContext:
 
     def refresh(self, ctx: SensorContext, force: bool = False) -> None:
         """Load the job table (from the snapshot when replaying, else Slurm or the cache)."""
+        with self._lock:
+            self._refresh(ctx, force)
+
+    def _refresh(self, ctx: SensorContext, force: bool) -> None:
         if ctx.replaying:
             raw = {name: ctx.raw_input(name, lambda: None) for name in INPUTS}
             self.table = build_table(raw)
@@ -236,7 +244,8 @@ class JobContext:
 
     def take_status(self) -> list[Event]:
         """Status events produced since the last call (outage, recovery, parse errors)."""
-        out, self._pending_status = self._pending_status, []
+        with self._lock:
+            out, self._pending_status = self._pending_status, []
         return out
 
     # -------------------------------------------------------------- lookups

@@ -286,7 +286,7 @@ def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path,
     )
     assert capsys.readouterr().err == (
         f"hpcsec: error: {config}:3: unknown key 'colour' "
-        "(expected one of: interval_s, metrics_address)\n"
+        "(expected one of: interval_s, metrics_address, sensor_budget_s)\n"
     )
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
     assert (

@@ -1,0 +1,151 @@
+"""Sampled sensors run at once, each within its budget: a slow one is reported and skipped for
+that sample, never delaying the others (real threads; the asserts are on events and order)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.config.site import SiteConfig, load_config
+from hpcsec.detector.core.errors import ConfigError
+from hpcsec.detector.core.schema import Event, new_event
+from hpcsec.detector.runtime.node import live_context
+from hpcsec.detector.runtime.sensorset import BudgetedSensors
+from hpcsec.detector.runtime.threads import EventQueue, SampledSource, sensor_budget
+from hpcsec.sensors.base import SensorContext, SensorSpec
+
+STUCK_BUDGET_S = 0.05
+GENEROUS_S = 60.0  # the fast sensors' budget: never reached, whatever the machine's load
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+class _Fast:
+    def __init__(self, name: str):
+        self.name = name
+
+    def collect(self, ctx: SensorContext) -> list[Event]:
+        return [new_event("process", "present", self.name, ctx.host_name, ctx.timestamp, {})]
+
+
+class _Stuck:
+    """Reads until released, as a sensor on a /proc of 200,000 descriptors would."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def collect(self, ctx: SensorContext) -> list[Event]:
+        self.calls += 1
+        self.release.wait(30)
+        return [new_event("process", "present", self.name, ctx.host_name, ctx.timestamp, {})]
+
+
+def _specs(stuck: _Stuck) -> list[SensorSpec]:
+    # the slow sensor sits between the fast ones: run one after another, it would delay `b`
+    return [
+        SensorSpec("a", lambda: _Fast("a"), "fast"),
+        SensorSpec("stuck", lambda: stuck, "slow"),
+        SensorSpec("b", lambda: _Fast("b"), "fast"),
+    ]
+
+
+def _budget(name: str) -> float:
+    return STUCK_BUDGET_S if name == "stuck" else GENEROUS_S
+
+
+def _context(tmp_path: Path, config: SiteConfig | None = None) -> SensorContext:
+    return live_context(config or SiteConfig(), etc_root=tmp_path, host_name="n1")
+
+
+def test_a_slow_sensor_is_reported_and_the_others_deliver_in_the_same_sample(tmp_path: Path):
+    stuck = _Stuck()
+    sensors = BudgetedSensors(_specs(stuck))
+    try:
+        first = _context(tmp_path)
+        runs = sensors.sample(first, _budget)
+        assert [r.name for r in runs] == ["a", "stuck", "b"]
+        a, slow, b = runs
+        assert a.ok and b.ok and len(a.events) == len(b.events) == 1
+        assert slow.status["event.action"] == "slow" and slow.events == []
+        assert f"budget of {STUCK_BUDGET_S:g} s" in slow.status["message"]
+        assert slow.status["hpcsec.budget_s"] == STUCK_BUDGET_S
+        assert not stuck.release.is_set()  # `b` was read while `stuck` was still reading
+
+        # Still reading in the next sample: slow again, naming the sample it reads, and not
+        # started a second time (one run in flight per sensor).
+        second = _context(tmp_path)
+        runs = sensors.sample(second, _budget)
+        assert [r.status["event.action"] for r in runs] == ["ok", "slow", "ok"]
+        assert first.timestamp in runs[1].status["message"] and stuck.calls == 1
+
+        # Its late result is not lost: it comes first in the next sample, with its read time.
+        stuck.release.set()
+        _wait_for(lambda: not sensors.workers[1].busy)
+        runs = sensors.sample(_context(tmp_path), _budget)
+        late = runs[0]
+        assert late.name == "stuck" and late.ok
+        assert [e["@timestamp"] for e in late.events] == [first.timestamp]
+        assert [r.name for r in runs[1:]] == ["a", "stuck", "b"] and stuck.calls == 2
+    finally:
+        stuck.release.set()
+        sensors.close()
+
+
+def test_the_sampler_queues_the_other_sensors_while_one_is_stuck(tmp_path: Path):
+    stuck = _Stuck()
+    config = SiteConfig(sensor_budget_s={"stuck": STUCK_BUDGET_S, "*": 5.0})
+    queue = EventQueue(max_events=1000)
+    runs: list = []
+    source = SampledSource(
+        _specs(stuck), lambda: _context(tmp_path, config), queue, 5.0, runs.append, lambda _: None
+    )
+    source.start()
+    try:
+        seen: list[Event] = []
+
+        def delivered() -> bool:
+            seen.extend(e for batch in queue.get(1000, 0.05) for e in batch.events)
+            return any(e["hpcsec.sensor"] == "b" and e["event.kind"] == "event" for e in seen)
+
+        _wait_for(delivered)
+        assert not stuck.release.is_set()
+        slow = [e for e in seen if e["event.action"] == "slow"]
+        assert [e["hpcsec.sensor"] for e in slow] == ["stuck"]
+        assert "budget of 0.05 s" in slow[0]["message"]
+        assert any(r.name == "stuck" and r.status["event.action"] == "slow" for r in runs)
+    finally:
+        stuck.release.set()
+        source.stop()
+
+
+def test_budgets_come_from_the_config_and_never_exceed_the_interval():
+    assert sensor_budget(SiteConfig(), "sockets", 10.0) == 5.0  # half the interval
+    config = SiteConfig(sensor_budget_s={"sockets": 8.0, "*": 2.0})
+    assert sensor_budget(config, "sockets", 10.0) == 8.0
+    assert sensor_budget(config, "gpu", 10.0) == 2.0
+    assert sensor_budget(config, "sockets", 4.0) == 4.0  # a sample ends before the next
+
+
+def test_sensor_budget_config_key(tmp_path: Path):
+    path = tmp_path / "site.yml"
+    path.write_text("agent:\n  sensor_budget_s: 3\n")
+    assert load_config(path).sensor_budget_s == {"*": 3.0}
+    path.write_text("agent:\n  sensor_budget_s:\n    sockets: 4\n    '*': 1.5\n")
+    assert load_config(path).sensor_budget_s == {"sockets": 4.0, "*": 1.5}
+    path.write_text("agent:\n  sensor_budget_s:\n    sockets: soon\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.location is not None and err.value.location.line == 3
+    assert "agent.sensor_budget_s.sockets must be a number" in str(err.value)
