@@ -264,6 +264,12 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.group", "object", "correlations: the `group-by` values of the group that fired"),
     Field("alert.value", "double", "correlations: the count, sum or average that fired"),
     Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
+    Field(
+        "incident.id",
+        "keyword",
+        "alerts to triage together share it: same node and job, or same user and process "
+        "without a job, or a correlation and its steps' alerts (docs/incidents.md)",
+    ),
 )
 ALERT_COPIED_PREFIXES = (
     "slurm.job.",
