@@ -124,7 +124,11 @@ class IncidentTracker:
             ident = self._by_alert.get(aid)
             if ident is None:
                 ident = self._by_alert[aid] = self._open_for(alert).ident
-            out.append(alert if alert.get(INCIDENT_FIELD) == ident else alert.evolve({INCIDENT_FIELD: ident}))
+            out.append(
+                alert
+                if alert.get(INCIDENT_FIELD) == ident
+                else alert.evolve({INCIDENT_FIELD: ident})
+            )
         return out
 
     def forget(self, alerts: Iterable[Alert]) -> None:
@@ -185,7 +189,8 @@ def _distinct(alerts: Iterable[Mapping[str, Any]], *keys: str) -> tuple[str, ...
 def timeline(alerts: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Alerts in the order they happened (first event), the most severe first at a tie."""
     return sorted(
-        alerts, key=lambda a: (_span(a)[0], -level_rank(a.get("rule.level")), str(a.get("rule.title")))
+        alerts,
+        key=lambda a: (_span(a)[0], -level_rank(a.get("rule.level")), str(a.get("rule.title"))),
     )
 
 
