@@ -268,7 +268,7 @@ ALERT_FIELDS: tuple[Field, ...] = (
         "incident.id",
         "keyword",
         "alerts to triage together share it: same node and job, or same user and process "
-        "without a job, or a correlation and its steps' alerts (docs/incidents.md)",
+        "without a job, or a correlation and its steps' alerts (docs/report.md)",
     ),
 )
 ALERT_COPIED_PREFIXES = (
