@@ -24,6 +24,8 @@ from hpcsec.detector.report.svg import (
     vector_colors,
 )
 
+OPEN_INCIDENTS = 10  # shown unfolded; the rest are one line each until clicked
+MAX_SHOWN = 500
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 LEVEL_COLORS = {
     "critical": "#8b0000",
@@ -170,6 +172,16 @@ def _incident(incident: IncidentSummary, open_: bool) -> str:
     return f"<details{' open' if open_ else ''}><summary>{head}</summary>{table}</details>"
 
 
+def _incidents(incidents: Sequence[IncidentSummary]) -> str:
+    if not incidents:
+        return '<p class="empty">No incidents.</p>'
+    shown = "".join(_incident(i, n < OPEN_INCIDENTS) for n, i in enumerate(incidents[:MAX_SHOWN]))
+    rest = len(incidents) - MAX_SHOWN
+    if rest > 0:  # a flood of alerts must not make a page no browser opens
+        shown += f'<p class="empty">{rest} less severe incident(s) not shown.</p>'
+    return shown
+
+
 def render(data: ReportInput, generated: str) -> str:
     """The whole page."""
     alerts = data.alerts
@@ -198,8 +210,7 @@ def render(data: ReportInput, generated: str) -> str:
         "<h2>Nodes and vectors</h2>",
         node_vector_heatmap(alerts, vectors),
         "<h2>Incidents</h2>",
-        "".join(_incident(i, n < 10) for n, i in enumerate(incidents))
-        or '<p class="empty">No incidents.</p>',
+        _incidents(incidents),
         "<h2>Per job</h2>",
         _per_job(alerts),
         "<h2>Per node</h2>",

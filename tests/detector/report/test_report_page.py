@@ -75,3 +75,27 @@ def test_a_source_is_required_and_rules_do_not_go_with_the_store(tmp_path, capsy
     rc = main(["report", "--store", "s", "--rules", "r", "-o", str(tmp_path / "x.html")])
     assert rc == 2
     assert not (tmp_path / "x.html").exists()
+
+
+def test_a_flood_of_incidents_is_cut_to_the_most_severe(tmp_path):
+    from hpcsec.detector.alerts.model import Alert
+    from hpcsec.detector.report.gather import ReportInput
+    from hpcsec.detector.report.page import MAX_SHOWN, render
+
+    alerts = [
+        Alert(
+            {
+                "alert.id": f"a{n}",
+                "@timestamp": "2026-11-30T01:00:00Z",
+                "rule.title": "t",
+                "rule.level": "critical" if n == MAX_SHOWN + 1 else "low",
+                "rule.vector": "gpu_hijack",
+                "host.name": "gpu-1",
+                "incident.id": f"inc-{n}",
+            }
+        )
+        for n in range(MAX_SHOWN + 2)
+    ]
+    page = render(ReportInput(alerts=alerts, source="test"), generated="now")
+    assert "2 less severe incident(s) not shown" in page
+    assert f"inc-{MAX_SHOWN + 1}" in page  # the critical one is first, so shown
