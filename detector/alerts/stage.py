@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from hpcsec.detector.alerts.dedup import WindowedDedup
+from hpcsec.detector.alerts.incidents import IncidentTracker
 from hpcsec.detector.alerts.model import Alert, sort_alerts
 from hpcsec.detector.alerts.suppression import Decision, Suppressor
 from hpcsec.detector.config.site import SiteConfig
@@ -35,16 +36,19 @@ class AlertStage:
         self._clock = clock
         self.dedup = WindowedDedup(config.dedup_window_s, clock, dedup=dedup)
         self.suppressor = suppressor or Suppressor.from_config(config)
+        # incident.id of every alert dedup holds: it is set once, when an alert is new, and
+        # carried onto each later value of the same alert
+        self.incidents = IncidentTracker()
 
     # -- folding -----------------------------------------------------------------------------
 
     def fold(self, matches: list[Match]) -> list[Alert]:
         """Dedup only: returns the alerts that are new."""
-        return self.dedup.add(matches)
+        return self.incidents.tag(self.dedup.add(matches))
 
     def current(self) -> list[Alert]:
         """The current value of every open alert (counts grown by dedup included)."""
-        return self.dedup.alerts()
+        return self.incidents.tag(self.dedup.alerts())
 
     def grown(self) -> list[Alert]:
         """Current values of the open alerts that repeats were folded into since the last
@@ -54,7 +58,9 @@ class AlertStage:
 
     def rotate(self) -> list[Alert]:
         """Forget a dedup window that ended; returns its alerts' final values."""
-        return self.dedup.rotate()
+        forgotten = self.incidents.tag(self.dedup.rotate())
+        self.incidents.forget(forgotten)
+        return forgotten
 
     # -- deciding ----------------------------------------------------------------------------
 
@@ -84,6 +90,6 @@ class AlertStage:
         self.suppressor.reconfigure(config)
         if max(int(config.dedup_window_s), 1) == self.dedup.window_s:
             return []
-        final = self.dedup.alerts()
+        final = self.incidents.tag(self.dedup.alerts())
         self.dedup = WindowedDedup(config.dedup_window_s, self._clock, dedup=self.dedup_enabled)
         return final

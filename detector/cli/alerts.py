@@ -8,6 +8,12 @@ from typing import Any
 
 import orjson
 
+from hpcsec.detector.alerts.incidents import summarize_incidents
+from hpcsec.detector.cli.incident_view import (
+    write_incidents_json,
+    write_incidents_table,
+    write_timeline,
+)
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible, visible_json
 from hpcsec.detector.core.errors import UsageError
@@ -52,6 +58,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1000,
         metavar="N",
         help="at most the newest N alerts (default 1000)",
+    )
+    view = p.add_mutually_exclusive_group()
+    view.add_argument(
+        "--incidents",
+        action="store_true",
+        help="one row per incident (alerts that belong together) instead of the alerts",
+    )
+    view.add_argument(
+        "--incident",
+        metavar="ID",
+        help="the alerts of one incident, in the order they happened",
     )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument(
@@ -100,10 +117,21 @@ def run(args: argparse.Namespace) -> int:
                 rule=args.rule,
                 vector=args.vector,
                 disposition=args.state,
+                incident=args.incident,
                 limit=args.limit,
             )
         )
-    if args.format == "json":
+    if args.incidents:
+        incidents = summarize_incidents(alerts)
+        if args.format == "json":
+            write_incidents_json(incidents)
+        elif incidents:
+            write_incidents_table(incidents, title=f"{len(incidents)} incident(s)")
+        else:
+            print("no alerts match", file=sys.stderr)
+    elif args.incident and args.format == "table" and alerts:
+        write_timeline(args.incident, alerts)
+    elif args.format == "json":
         text = visible_json(orjson.dumps(alerts, option=orjson.OPT_INDENT_2))
         sys.stdout.write(text.decode() + "\n")
     elif alerts:

@@ -28,6 +28,7 @@ COMMANDS = {
     "rules": "list, check, test and convert Sigma rules",
     "config": "validate or show a site config",
     "alerts": "query the alert store (or export its events to Parquet)",
+    "report": "write a self-contained HTML report: incidents, timelines, counts and plots",
     "agent": "run continuously on a node: sampled sensors, the file access stream, rules, "
     "alerts to outputs and the store; SIGHUP reloads",
     "slurm": "Slurm Prolog=/Epilog= hooks (always exit 0)",

@@ -7,8 +7,10 @@ import os
 import sys
 from collections.abc import Iterator
 
+from hpcsec.detector.alerts.incidents import summarize_incidents
 from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
+from hpcsec.detector.cli.incident_view import write_incidents_json, write_incidents_table
 from hpcsec.detector.cli.render import write_json, write_jsonl, write_table
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
@@ -34,6 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--demo", action="store_true", help="scan the bundled demo snapshot")
     add_config_and_rules(p)
     p.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    p.add_argument(
+        "--incidents",
+        action="store_true",
+        help="print one row per incident (alerts that belong together) instead of the alerts",
+    )
     p.add_argument(
         "--fail-on",
         choices=LEVELS,
@@ -118,15 +125,21 @@ def scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None
     if outputs is not None:
         delivery = deliver_alerts(outputs, alerts)
     else:
-        write_alerts(alerts, args.format)
+        write_alerts(alerts, args.format, incidents=args.incidents)
     if store is not None:
         store_decision(store, decision, delivery)
     threshold = level_rank(args.fail_on)
     return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
 
 
-def write_alerts(alerts: list[Alert], fmt: str) -> None:
-    if fmt == "json":
+def write_alerts(alerts: list[Alert], fmt: str, incidents: bool = False) -> None:
+    if incidents:
+        rows = summarize_incidents(alerts)
+        if fmt == "table":
+            write_incidents_table(rows, title=f"hpcsec: {len(rows)} incident(s)")
+        else:
+            write_incidents_json(rows)
+    elif fmt == "json":
         write_json(alerts)
     elif fmt == "jsonl":
         write_jsonl(alerts)

@@ -294,6 +294,12 @@ ALERT_FIELDS: tuple[Field, ...] = (
         "more distinct actions of one rule, host, job and user in a window than dedup keeps "
         "apart were folded into this alert",
     ),
+    Field(
+        "incident.id",
+        "keyword",
+        "alerts to triage together share it: same node and job, or same user and process "
+        "without a job, or a correlation and its steps' alerts (docs/report.md)",
+    ),
 )
 ALERT_COPIED_PREFIXES = (
     "slurm.job.",

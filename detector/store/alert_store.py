@@ -41,6 +41,8 @@ _DDL = (
         host VARCHAR, job_id VARCHAR, user_name VARCHAR, count BIGINT,
         disposition VARCHAR, reason VARCHAR, summary VARCHAR, doc VARCHAR,
         stored_at TIMESTAMP)""",
+    # added after the first release: a store written before has its alerts without one
+    "ALTER TABLE alerts ADD COLUMN IF NOT EXISTS incident_id VARCHAR",
     """CREATE TABLE IF NOT EXISTS deliveries (
         alert_id VARCHAR, destination VARCHAR, state VARCHAR, error VARCHAR,
         updated TIMESTAMP, PRIMARY KEY (alert_id, destination))""",
@@ -56,6 +58,14 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | Non
     """The one integer a `SELECT count(*)` returns."""
     row = con.execute(sql, params or []).fetchone()
     return int(row[0]) if row is not None else 0
+
+
+def _has_incident_column(con: duckdb.DuckDBPyConnection) -> bool:
+    sql = (
+        "SELECT count(*) FROM information_schema.columns "
+        "WHERE table_name = 'alerts' AND column_name = 'incident_id'"
+    )
+    return _scalar(con, sql) > 0
 
 
 class DeliveryRecord(Protocol):
@@ -110,6 +120,7 @@ class AlertQuery:
     rule: str | None = None
     vector: str | None = None
     disposition: str | None = None
+    incident: str | None = None
     limit: int = 1000
 
 
@@ -269,6 +280,7 @@ class Store:
                 _str(a.get("alert.summary")),
                 dumps(a).decode(),
                 now,
+                _str(a.get("incident.id")),
             )
         with self._connect() as con:
             self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
@@ -316,6 +328,7 @@ class Store:
             ("user_name", q.user),
             ("rule_id", q.rule),
             ("disposition", q.disposition),
+            ("incident_id", q.incident),
         ):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -329,6 +342,8 @@ class Store:
             f"LIMIT {int(q.limit)}"
         )
         with self._connect() as con:
+            if q.incident is not None and not _has_incident_column(con):
+                return []  # a store no writer opened since incidents came: none has one
             rows = con.execute(sql, params).fetchall()
             states: dict[str, dict[str, str]] = {}
             if rows:
