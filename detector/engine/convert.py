@@ -23,8 +23,8 @@ from typing import Any, cast
 
 import yaml
 from sigma.collection import SigmaCollection
-from sigma.correlations import SigmaCorrelationRule
 from sigma.conversion.base import Backend
+from sigma.correlations import SigmaCorrelationRule
 from sigma.exceptions import SigmaError, SigmaPipelineNotFoundError
 from sigma.plugins import InstalledSigmaPlugins
 from sigma.processing.conditions import LogsourceCondition
