@@ -234,7 +234,9 @@ def _unconverted_bases(rule: Any, not_converted: set[int]) -> list[str]:
     if not isinstance(rule, SigmaCorrelationRule):
         return []
     return [
-        str(ref.rule.name or ref.rule.id) for ref in rule.rules if id(ref.rule) in not_converted
+        str(ref.rule.name or ref.rule.id)
+        for ref in rule.rules or ()
+        if id(ref.rule) in not_converted
     ]
 
 
