@@ -12,7 +12,8 @@ from hpcsec.detector.cli.common import add_config_and_rules
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
-from hpcsec.detector.engine.convert import convert_rules
+from hpcsec.detector.engine.convert import convert_ruleset
+from hpcsec.detector.engine.fieldmaps import FIELD_MAPS
 from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule
@@ -73,7 +74,14 @@ def _register_convert(actions: argparse._SubParsersAction) -> None:
         "-t",
         "--target",
         required=True,
-        help="pySigma backend (e.g. sqlite; see `sigma list targets`)",
+        help="pySigma backend: sqlite, splunk (pip install 'hpcsec[splunk]'), lucene, esql, "
+        "eql (pip install 'hpcsec[elasticsearch]'); see `sigma list targets`",
+    )
+    convert.add_argument(
+        "--fields",
+        choices=tuple(FIELD_MAPS),
+        help="field names of the SIEM's events (default: cim for splunk, ecs for the Elastic "
+        "targets, hpcsec otherwise; docs/integrations.md)",
     )
     convert.add_argument(
         "-p",
@@ -199,7 +207,7 @@ def _backend_options(pairs: list[str]) -> dict[str, str]:
 def run_convert(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     ruleset = load_rules(_paths(args), with_tests=False, threshold_values=config.thresholds)
-    queries = convert_rules(
+    conversion = convert_ruleset(
         ruleset,
         args.target,
         pipelines=args.pipeline,
@@ -207,7 +215,14 @@ def run_convert(args: argparse.Namespace) -> int:
         backend_options=_backend_options(args.backend_option),
         output_format=args.output_format,
         placeholder_expression=args.placeholder_expression,
+        fields=args.fields,
     )
-    for query in queries:
+    # like sigma-cli's --skip-unsupported: what the backend cannot express is named, one
+    # line per rule, and the rest is converted
+    for skipped in conversion.skipped:
+        print(f"hpcsec: warning: {visible(skipped)}", file=sys.stderr)
+    for query in conversion.queries:
         print(query if isinstance(query, str) else orjson.dumps(query).decode())
-    return EXIT_OK
+    if conversion.skipped:
+        print(f"{len(conversion.skipped)} rule(s) not converted to {args.target}", file=sys.stderr)
+    return EXIT_OK if conversion.queries else EXIT_FAILED

@@ -14,7 +14,13 @@ from typing import Any
 
 from hpcsec.detector.config.firmware import FirmwarePolicy, parse_firmware
 from hpcsec.detector.config.lists import DEFAULT_LISTS, parse_lists
-from hpcsec.detector.config.outputs import Silence, parse_output_urls, parse_silences
+from hpcsec.detector.config.outputs import (
+    OutputSettings,
+    Silence,
+    parse_output_settings,
+    parse_output_urls,
+    parse_silences,
+)
 from hpcsec.detector.config.policy import (
     ASSET_KINDS,
     Asset,
@@ -91,6 +97,7 @@ class SiteConfig:
     thresholds: dict[str, float | int | str] = field(default_factory=dict)
     lists: dict[str, tuple[str, ...]] = field(default_factory=dict)
     outputs: tuple[str, ...] = ()
+    output_settings: tuple[OutputSettings, ...] = ()  # the `outputs:` entries with `url:`
     silences: tuple[Silence, ...] = ()
     rate_limit_per_rule: int = 0  # alerts per rule and minute sent; 0 = no limit
     dedup_window_s: int = 300
@@ -252,6 +259,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
         thresholds=dict(thresholds),
         lists=lists,
         outputs=parse_output_urls(r, top.get("outputs")),
+        output_settings=parse_output_settings(r, top.get("outputs")),
         silences=silences,
         path=doc.path,
         name_lines=name_lines,

@@ -1,14 +1,15 @@
 """What every output is and what it may raise; nothing here knows an implementation.
 
 One way to name an output (a contract, the same in the config file and on the command line):
-`syslog+udp|tcp|tls://HOST:PORT`, `http(s)://…` (signed webhook), `file:///PATH.jsonl`, `-`.
+`syslog+udp|tcp|tls://HOST:PORT`, `http(s)://…` (webhook), `splunk+https://HOST:PORT` (Splunk
+HEC), `elasticsearch+https://HOST:PORT/INDEX` (bulk API), `file:///PATH.jsonl`, `-`.
 registry.py turns such a URL into an Output; delivery.py sends alerts through a set of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hpcsec.detector.core.display import redacted_url
@@ -57,6 +58,12 @@ class OutputOptions:
     secret_must_be_private: bool = False  # True: a secret file others can read is an error
     syslog_format: str = "json"
     timeout_s: float = 10.0
+    # per output (a config entry with `url:`): extra HTTP headers, a value or `{file: PATH}`;
+    # the Splunk HEC token / Elasticsearch API key file; whether a webhook signs (None: when
+    # a secret file is given, or required when the webhook has no other credential)
+    headers: Mapping[str, str | Mapping[str, str]] = field(default_factory=dict)
+    token_file: str | None = None
+    sign: bool | None = None
 
 
 def redact(url: str) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hpcsec.detector.config.outputs import OutputSettings
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.outputs.delivery import OutputSet
 from hpcsec.detector.outputs.protocol import Output, OutputError, OutputOptions, redact
@@ -41,6 +43,18 @@ def _webhook(url: str, options: OutputOptions) -> Output:
     return WebhookOutput.from_url(url, options)
 
 
+def _splunk_hec(url: str, options: OutputOptions) -> Output:
+    from hpcsec.detector.outputs.splunk_hec import SplunkHecOutput
+
+    return SplunkHecOutput.from_url(url, options)
+
+
+def _elasticsearch(url: str, options: OutputOptions) -> Output:
+    from hpcsec.detector.outputs.elasticsearch import ElasticsearchOutput
+
+    return ElasticsearchOutput.from_url(url, options)
+
+
 Opener = Callable[[str, OutputOptions], Output]
 OPENERS: dict[str, Opener] = {
     "file": _jsonl,
@@ -49,8 +63,15 @@ OPENERS: dict[str, Opener] = {
     "syslog+tls": _syslog,
     "http": _webhook,
     "https": _webhook,
+    "splunk+http": _splunk_hec,
+    "splunk+https": _splunk_hec,
+    "elasticsearch+http": _elasticsearch,
+    "elasticsearch+https": _elasticsearch,
 }
-KNOWN = "syslog+udp://, syslog+tcp://, syslog+tls://, http(s)://, file:///….jsonl, -"
+KNOWN = (
+    "syslog+udp://, syslog+tcp://, syslog+tls://, http(s)://, splunk+https://, "
+    "elasticsearch+https://, file:///….jsonl, -"
+)
 
 
 def open_output(url: str, options: OutputOptions) -> Output:
@@ -73,13 +94,24 @@ def default_spool_dir() -> str:
     return os.path.join(state, "hpcsec", "spool")
 
 
-def _open_each(urls: list[str] | tuple[str, ...], options: OutputOptions) -> list[Output]:
+def _open_each(
+    urls: list[str] | tuple[str, ...],
+    options: OutputOptions,
+    settings: tuple[OutputSettings, ...] = (),
+) -> list[Output]:
     """Every output, each name once; on an error, those opened so far are closed again."""
     outputs: list[Output] = []
     seen: set[str] = set()
+    by_url = {s.url: s for s in settings}
     try:
         for url in urls:
-            out = open_output(url, options)
+            entry = by_url.get(url)
+            own = options
+            if entry is not None:  # a config entry with `url:`: its headers, token, signing
+                own = replace(
+                    options, headers=entry.headers, token_file=entry.token_file, sign=entry.sign
+                )
+            out = open_output(url, own)
             if out.name in seen:
                 raise OutputError(f"output {out.name!r} is given twice")
             seen.add(out.name)
@@ -111,7 +143,7 @@ def open_outputs(
         secret_must_be_private=private_secret,
         syslog_format=config.syslog_format,
     )
-    outputs = _open_each(urls or config.outputs, options)
+    outputs = _open_each(urls or config.outputs, options, config.output_settings)
     durable = any(o.durable for o in outputs)
     spool = (spool_dir or config.spool_dir or default_spool_dir()) if durable else None
     return OutputSet(outputs, spool, config.spool_max_bytes)

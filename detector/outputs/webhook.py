@@ -15,18 +15,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
-import stat
 import time
+from collections.abc import Mapping
 from datetime import UTC
 from email.utils import parsedate_to_datetime
-from urllib.parse import urlsplit
 
 import httpx
 
 from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.fit import fit
+from hpcsec.detector.outputs.httpauth import (
+    check_http_url,
+    http_client,
+    read_private_file,
+    resolve_headers,
+    transport_failure,
+)
 from hpcsec.detector.outputs.protocol import (
     Alert,
     DeliveryFailed,
@@ -52,25 +57,20 @@ def read_secret(path: str | None, url: str, must_be_private: bool = False) -> by
     if not path:
         raise OutputError(
             f"webhook output {redact(url)} needs a signing secret: "
-            "--webhook-secret-file FILE (or webhook_secret_file in the config)"
+            "--webhook-secret-file FILE (or webhook_secret_file in the config), or "
+            "`sign: false` with its own credential in `headers:` (docs/integrations.md)"
         )
-    try:
-        with open(path, "rb") as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            secret = fh.read().strip()
-    except OSError as exc:
-        raise OutputError(f"cannot read webhook secret file {path}: {exc.strerror}") from None
-    if mode & 0o077:
-        problem = (
-            f"webhook secret file {path} is readable by group or others "
-            f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it"
-        )
-        if must_be_private:
-            raise OutputError(problem)
-        logger.warning("%s", problem)
-    if not secret:
-        raise OutputError(f"webhook secret file {path} is empty")
-    return secret
+    return read_private_file(path, "webhook secret", must_be_private)
+
+
+def signing_secret(url: str, options: OutputOptions) -> bytes | None:
+    """The HMAC key, or None for a webhook that does not sign (`sign: false`, or no secret
+    given and a credential header of its own, as a Logic App or DCR endpoint wants)."""
+    if options.sign is False:
+        return None
+    if options.sign is None and not options.secret_file and options.headers:
+        return None
+    return read_secret(options.secret_file, url, options.secret_must_be_private)
 
 
 def _json_body(alert: Alert) -> bytes:
@@ -99,41 +99,56 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - now)
 
 
+def raise_for_status(response: httpx.Response, permanent: frozenset[int]) -> None:
+    """Nothing for a 2xx; else DeliveryFailed, permanent for `permanent` statuses, with the
+    receiver's Retry-After for 429 and 503."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return
+    reason = f"HTTP {status} {response.reason_phrase}".strip()
+    if status in permanent:
+        raise DeliveryFailed(reason, permanent=True)
+    retry_after = None
+    if status in (429, 503):
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    raise DeliveryFailed(reason, retry_after=retry_after)
+
+
 class WebhookOutput:
     durable = True
 
-    def __init__(self, url: str, secret: bytes, timeout_s: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        secret: bytes | None,
+        timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+    ):
         self.url = url
         self.name = redact(url)
         self._secret = secret
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            follow_redirects=False,
-            headers={"User-Agent": USER_AGENT},
-        )
+        self._headers = dict(headers or {})
+        self._client = http_client(timeout_s, USER_AGENT)
 
     @classmethod
     def from_url(cls, url: str, options: OutputOptions) -> WebhookOutput:
-        parts = urlsplit(url)
-        try:
-            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-        except ValueError:
-            raise OutputError(f"webhook output {redact(url)!r}: bad port") from None
-        if not parts.hostname or parts.fragment:
-            raise OutputError(
-                f"webhook output {redact(url)!r}: expected http(s)://HOST[:PORT]/PATH"
-            )
-        secret = read_secret(options.secret_file, url, options.secret_must_be_private)
-        return cls(url, secret, options.timeout_s)
+        check_http_url(url, "webhook", "http(s)://HOST[:PORT]/PATH")
+        secret = signing_secret(url, options)
+        where = f"webhook output {redact(url)}"
+        headers = resolve_headers(options.headers, where, options.secret_must_be_private)
+        return cls(url, secret, options.timeout_s, headers)
 
     def request_headers(self, alert: Alert, body: bytes) -> dict[str, str]:
-        timestamp = str(int(time.time()))
-        return {
+        headers = {
+            **self._headers,
             "Content-Type": "application/json",
-            "X-Hpcsec-Timestamp": timestamp,
-            "X-Hpcsec-Signature": sign(self._secret, timestamp, body),
             "Idempotency-Key": str(alert.get("alert.id", "")),
         }
+        if self._secret is not None:
+            timestamp = str(int(time.time()))
+            headers["X-Hpcsec-Timestamp"] = timestamp
+            headers["X-Hpcsec-Signature"] = sign(self._secret, timestamp, body)
+        return headers
 
     def send(self, alert: Alert) -> None:
         body = fit(alert, _json_body, MAX_BODY_BYTES)
@@ -142,25 +157,8 @@ class WebhookOutput:
                 self.url, content=body, headers=self.request_headers(alert, body)
             )
         except httpx.TransportError as exc:
-            raise DeliveryFailed(self._without_url(f"{type(exc).__name__}: {exc}")) from None
-        status = response.status_code
-        if 200 <= status < 300:
-            return
-        reason = f"HTTP {status} {response.reason_phrase}".strip()
-        if status in PERMANENT_STATUSES:
-            raise DeliveryFailed(reason, permanent=True)
-        retry_after = None
-        if status in (429, 503):
-            retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        raise DeliveryFailed(reason, retry_after=retry_after)
-
-    def _without_url(self, message: str) -> str:
-        """An error message with the URL and its path and query (tokens) replaced by the name."""
-        parts = urlsplit(self.url)
-        for secret in (self.url, parts.path + ("?" + parts.query if parts.query else "")):
-            if len(secret) > 1:
-                message = message.replace(secret, self.name)
-        return message
+            raise transport_failure(exc, self.url, self.name) from None
+        raise_for_status(response, PERMANENT_STATUSES)
 
     def close(self) -> None:
         self._client.close()
