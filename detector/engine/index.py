@@ -14,7 +14,7 @@ would have matched.
 
 Per event, each indexed field is read once: its value (each element of a list; numbers and
 booleans by their JSON spelling, as the string tests read them) is case-folded, looked up in one
-hash table of all the rules' `eq` literals for that field, and scanned once by one Aho–Corasick
+hash table of all the rules' `eq` literals for that field, and scanned once by one Aho-Corasick
 automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C).
 """
 

@@ -18,6 +18,7 @@ from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.schema import Event
+from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.reorder import Clock
@@ -108,6 +109,7 @@ class Pipeline:
             list(rule_paths) if rule_paths else None,
             with_tests=False,
             threshold_values=config.thresholds,
+            cache=rulecache.default_dir(),
         )
         engine = Engine(
             ruleset, placeholders=config.placeholders(), lateness=lateness_s, clock=clock
