@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
