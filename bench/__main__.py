@@ -15,6 +15,7 @@ BENCHES = {
     "outputs": "bench.outputs",
     "regex": "bench.regex",
     "startup": "bench.startup",
+    "sigmahq": "bench.sigmahq",
 }
 
 

@@ -25,9 +25,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def private_state_home(tmp_path_factory, monkeypatch):
-    """State files (the crash log, a default spool) under the test session's tmp directory,
-    never in the home of the user running the tests; subprocesses inherit it."""
+    """State and cache files (the crash log, a default spool, compiled rule sets) under the
+    test session's tmp directory, never in the home of the user running the tests;
+    subprocesses inherit it."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "state"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 @pytest.fixture(scope="session")

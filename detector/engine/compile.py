@@ -133,6 +133,18 @@ class CategoryCompiler:
         fn.source = source
         return fn
 
+    def build_each(self, name: str) -> list[Callable[[dict[str, Any]], bool]]:
+        """One function per rule, in rule order, for rules the literal index (index.py) runs
+        only for the events that can match them; compiled together in one module."""
+        lines: list[str] = []
+        for i in range(len(self.rules)):
+            lines += [f"def {name}_{i}(ev):", "    g = ev.get"]
+            self._fetch(lines, "    ", sorted(self.fields_of(i)))
+            lines.append(f"    return {self.code(i)}")
+        source = "\n".join(lines)
+        exec(compile(source, f"<hpcsec rules {name}>", "exec"), self.namespace)
+        return [self.namespace[f"{name}_{i}"] for i in range(len(self.rules))]
+
     def _emit_group(
         self,
         lines: list[str],

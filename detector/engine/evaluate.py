@@ -40,10 +40,11 @@ from sigma.rule import SigmaRule
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.schema import PRODUCT
-from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
+from hpcsec.detector.engine.compile import Predicate
 from hpcsec.detector.engine.correlate import Correlation
 from hpcsec.detector.engine.correlation_rules import referenced_rules
 from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
+from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder
 from hpcsec.detector.engine.prepare import (
     fill_placeholders,
     filter_applies,
@@ -103,6 +104,7 @@ class Engine:
         sample_size: int = 10,
         lateness: float | None = 0.0,
         clock: Clock | None = None,
+        index_min: int = INDEX_MIN_RULES,
     ):
         """`max_groups` open groups per correlation (least recently touched evicted first),
         each keeping at most `sample_size` events as evidence: that bounds the memory.
@@ -110,7 +112,11 @@ class Engine:
         Correlations see their events in event-time order (reorder.py): `lateness` is how far
         behind the newest event time (or `clock`, for a live stream) an event may arrive and
         still be correlated; None holds everything until `flush()` (a whole input put in
-        order); 0 puts each `evaluate()` call in order."""
+        order); 0 puts each `evaluate()` call in order.
+
+        A category with at least `index_min` rules is matched through the literal index
+        (index.py): an event runs only the rules whose literals it shows."""
+        self.index_min = index_min
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
         self.pending = ReorderBuffer(lateness, clock)
@@ -141,41 +147,40 @@ class Engine:
         feeds: dict[str, list[Feed]],
         silenced: set[str],
     ) -> dict[str | None, tuple[Predicate, tuple[Slot, ...]]]:
-        """One generated match function per category, with the slot of each of its rules."""
-        compilers: dict[str | None, CategoryCompiler] = {}
-        slots: dict[str | None, list[Slot]] = {}
+        """One match function per category, with the slot of each of its rules."""
+        by_category: dict[str | None, list[LoadedRule]] = {}
         for rule in routed:
-            category = routed_category(rule)[1]
-            sigma = fill_placeholders(rule, self.placeholders)
+            by_category.setdefault(routed_category(rule)[1], []).append(rule)
+        compiled: dict[str | None, tuple[Predicate, tuple[Slot, ...]]] = {}
+        for category, rules in by_category.items():
+            builder = CategoryBuilder(_function_name(category), len(rules) >= self.index_min)
+            for rule in rules:
+                try:
+                    builder.add(self._trees(rule, filters))
+                except (UnsupportedValue, SigmaError) as e:
+                    raise rule_error(rule, str(e)) from e
+                except RecursionError as e:
+                    raise rule_error(rule, "condition is nested too deeply to evaluate") from e
             try:
-                conditions = [c.parse() for c in sigma.detection.parsed_condition]
-                compiler = compilers.setdefault(category, CategoryCompiler())
-                trees = [_any_of(conditions)]
-                trees += [
-                    filter_condition(f, self.placeholders)
-                    for f in filters
-                    if filter_applies(f, rule)
-                ]
-                compiler.add_rule(trees)
-            except (UnsupportedValue, SigmaError) as e:
-                raise rule_error(rule, str(e)) from e
-            except RecursionError as e:
-                raise rule_error(rule, "condition is nested too deeply to evaluate") from e
-            slots.setdefault(category, []).append(
-                Slot(rule, rule.id not in silenced, self._ordered(feeds.get(rule.id, [])))
-            )
-        by_category: dict[str | None, tuple[Predicate, tuple[Slot, ...]]] = {}
-        for category, compiler in compilers.items():
-            try:
-                function = compiler.build(_function_name(category))
+                function = builder.build()
             except (SyntaxError, RecursionError, MemoryError) as e:  # pathological rule sizes
-                first = slots[category][0].rule
                 raise RuleError(
                     f"the rules of category {category} are too large to compile: {e}",
-                    location(first.path, first.line),
+                    location(rules[0].path, rules[0].line),
                 ) from e
-            by_category[category] = (function, tuple(slots[category]))
-        return by_category
+            slots = tuple(
+                Slot(r, r.id not in silenced, self._ordered(feeds.get(r.id, []))) for r in rules
+            )
+            compiled[category] = (function, slots)
+        return compiled
+
+    def _trees(self, rule: LoadedRule, filters: list[LoadedRule]) -> list[Any]:
+        """The condition trees that must all hold for the rule: its own, then each filter's."""
+        sigma = fill_placeholders(rule, self.placeholders)
+        conditions = [c.parse() for c in sigma.detection.parsed_condition]
+        return [_any_of(conditions)] + [
+            filter_condition(f, self.placeholders) for f in filters if filter_applies(f, rule)
+        ]
 
     @staticmethod
     def _ordered(feeds: list[Feed]) -> tuple[Feed, ...]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hpcsec.detector.core.errors import HpcsecError, RuleError, location
 from hpcsec.detector.core.yamlsrc import load_documents
-from hpcsec.detector.engine import correlation_rules, ruletests, thresholds
+from hpcsec.detector.engine import correlation_rules, rulecache, ruletests, thresholds
 from hpcsec.detector.engine.collection import rule_documents
 from hpcsec.detector.engine.parse import parse_document
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
@@ -137,18 +137,28 @@ def load_rules(
     collect_errors: bool = False,
     with_tests: bool = True,
     threshold_values: Mapping[str, Any] | None = None,
+    cache: Path | None = None,
 ) -> RuleSet:
     """Rules (and their test events) from files and directories; None = the bundled rules.
 
     Raises the first RuleError, or with `collect_errors` returns every error in `.errors` next
     to the rules that did load. `with_tests=False` skips the test events: what scanning needs,
-    so a slip in a tests file does not stop detection.
+    so a slip in a tests file does not stop detection. `cache`: a directory where rule sets
+    that loaded without error are kept by content hash (rulecache.py).
     """
     ruleset = RuleSet()
     sources = rule_sources([bundled_rules_dir()] if paths is None else paths, ruleset.errors)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
     files = list(sources)
+    key = None
+    if cache is not None and not ruleset.errors:
+        # where each file came from is part of the rule set (`rules list` shows it)
+        origins = [f"{path}={sources[path]}" for path in files]
+        key = rulecache.cache_key(files, {**(threshold_values or {}), "": origins}, with_tests)
+        cached = rulecache.read(cache, key) if key else None
+        if cached is not None:
+            return cached
     for path in files:
         load_file(path, ruleset, threshold_values, sources[path])
     drop_duplicate_ids(ruleset)
@@ -157,4 +167,6 @@ def load_rules(
         ruletests.load_tests_for(path, ruleset)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
+    if cache is not None and key is not None and not ruleset.errors:
+        rulecache.write(cache, key, ruleset)
     return ruleset

