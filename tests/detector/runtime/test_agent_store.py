@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from hpcsec.detector.core.schema import new_event, rfc3339
+from hpcsec.detector.runtime.metrics import AgentMetrics
+from hpcsec.detector.runtime.sink import AlertSink
 from hpcsec.detector.store.alert_store import Store
+from hpcsec.detector.store.journal import JournalWriter, journal_dir
 from tests.detector.runtime.agent_harness import (
     RULE_A_ID,
     RULE_B_ID,
@@ -127,3 +131,19 @@ def _refused(node: Node, store: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "refusing store journal" in done.stderr and "not by us" in done.stderr
+
+
+def test_the_sinks_applier_child_empties_the_journal(tmp_path: Path):
+    """What the agent does every hour: flush to the journal, then `apply_store` starts the
+    `hpcsec alerts --apply` child, which moves the segment into DuckDB."""
+    store = tmp_path / "store.duckdb"
+    sink = AlertSink(None, JournalWriter(store, retention_days=7), AgentMetrics())
+    event = new_event("process", "start", "process", "gpu-007", rfc3339(), {"process.pid": 4242})
+    sink.keep_events([event])
+    sink.flush_store()
+    assert len(list(journal_dir(store).iterdir())) == 1
+    sink.apply_store()
+    assert sink._applier is not None and sink._applier.wait(timeout=60) == 0
+    assert list(journal_dir(store).iterdir()) == []
+    with Store(store, read_only=True) as db:
+        assert db.count("events") == 1
