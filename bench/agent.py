@@ -9,8 +9,9 @@
    one core is the run time of its threads (schedstat) / wall over `--duration` after
    start-up (the CPU of commands it ran, such as squeue, is shown apart); RSS is VmRSS at the
    end (VmHWM: the peak). Targets: <= 0.5 % and <= 80 MB. The bundled
-   rules run. A second run adds the DuckDB store (every event, written once a minute; keep
-   `--duration` >= 60 so the window holds a write). No NVML here, so the GPU sensors report
+   rules run. A second run adds the store (every event, appended to the store's journal once
+   a minute, which `hpcsec alerts` applies to the DuckDB file; keep `--duration` >= 60 so the
+   window holds a write). No NVML here, so the GPU sensors report
    unavailable; bench.sensors measures their parsing cost with the fake NVML.
 2. File event -> delivered webhook (root only: fanotify). This process reads a protected
    file; a webhook receiver in this process notes when the alert arrives. p50 and p99 over
@@ -191,7 +192,7 @@ def steady_state(work: Path, duration: float, interval: float, store: bool) -> N
     wall = wall1 - wall0
     share = 100 * (own1 - own0) / wall
     kids = 100 * (kids1 - kids0) / wall
-    what = "with every event to the DuckDB store" if store else "no store"
+    what = "with every event to the store (its journal)" if store else "no store"
     print(
         f"steady state, every sensor and the bundled rules every {interval:g} s on the fixture "
         f"node, {what}, {wall:.0f} s: CPU {share:.3f} % of one core "
@@ -326,6 +327,7 @@ def main(argv: list[str]) -> int:
             rule("none", "process", "process.name", "no-such-process-name")
         )
         (work / "secret").write_bytes(SECRET)
+        (work / "secret").chmod(0o600)  # the agent refuses a secret others can read
         steady_state(work, args.duration, args.interval, store=False)
         if args.store:
             steady_state(work, args.duration, args.interval, store=True)

@@ -1,4 +1,8 @@
-"""`hpcsec alerts`: query the DuckDB alert store, or export its events to Parquet."""
+"""`hpcsec alerts`: query the DuckDB alert store, or export its events to Parquet.
+
+Opening the store first applies what the agent appended to its journal since the last time
+(store/journal.py); `--apply` does only that, and is what the agent runs every hour.
+"""
 
 from __future__ import annotations
 
@@ -76,6 +80,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE.parquet",
         help="write the stored events (within --since) to a Parquet file instead",
     )
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="only apply the agent's journal to the store (and the retention), then exit",
+    )
+    p.add_argument(
+        "--retention-days",
+        type=int,
+        metavar="N",
+        help="keep events N days (default: store.retention_days of --config)",
+    )
     p.set_defaults(func=run)
 
 
@@ -102,13 +117,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no alert store: give --store FILE or store.path in --config")
     if args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    retention = config.retention_days if args.retention_days is None else args.retention_days
+    if retention < 1:
+        raise UsageError("--retention-days must be at least 1")
     since = parse_since(args.since) if args.since else None
+    if args.apply:
+        Store(path, retention_days=retention).close()  # opening it applies the journal
+        return 0
     if args.export_events:
-        with Store(path, retention_days=config.retention_days) as store:
+        with Store(path, retention_days=retention) as store:
             n = store.export_events(args.export_events, since=since)
         print(f"exported {n} event(s) to {args.export_events}", file=sys.stderr)
         return 0
-    with Store(path, read_only=True) as store:
+    with Store(path, read_only=True, retention_days=retention) as store:
         alerts = store.query_alerts(
             AlertQuery(
                 since=since,

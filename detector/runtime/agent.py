@@ -28,13 +28,13 @@ from hpcsec.detector.core.schema import rfc3339, status_event
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.agent_settings import AgentSettings, Generation, load_generation
 from hpcsec.detector.runtime.agent_sources import AgentSources
-from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
+from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store_journal
 from hpcsec.detector.runtime.metrics import AgentMetrics
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch
 from hpcsec.detector.runtime.sink import AlertSink
 from hpcsec.detector.runtime.threads import EventQueue
-from hpcsec.detector.store.alert_store import Store
+from hpcsec.detector.store.journal import JournalWriter
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
 logger = logging.getLogger(__name__)
@@ -43,10 +43,7 @@ MAX_BATCH_EVENTS = 4096
 QUEUE_MAX_EVENTS = 100_000
 IDLE_WAKE_S = 2.0  # the loop looks at deadlines and retries at least this often
 SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
-PRUNE_EVERY_S = 3600.0
-# A short lock wait: `hpcsec alerts` reading the file must not stall the agent for long (the
-# write is retried at the next flush).
-STORE_LOCK_WAIT_S = 0.5
+APPLY_EVERY_S = 3600.0  # the store's journal is moved into DuckDB (and pruned) this often
 
 
 def _open_outputs(settings: AgentSettings, gen: Generation) -> OutputSet | None:
@@ -61,9 +58,8 @@ def _open_outputs(settings: AgentSettings, gen: Generation) -> OutputSet | None:
     )
 
 
-def _open_store(gen: Generation) -> Store | None:
-    key = gen.store_key
-    return open_store(key.path, key.retention_days, lock_wait_s=STORE_LOCK_WAIT_S)
+def _open_store(gen: Generation) -> JournalWriter | None:
+    return open_store_journal(gen.store_key.path, gen.store_key.retention_days)
 
 
 class Agent:
@@ -91,7 +87,7 @@ class Agent:
         self.metrics_address: str | None = None
         self._stop = False
         self._reload = False
-        self._prune_at = time.monotonic()
+        self._apply_at = time.monotonic() + APPLY_EVERY_S
         self._summary_at = time.monotonic() + SUMMARY_EVERY_S
 
     @property
@@ -225,9 +221,9 @@ class Agent:
             self._summary_at = now + SUMMARY_EVERY_S
             if self.stage.suppressor.rate_limit > 0:
                 self.sink.emit(self.stage.due_summaries())
-        if now >= self._prune_at:
-            self._prune_at = now + PRUNE_EVERY_S
-            self.sink.prune_store()
+        if now >= self._apply_at:
+            self._apply_at = now + APPLY_EVERY_S
+            self.sink.apply_store()
         return min(self.sink.tick(now), IDLE_WAKE_S)
 
     # -- reload ------------------------------------------------------------------------------

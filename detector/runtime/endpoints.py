@@ -18,6 +18,7 @@ from hpcsec.detector.outputs.delivery import (
     OutputSet,
 )
 from hpcsec.detector.outputs.registry import open_outputs
+from hpcsec.detector.store.journal import JournalWriter
 
 if TYPE_CHECKING:  # duckdb is imported only by commands that open a store (start-up time)
     from hpcsec.detector.store.alert_store import Store
@@ -30,6 +31,7 @@ __all__ = [
     "file_stamp",
     "open_alert_outputs",
     "open_store",
+    "open_store_journal",
 ]
 
 
@@ -64,6 +66,14 @@ def open_store(path: str | None, retention_days: int, lock_wait_s: float = 5.0) 
     from hpcsec.detector.store.alert_store import Store  # see TYPE_CHECKING above
 
     return Store(path, retention_days=retention_days, lock_wait_s=lock_wait_s)
+
+
+def open_store_journal(path: str | None, retention_days: int) -> JournalWriter | None:
+    """The agent's writer for the store at `path` (its journal; no DuckDB in the agent), or
+    None when no store is configured."""
+    if not path:
+        return None
+    return JournalWriter(path, retention_days=retention_days)
 
 
 def file_stamp(path: str | None) -> tuple[object, ...]:

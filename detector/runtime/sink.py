@@ -4,9 +4,11 @@ The main loop calls `emit` with each Decision of the alert stage and `tick` on e
 Delivery never blocks the loop for long: `emit` puts alerts in the spool (durable before
 anything is sent) and makes at most one attempt per destination; `tick` retries what is left
 in short slices, so a receiver that is down costs a retry now and then, not a stalled agent.
-Store writes are batched: each opens the DuckDB file (so `hpcsec alerts` can read it in
-between), which costs tens of milliseconds, so events are written every EVENTS_FLUSH_S and
-alerts within ALERTS_FLUSH_S.
+Store writes are batched: events are written every EVENTS_FLUSH_S and alerts within
+ALERTS_FLUSH_S, each flush as one segment of the store's journal (store/journal.py; the agent
+never loads DuckDB, which would cost it ~40 MB). Every APPLY_EVERY_S a short-lived child,
+`hpcsec alerts --apply`, moves the segments into the DuckDB file and applies the retention,
+so the journal stays small even when no one queries.
 
 Faults of the sink itself (a spool that cannot be written or has unreadable lines, outputs
 that keep failing, a store that cannot be written) never stop the agent: each is counted in a
@@ -17,8 +19,9 @@ event, so the self-health rules (rules/self_health.yml) raise an alert about it.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
-from datetime import UTC, datetime
 
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.suppression import Decision, dispositions
@@ -30,7 +33,7 @@ from hpcsec.detector.runtime.endpoints import (
     OutputSet,
 )
 from hpcsec.detector.runtime.metrics import AgentMetrics
-from hpcsec.detector.store.alert_store import Store, StoreError
+from hpcsec.detector.store.journal import JournalWriter, StoreError, encode_records
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,9 @@ Health = tuple[str, str, str, dict[str, object]]
 class AlertSink:
     """Store and outputs for the alerts of the running agent."""
 
-    def __init__(self, outputs: OutputSet | None, store: Store | None, metrics: AgentMetrics):
+    def __init__(
+        self, outputs: OutputSet | None, store: JournalWriter | None, metrics: AgentMetrics
+    ):
         self.outputs = outputs
         self.store = store
         self.metrics = metrics
@@ -63,6 +68,7 @@ class AlertSink:
         self.store_errors = 0
         self._health: list[Health] = []
         self._failing_reported: dict[str, float] = {}  # destination -> when last reported
+        self._applier: subprocess.Popen[bytes] | None = None
 
     def take_health(self) -> list[Health]:
         """Faults of the sink since the last call, oldest first."""
@@ -195,50 +201,45 @@ class AlertSink:
         return sum(depths.values())
 
     def flush_store(self) -> None:
+        """Everything buffered for the store as one journal segment. On failure (a full disk)
+        nothing is lost: the buffers are kept (events bounded) and written at the next flush."""
         self._store_due = time.monotonic() + EVENTS_FLUSH_S
         if self.store is None:
             self._alerts, self._outcomes, self._grown = [], [], {}
             return
+        deliveries = [(o.alert_id, o.destination, o.state, o.error) for o in self._outcomes]
+        grown = self._grown_records()
         try:
-            if self._events:
-                self.store.insert_events(self._events)
-                self._events = []
-            while self._alerts:
-                alerts, disposition, reason = self._alerts[0]
-                self.store.insert_alerts(alerts, disposition, reason)
-                self._alerts.pop(0)
-            self._store_grown(self.store)
-            if self._outcomes:
-                self.store.record_deliveries(self._outcomes)
-                self._outcomes = []
+            self.store.append(encode_records(self._events, [*self._alerts, *grown], deliveries))
         except StoreError as exc:  # kept in memory (bounded) and written at the next flush
             self.store_errors += 1
             self.metrics.store_errors.inc()
             self._fault("store", "write_failed", str(exc))
+            return
+        self._events, self._alerts, self._outcomes, self._grown = [], [], [], {}
 
-    def _store_grown(self, store: Store) -> None:
-        """The grown counts, after the alerts they update (an id stored again replaces the
-        earlier row); on a store error they stay for the next flush."""
+    def _grown_records(self) -> list[tuple[list[Alert], str, str]]:
+        """The counts repeats grew, as alert records after the alerts they update (an id
+        stored again replaces the earlier row), grouped by disposition."""
         by_disposition: dict[tuple[str, str], list[Alert]] = {}
         for alert, disposition, reason in self._grown.values():
             by_disposition.setdefault((disposition, reason), []).append(alert)
-        for (disposition, reason), alerts in by_disposition.items():
-            store.insert_alerts(alerts, disposition, reason)
-            for alert in alerts:
-                self._grown.pop(str(alert.get("alert.id")), None)
+        return [(alerts, d, r) for (d, r), alerts in by_disposition.items()]
 
-    def prune_store(self) -> None:
-        if self.store is None:
+    def apply_store(self) -> None:
+        """Start `hpcsec alerts --apply` for the journal unless the last one still runs: DuckDB
+        and its memory live in that child for a few seconds, never in the agent."""
+        if self.store is None or (self._applier is not None and self._applier.poll() is None):
             return
+        if self._applier is not None and self._applier.returncode:
+            logger.warning("store: applying the journal failed (exit %d)", self._applier.returncode)
+        argv = [sys.executable, "-m", "hpcsec.detector", "alerts", "--apply"]
+        argv += ["--store", self.store.path, "--retention-days", str(self.store.retention_days)]
         try:
-            deleted = self.store.prune(datetime.now(UTC))
-        except StoreError as exc:
-            logger.warning("store: %s", exc)
-            return
-        if deleted:
-            logger.info(
-                "store: %d events older than %d days removed", deleted, self.store.retention_days
-            )
+            self._applier = subprocess.Popen(argv, stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            logger.warning("store: cannot start the journal applier: %s", exc)
+            self._applier = None
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -5,13 +5,22 @@ back). Each alert and event is also kept whole as JSON in `doc`, so nothing a ru
 analyst may need is lost to the columns picked for filtering.
 
 A DuckDB file has one writer at a time. With `hold=False` (the default) every call opens the
-file and closes it again, so `hpcsec alerts` can read while the agent runs; a busy file is
-retried for `lock_wait_s` before StoreError says which process holds it.
+file and closes it again; a busy file is retried for `lock_wait_s` before StoreError says
+which process holds it.
+
+The agent does not write here: it appends segments to `<store>.journal/` (journal.py). Opening
+the store applies the finished segments in name order under the journal's lock, one
+transaction each, deletes each once committed, then drops events older than the retention.
+Re-applying a segment (a crash between commit and delete) changes nothing: events are
+INSERT OR IGNORE, alerts and deliveries INSERT OR REPLACE in the order they were decided.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
+import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,10 +33,20 @@ import duckdb
 import orjson
 
 from hpcsec.detector.alerts.suppression import Decision, dispositions
-from hpcsec.detector.core.errors import HpcsecError, UsageError
-from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import parse_time
+from hpcsec.detector.store.journal import (
+    StoreError,
+    journal_dir,
+    list_segments,
+    open_private_dir,
+    read_segment,
+)
 from hpcsec.detector.store.private_files import StoreFileError, create_private_db, export_privately
+from hpcsec.detector.store.rows import DISPOSITIONS, Rows, alert_row, event_row
+
+__all__ = ["DISPOSITIONS", "AlertQuery", "Store", "StoreError", "parse_since"]
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 _DDL = (
@@ -48,7 +67,6 @@ _DDL = (
         updated TIMESTAMP, PRIMARY KEY (alert_id, destination))""",
     "CREATE INDEX IF NOT EXISTS events_ts ON events (ts)",
 )
-DISPOSITIONS = ("sent", "silenced", "rate_limited")
 _ROWS_PER_INSERT = 400  # multi-row VALUES: far faster than executemany in DuckDB
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -79,23 +97,6 @@ class DeliveryRecord(Protocol):
     def state(self) -> str: ...
     @property
     def error(self) -> str: ...
-
-
-class StoreError(HpcsecError):
-    """The store file cannot be opened or written."""
-
-
-def _utc(value: Any) -> datetime | None:
-    if value in (None, ""):
-        return None
-    try:
-        return parse_time(str(value)).replace(tzinfo=None)
-    except ValueError:
-        return None
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -138,17 +139,20 @@ class Store:
         self.retention_days = retention_days
         self.hold, self.lock_wait_s, self.read_only = hold, lock_wait_s, read_only
         self._con: duckdb.DuckDBPyConnection | None = None
-        if read_only and not Path(self.path).is_file():
+        journal = os.path.lexists(journal_dir(self.path))
+        if read_only and not journal and not Path(self.path).is_file():
             raise StoreError(f"alert store {self.path} does not exist")
-        if not read_only:
+        if not read_only or journal:
             self._create_private()
-            with self._connect() as con:
+            with self._connect(write=True) as con:
                 for ddl in _DDL:
                     con.execute(ddl)
                 con.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                     [str(SCHEMA_VERSION)],
                 )
+        if journal:
+            self._apply_or_warn()
 
     # -- connections -------------------------------------------------------------------------
 
@@ -162,11 +166,11 @@ class Store:
             why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
             raise StoreError(f"cannot create alert store {self.path}: {why}") from None
 
-    def _open(self) -> duckdb.DuckDBPyConnection:
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:
-                return duckdb.connect(self.path, read_only=self.read_only)
+                return duckdb.connect(self.path, read_only=read_only)
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
                     raise StoreError(
@@ -179,12 +183,12 @@ class Store:
                 ) from None
 
     @contextlib.contextmanager
-    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _connect(self, write: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         if self._con is not None:
             yield self._con
             return
-        con = self._open()
-        if self.hold:
+        con = self._open(self.read_only and not write)
+        if self.hold and not (write and self.read_only):
             self._con = con
             yield con
             return
@@ -205,19 +209,22 @@ class Store:
         self.close()
 
     @staticmethod
-    def _insert(con: duckdb.DuckDBPyConnection, verb: str, table: str, rows: list[tuple]) -> None:
-        if not rows:
+    def _write(con: duckdb.DuckDBPyConnection, writes: list[tuple[str, str, list[tuple]]]) -> None:
+        """`writes` ((verb, table, rows), …) in one transaction."""
+        if not any(rows for _, _, rows in writes):
             return
-        marks = "(" + ", ".join("?" * len(rows[0])) + ")"
+        table = ""
         try:
             con.execute("BEGIN")
             try:
-                for i in range(0, len(rows), _ROWS_PER_INSERT):
-                    chunk = rows[i : i + _ROWS_PER_INSERT]
-                    con.execute(
-                        f"{verb} INTO {table} VALUES " + ", ".join([marks] * len(chunk)),
-                        [v for row in chunk for v in row],
-                    )
+                for verb, table, rows in writes:
+                    marks = "(" + ", ".join("?" * len(rows[0])) + ")" if rows else ""
+                    for i in range(0, len(rows), _ROWS_PER_INSERT):
+                        chunk = rows[i : i + _ROWS_PER_INSERT]
+                        con.execute(
+                            f"{verb} INTO {table} VALUES " + ", ".join([marks] * len(chunk)),
+                            [v for row in chunk for v in row],
+                        )
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):  # a failed COMMIT may have ended it
@@ -230,26 +237,72 @@ class Store:
                 f"cannot write to alert store: {table}: {str(exc).splitlines()[0]}"
             ) from None
 
+    # -- the agent's journal -----------------------------------------------------------------
+
+    def _cutoff(self, now: datetime | None = None) -> datetime:
+        return (now or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None) - timedelta(
+            days=self.retention_days
+        )
+
+    def _apply_or_warn(self) -> None:
+        """Apply the journal; a reader that may not (an analyst who can read the store but
+        not the agent's private journal) still reads what was applied, and is told."""
+        try:
+            self.apply_journal()
+        except StoreError as exc:
+            if not self.read_only:
+                raise
+            logger.warning("%s; showing what was applied before", exc)
+
+    def apply_journal(self) -> int:
+        """Apply the agent's finished segments in name order, each in one transaction and
+        deleted once committed, then drop events past the retention. Returns segments applied.
+        A segment that fails to apply (a full disk) stays, with the ones after it."""
+        jdir = journal_dir(self.path)
+        if not os.path.lexists(jdir):
+            return 0
+        fd = open_private_dir(jdir, create=False)
+        try:
+            self._lock(fd, jdir)
+            segments = list_segments(fd)
+            if not segments:
+                return 0
+            cutoff = self._cutoff()
+            with self._connect(write=True) as con:
+                for _, name in segments:
+                    rows = Rows()
+                    for record in read_segment(fd, name):
+                        rows.add_record(record, cutoff)
+                    self._write(con, rows.writes())
+                    os.unlink(name, dir_fd=fd)
+                con.execute("DELETE FROM events WHERE ts < ?", [cutoff])
+            return len(segments)
+        except OSError as exc:
+            raise StoreError(f"cannot apply store journal {jdir}: {exc.strerror}") from None
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _lock(self, fd: int, jdir: Path) -> None:
+        """One applier at a time (the agent's hourly child and an analyst's query)."""
+        deadline = time.monotonic() + self.lock_wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"store journal {jdir} is being applied by another process"
+                    ) from None
+                time.sleep(0.05)
+
     # -- writes ------------------------------------------------------------------------------
 
     def insert_events(self, events: Iterable[dict[str, Any]]) -> int:
         """Append events (an event id seen before is kept once). Returns rows offered."""
-        rows = {}
-        for e in events:
-            eid = _str(e.get("event.id")) or dumps(e).hex()[:40]
-            rows[eid] = (
-                eid,
-                _utc(e.get("@timestamp")),
-                _str(e.get("event.category")),
-                _str(e.get("event.action")),
-                _str(e.get("host.name")),
-                _str(e.get("hpcsec.sensor")),
-                _str(e.get("slurm.job.id")),
-                _str(e.get("user.name")),
-                dumps(e).decode(),
-            )
-        with self._connect() as con:
-            self._insert(con, "INSERT OR IGNORE", "events", list(rows.values()))
+        rows = {row[0]: row for row in map(event_row, events)}
+        with self._connect(write=True) as con:
+            self._write(con, [("INSERT OR IGNORE", "events", list(rows.values()))])
         return len(rows)
 
     def insert_alerts(
@@ -259,31 +312,9 @@ class Store:
         if disposition not in DISPOSITIONS:
             raise ValueError(f"disposition must be one of {DISPOSITIONS}")
         now = datetime.now(UTC).replace(tzinfo=None)
-        rows = {}
-        for a in alerts:
-            aid = str(a.get("alert.id"))
-            rows[aid] = (
-                aid,
-                _utc(a.get("@timestamp")),
-                _utc(a.get("alert.first_seen")),
-                _utc(a.get("alert.last_seen")),
-                _str(a.get("rule.id")),
-                _str(a.get("rule.title")),
-                _str(a.get("rule.level")),
-                _str(a.get("rule.vector")),
-                _str(a.get("host.name")),
-                _str(a.get("slurm.job.id")),
-                _str(a.get("user.name")),
-                int(a.get("count") or 1),
-                disposition,
-                reason,
-                _str(a.get("alert.summary")),
-                dumps(a).decode(),
-                now,
-                _str(a.get("incident.id")),
-            )
-        with self._connect() as con:
-            self._insert(con, "INSERT OR REPLACE", "alerts", list(rows.values()))
+        rows = {row[0]: row for row in (alert_row(a, disposition, reason, now) for a in alerts)}
+        with self._connect(write=True) as con:
+            self._write(con, [("INSERT OR REPLACE", "alerts", list(rows.values()))])
         return len(rows)
 
     def insert_decision(self, decision: Decision) -> None:
@@ -298,16 +329,14 @@ class Store:
             (o.alert_id, o.destination): (o.alert_id, o.destination, o.state, o.error or None, now)
             for o in outcomes
         }
-        with self._connect() as con:
-            self._insert(con, "INSERT OR REPLACE", "deliveries", list(rows.values()))
+        with self._connect(write=True) as con:
+            self._write(con, [("INSERT OR REPLACE", "deliveries", list(rows.values()))])
         return len(rows)
 
     def prune(self, now: datetime | None = None) -> int:
         """Delete events older than the retention; alerts are evidence and are kept."""
-        cutoff = (now or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None) - timedelta(
-            days=self.retention_days
-        )
-        with self._connect() as con:
+        cutoff = self._cutoff(now)
+        with self._connect(write=True) as con:
             deleted = _scalar(con, "SELECT count(*) FROM events WHERE ts < ?", [cutoff])
             con.execute("DELETE FROM events WHERE ts < ?", [cutoff])
         return deleted
