@@ -14,6 +14,7 @@ BENCHES = {
     "agent": "bench.agent",
     "outputs": "bench.outputs",
     "regex": "bench.regex",
+    "cluster": "bench.cluster",
 }
 
 

@@ -19,7 +19,18 @@ from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import HpcsecError
 
 # Explicit order of sub-commands (module name under detector/cli/).
-COMMANDS = ("scan", "collect", "rules", "config", "alerts", "agent", "slurm", "firmware")
+COMMANDS = (
+    "scan",
+    "collect",
+    "rules",
+    "config",
+    "alerts",
+    "agent",
+    "slurm",
+    "firmware",
+    "publish",
+    "hub",
+)
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 2, 3, 130
 
