@@ -6,18 +6,16 @@ import argparse
 import asyncio
 import sys
 
-from hpcsec.detector.alerts.suppression import Suppressor
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs
-from hpcsec.detector.cluster.evaluation import ClusterEvaluator
+from hpcsec.detector.cluster.evaluation import HubEvaluation
 from hpcsec.detector.cluster.hub import Hub, HubSetup
 from hpcsec.detector.cluster.partition import PARTITIONS, parse_member
 from hpcsec.detector.cluster.streams import StreamSettings
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.engine import thresholds
-from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.runtime.endpoints import open_alert_outputs, open_store
 from hpcsec.detector.runtime.metrics import AgentMetrics
-from hpcsec.detector.runtime.sink import AlertSink, open_alert_outputs, open_alert_store
+from hpcsec.detector.runtime.sink import AlertSink
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,17 +45,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     member = parse_member(args.member)
     config = load_config(args.config)
-    ruleset = load_rules(args.rules, with_tests=False, threshold_values=config.thresholds)
-    for name in thresholds.unused(config.thresholds, ruleset.rules):
+    evaluation = HubEvaluation.load(config, args.rules)
+    for name in thresholds.unused(config.thresholds, evaluation.pipeline.ruleset.rules):
         print(f"hpcsec: warning: threshold {name!r} of the config is not used", file=sys.stderr)
-    engine = Engine(ruleset, placeholders=config.placeholders())
     outputs = open_alert_outputs(
-        tuple(args.output or config.outputs), args.webhook_secret_file, args.spool, config
+        tuple(args.output or ()),
+        secret_file=args.webhook_secret_file,
+        spool_dir=args.spool,
+        config=config,
+        fallback="-",  # like the agent: with no output configured, alerts go to stdout
     )
+    store = None
     try:
-        store = open_alert_store(args.store or config.store_path, config.retention_days)
-        sink = AlertSink(Suppressor.from_config(config), outputs, store, AgentMetrics())
+        store = open_store(args.store or config.store_path, config.retention_days)
+        sink = AlertSink(outputs, store, AgentMetrics())
         setup = HubSetup(list(args.nats), member, StreamSettings())
-        return asyncio.run(Hub(setup, ClusterEvaluator(config, engine), sink).run())
+        return asyncio.run(Hub(setup, evaluation, sink).run())
     finally:
-        outputs.close()
+        if outputs is not None:
+            outputs.close()
+        if store is not None:
+            store.close()

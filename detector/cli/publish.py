@@ -15,7 +15,8 @@ from hpcsec.detector.cluster.streams import (
     require_jetstream,
 )
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.core.schema import Event
+from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.runtime.pipeline import SourceBatch, enrich
 from hpcsec.detector.runtime.sources import EventSources, ScanReport
 
 BATCH = 256
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         batches = sources.from_events_file(args.events, BATCH)
     else:
         batches = sources.from_snapshot(args.snapshot)
-    result = asyncio.run(publish(args.nats, batches, args.host_name))
+    enricher = Enricher(config)  # the node's job context, as scan would add it
+    result = asyncio.run(publish(args.nats, batches, enricher, args.host_name))
     report.print(sys.stderr)
     print(f"hpcsec: published {result.published} event(s)", file=sys.stderr)
     if result.failed:
@@ -64,8 +66,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def publish(
-    urls: list[str], batches: Iterator[list[Event]], host_name: str | None
+    urls: list[str],
+    batches: Iterator[SourceBatch],
+    enricher: Enricher,
+    host_name: str | None,
 ) -> PublishReport:
+    """Scan's sources (detector/runtime/sources.py), enriched as scan enriches them, each
+    batch published and acknowledged before the next is read."""
     nc = await connect(urls)
     try:
         js = nc.jetstream()
@@ -73,7 +80,7 @@ async def publish(
         await ensure_events_stream(js, StreamSettings())
         publisher = Publisher(js, host_name)
         for batch in batches:
-            await publisher.publish(batch)
+            await publisher.publish(enrich(enricher, batch))
         return publisher.report
     finally:
         await nc.close()

@@ -1,33 +1,41 @@
 """What a hub member does with the events of its partitions: check, enrich, evaluate, alert.
 
+The evaluation is the runtime's one pipeline (`Pipeline`: enrichment, the engine with its
+event-time reordering, the `AlertStage` with dedup), driven with the events of many nodes
+instead of one node's samples. What is the hub's own: decoding messages (node data is
+hostile: a message that is not a JSON object with a sane shape is counted and skipped, and
+`host.name` is taken from the subject the node published on, which NATS permissions tie to
+the node), the fleet's firmware majority, `alert.hosts`, and the event-time clock.
+
 Everything here is synchronous and free of NATS, so the tests and the benchmark drive it
-directly. Node data is hostile: a message that is not a JSON object with a sane shape is
-counted and skipped, and `host.name` is taken from the subject the node published on (which
-NATS permissions tie to the node), not from the event body.
+directly.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
+from hpcsec.detector.alerts.model import Alert
+from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.cluster.fleet import FleetFirmware
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import checked_event
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.engine.correlate import epoch
+from hpcsec.detector.core.timefmt import epoch_seconds
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.enrich.enricher import Enricher
-from hpcsec.detector.runtime.sink import WindowedDedup
+from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
 
-Alert = dict[str, Any]
 HORIZON_SLACK_S = 60.0  # late events of a window still find it open
 HUB_PREFIX = "hpcsec.cluster."
 ASSET_PREFIX = "hpcsec.asset."
+# Nodes publish on their own schedule, a node whose link was down publishes its spool later:
+# by default the hub correlates events up to two minutes behind the newest one.
+HUB_LATENESS_S = 120.0
 
 
 @dataclass
@@ -35,9 +43,47 @@ class HubCounters:
     events: int = 0
     malformed: int = 0
     host_rewritten: int = 0
+    late: int = 0  # later than the lateness allowance: evaluated, not correlated
     alerts: int = 0
     replayed_alerts: int = 0  # raised again after a restart, already delivered: not resent
     last_problem: str = ""
+
+
+class HubClock:
+    """The hub's event time: the newest event time seen, moved on by wall time while no newer
+    event arrives (a quiet fleet still closes its windows), never past the wall clock (a node
+    that stamps events in the future cannot make every other node late).
+
+    A replay of old events runs on their time; a live fleet runs on (about) the wall clock.
+    """
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        self._wall, self._monotonic = wall, monotonic
+        self.newest = -math.inf
+        self._moved_at = monotonic()
+
+    def observe(self, t: float) -> None:
+        t = min(t, self._wall())
+        if t > self.newest:
+            self.newest = t
+            self._moved_at = self._monotonic()
+
+    def __call__(self) -> float:
+        if self.newest == -math.inf:
+            return -math.inf
+        idle = max(self._monotonic() - self._moved_at, 0.0)
+        return min(self.newest + idle, self._wall())
+
+
+def hub_lateness(config: SiteConfig) -> float:
+    """The config's `correlation_lateness_s`, else the hub's default."""
+    if config.correlation_lateness_s is not None:
+        return config.correlation_lateness_s
+    return HUB_LATENESS_S
 
 
 def correlation_horizon_s(engine: Engine) -> float:
@@ -47,18 +93,52 @@ def correlation_horizon_s(engine: Engine) -> float:
     return (max(spans) + HORIZON_SLACK_S) if spans else 0.0
 
 
-class ClusterEvaluator:
-    def __init__(self, config: SiteConfig, engine: Engine, clock: Any = time.time):
-        self.engine = engine
-        self.enricher = Enricher(config, slurm=False)  # job context came with the event
-        self.fleet = FleetFirmware()
-        self.dedup = WindowedDedup(config.dedup_window_s, clock)
-        self.counters = HubCounters()
-        self.horizon_s = correlation_horizon_s(engine)
+def hub_pipeline(
+    config: SiteConfig,
+    rule_paths: Sequence[str] | None,
+    clock: HubClock,
+    lateness_s: float | None = None,
+) -> Pipeline:
+    """The runtime pipeline on the hub's event-time clock (the alert stage's dedup windows
+    too); raises HpcsecError with file:line for a broken rule."""
+    return Pipeline.load(
+        config,
+        rule_paths,
+        # dedup windows on event time too; 0 until the first event has a time
+        stage=AlertStage(config, clock=lambda: max(clock(), 0.0)),
+        contain_errors=True,  # a bug on one message must not stop the fleet's detection
+        lateness_s=hub_lateness(config) if lateness_s is None else lateness_s,
+        clock=clock,
+    )
+
+
+class HubEvaluation:
+    def __init__(self, pipeline: Pipeline, clock: HubClock):
+        self.pipeline = pipeline
         self.clock = clock
+        self.fleet = FleetFirmware()
+        self.counters = HubCounters()
+        self.horizon_s = correlation_horizon_s(pipeline.engine)
         # With assets in the hub's config, the hub's policy decides what a read may touch;
         # without, the node's enrichment is all there is.
-        self.hub_fields = (HUB_PREFIX, ASSET_PREFIX) if config.assets else (HUB_PREFIX,)
+        assets = pipeline.config.assets
+        self.hub_fields = (HUB_PREFIX, ASSET_PREFIX) if assets else (HUB_PREFIX,)
+
+    @classmethod
+    def load(
+        cls,
+        config: SiteConfig,
+        rule_paths: Sequence[str] | None = None,
+        *,
+        lateness_s: float | None = None,
+        clock: HubClock | None = None,
+    ) -> HubEvaluation:
+        clock = clock or HubClock()
+        return cls(hub_pipeline(config, rule_paths, clock, lateness_s), clock)
+
+    @property
+    def stage(self) -> AlertStage:
+        return self.pipeline.stage
 
     def decode(self, payload: bytes, host: str) -> Event | None:
         """The event of one message, or None (counted) when it is not one."""
@@ -89,33 +169,45 @@ class ClusterEvaluator:
 
     @staticmethod
     def event_time(event: Event | None) -> float | None:
-        return None if event is None else epoch(event.get("@timestamp"))
+        return None if event is None else epoch_seconds(event.get("@timestamp"))
 
     def evaluate(self, events: list[Event]) -> list[Alert]:
-        """New alerts for a batch (alerts dedup folded into earlier ones are not repeated)."""
+        """New alerts for a batch, in any arrival order (the engine puts correlations' input
+        in event-time order within the lateness allowance); alerts dedup folded into
+        earlier ones are not repeated."""
         self.counters.events += len(events)
-        # Partitions and nodes interleave: in time order, a late node's events still find the
-        # windows an earlier one opened (the engine expires windows by the latest time seen).
-        events.sort(key=lambda e: epoch(e.get("@timestamp")) or -math.inf)
-        events = self.enricher.enrich(events)
         batch: list[Event] = []
         for event in events:
+            t = self.event_time(event)
+            if t is not None:
+                self.clock.observe(t)
             if event.get("event.category") == "firmware":
                 batch.extend(self.fleet.observe(event))
             else:
                 batch.append(event)
-        alerts = self.dedup.add(self.engine.evaluate(batch))
-        for alert in alerts:
-            if alert.get("rule.kind") == "correlation":
-                hosts = {e.get("host.name") for e in alert.get("events") or ()}
-                alert["alert.hosts"] = sorted(h for h in hosts if isinstance(h, str))
-        self.dedup.rotate()
-        return alerts
+        self.stage.rotate()  # dedup windows that ended in event time
+        step = self.pipeline.process([SourceBatch(batch, None)])
+        self.counters.late += self.pipeline.engine.take_late()
+        return [with_hosts(alert) for alert in step.alerts]
+
+    def finish(self) -> list[Alert]:
+        """The end of a finite input (a replay, the benchmark): correlate what is held, close
+        the open windows; returns the new alerts. A running hub never calls it: its open
+        windows are rebuilt from the stream by the next start."""
+        return [with_hosts(alert) for alert in self.pipeline.flush()]
 
     def ack_cutoff(self) -> float:
-        """Events older than this (event time) are no longer needed by any open window. The
-        wall clock caps it: a node that sends events from the future cannot make the hub
-        acknowledge what a window still needs."""
-        if not self.engine.correlations:
+        """Events older than this (event time) are no longer needed by any open window: the
+        engine has handed on everything up to `released` (never past the wall clock, see
+        HubClock), and windows reach back at most the horizon from there."""
+        if not self.pipeline.engine.correlations:
             return math.inf
-        return min(self.engine.watermark, self.clock()) - self.horizon_s
+        return self.pipeline.engine.pending.released - self.horizon_s
+
+
+def with_hosts(alert: Alert) -> Alert:
+    """A correlation's alert names every host of its evidence (`alert.hosts`)."""
+    if alert.get("rule.kind") != "correlation":
+        return alert
+    hosts = {e.get("host.name") for e in alert.get("events") or ()}
+    return alert.evolve({"alert.hosts": sorted(h for h in hosts if isinstance(h, str))})

@@ -1,8 +1,9 @@
 """A hub member: its partitions' events from JetStream, evaluated, alerts delivered.
 
 One asyncio task per partition fetches messages into a queue; the main loop evaluates them
-in arrival order, hands new alerts to the sink (suppression, spool, outputs, store, as the
-agent does), and acknowledges what no open window still needs. SIGTERM stops the fetching,
+with the runtime pipeline (evaluation.py), has the pipeline's alert stage decide on the new
+alerts (silences, rate limits) and hands the decision to the agent's sink (spool, outputs,
+store), and acknowledges what no open window still needs. SIGTERM stops the fetching,
 finishes the batch in hand, delivers what it can and exits; open windows are not flushed:
 their events are still unacknowledged, so the next start rebuilds them.
 """
@@ -22,8 +23,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from hpcsec.detector.alerts.model import Alert
+from hpcsec.detector.alerts.suppression import Decision
 from hpcsec.detector.cluster.consumer import PartitionFeed
-from hpcsec.detector.cluster.evaluation import Alert, ClusterEvaluator
+from hpcsec.detector.cluster.evaluation import HubEvaluation
 from hpcsec.detector.cluster.partition import host_of_subject, member_partitions
 from hpcsec.detector.cluster.streams import (
     ALERTS_BUCKET,
@@ -40,6 +43,7 @@ QUEUE_BATCHES = 64  # fetched batches waiting for the evaluator; fetchers pause 
 COALESCE_BATCHES = 16  # waiting batches evaluated together
 DRAIN_TIMEOUT_S = 10.0
 REPORT_EVERY_S = 60.0
+SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
 
 
 def log(message: str) -> None:
@@ -89,7 +93,7 @@ class HubSetup:
 
 
 class Hub:
-    def __init__(self, setup: HubSetup, evaluator: ClusterEvaluator, sink: AlertSink):
+    def __init__(self, setup: HubSetup, evaluator: HubEvaluation, sink: AlertSink):
         self.setup = setup
         self.evaluator = evaluator
         self.sink = sink
@@ -97,6 +101,7 @@ class Hub:
         self.feeds: list[PartitionFeed] = []
         self.acked = 0
         self.reported_events = 0
+        self._summary_at = time.monotonic() + SUMMARY_EVERY_S
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -133,6 +138,8 @@ class Hub:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
             await self._ack()
+            summaries = self.evaluator.stage.finish()  # rate-limit minutes still open
+            self.sink.emit(Decision(summaries, [], [], summaries))
             left = self.sink.drain(DRAIN_TIMEOUT_S)
             if left:
                 log(f"{left} alert(s) left in the spool for the next start")
@@ -158,7 +165,9 @@ class Hub:
             try:
                 feed, msgs = await asyncio.wait_for(queue.get(), timeout=0.5)
             except TimeoutError:
-                self.sink.tick(time.monotonic())
+                # a quiet fleet: time moves on (HubClock), held matches and windows settle
+                await self._handle([], delivered)
+                self._housekeeping()
                 if self.evaluator.counters.events != self.reported_events:
                     self.report()  # caught up: say how far (bench.cluster waits for this)
                 continue
@@ -166,7 +175,7 @@ class Hub:
             while not queue.empty() and len(fetched) < COALESCE_BATCHES:
                 fetched.append(queue.get_nowait())
             await self._handle(fetched, delivered)
-            self.sink.tick(time.monotonic())
+            self._housekeeping()
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + REPORT_EVERY_S
                 self.report()
@@ -184,8 +193,11 @@ class Hub:
                 feed.hold(msg, self.evaluator.event_time(event))
                 if event is not None:
                     events.append(event)
-        if events:
-            await self._emit(self.evaluator.evaluate(events), delivered)
+        stage = self.evaluator.stage
+        self.sink.restore_counts(stage.rotate())  # a dedup window ended (event time)
+        alerts = self.evaluator.evaluate(events)
+        if alerts:
+            await self._emit(alerts, delivered)
         self.sink.keep_events(events)
         await self._ack()
 
@@ -198,10 +210,21 @@ class Hub:
                 fresh.append(alert)
         if not fresh:
             return
-        self.evaluator.counters.alerts += len(fresh)
-        self.sink.emit(fresh)  # in the spool (durable) before it is recorded as delivered
-        for alert in fresh:
+        decision = self.evaluator.stage.decide(fresh)
+        self.evaluator.counters.alerts += len(decision.send)
+        self.sink.emit(decision)  # in the spool (durable) before it is recorded as delivered
+        for alert in fresh:  # silenced and rate-limited ones too: decided, stored once
             await delivered.mark(str(alert["alert.id"]))
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now >= self._summary_at:
+            self._summary_at = now + SUMMARY_EVERY_S
+            if self.evaluator.stage.suppressor.rate_limit > 0:
+                self.sink.emit(self.evaluator.stage.due_summaries())
+        self.sink.tick(now)
+        for component, _action, message, _extra in self.sink.take_health():
+            log(f"{component}: {message}")
 
     async def _ack(self) -> None:
         cutoff = self.evaluator.ack_cutoff()
@@ -216,5 +239,6 @@ class Hub:
         log(
             f"{c.events} events, {c.alerts} alerts sent, {c.replayed_alerts} replayed alerts "
             f"not resent, {c.malformed} malformed messages skipped{problem}, "
+            f"{c.late} late events not correlated (later than the lateness allowance), "
             f"{c.host_rewritten} host names taken from the subject"
         )

@@ -40,6 +40,11 @@ def nats_cluster(tmp_path: Path) -> Iterator[list[NatsServer]]:
             server.stop()
 
 
+# Replays of old events end; the hub's clock then moves on with the wall clock (HubClock),
+# so held matches are handed on once the allowance has passed: short, for the tests.
+QUICK_LATENESS_S = 3.0
+
+
 class HubProcess:
     """`hpcsec hub` in a child process, alerts to a JSONL file."""
 
@@ -50,10 +55,13 @@ class HubProcess:
         member: str = "0/1",
         name: str = "hub",
         log_name: str | None = None,
+        lateness_s: float = QUICK_LATENESS_S,
     ):
         """`name` picks the output file; a restart keeps it (its spool is for that output)
-        and takes a fresh `log_name`."""
+        and takes a fresh `log_name`. `lateness_s`: the config's correlation_lateness_s."""
         self.tmp, self.urls, self.member, self.name = tmp, urls, member, name
+        self.config = tmp / f"{name}-config.yml"
+        self.config.write_text(f"correlation_lateness_s: {lateness_s}\n")
         self.alerts_file = tmp / f"{name}-alerts.jsonl"
         self.log = tmp / f"{log_name or name}.log"
         self.proc: subprocess.Popen | None = None
@@ -63,6 +71,7 @@ class HubProcess:
         for url in self.urls:
             args += ["--nats", url]
         args += ["--output", f"file://{self.alerts_file}", "--spool", str(self.tmp / "spool")]
+        args += ["--config", str(self.config)]
         log = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -32,11 +32,43 @@ def fleet_events(scenario: str) -> list[tuple[str, dict]]:
     return sorted(merged, key=lambda item: item[1]["@timestamp"])
 
 
+def interleaved_events(scenario: str, behind: str | None = None) -> list[tuple[str, dict]]:
+    """(host, event) as nodes publishing at once deliver them: each node in its own order,
+    the nodes taken in turn (not merged by time); `behind`: that node publishes only after
+    all the others are done (a node whose link was down)."""
+    nodes = node_events(scenario)
+    late = nodes.pop(behind) if behind else []
+    out: list[tuple[str, dict]] = []
+    longest = max(len(events) for events in nodes.values())
+    for i in range(longest):
+        out += [(host, events[i]) for host, events in nodes.items() if i < len(events)]
+    return out + [(behind, e) for e in late] if behind else out
+
+
 def fleet_batches(scenario: str, size: int) -> list[list[tuple[str, dict]]]:
     merged = fleet_events(scenario)
     return [merged[i : i + size] for i in range(0, len(merged), size)]
 
 
-def write_fleet_file(scenario: str, path: Path) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for _, e in fleet_events(scenario)))
+def clock_event(host: str, at: str) -> dict:
+    """A sensor's plain status record at `at`: the fleet's time moving on, matching nothing."""
+    return {
+        "@timestamp": at,
+        "event.kind": "state",
+        "event.category": "sensor_status",
+        "event.action": "ok",
+        "host.name": host,
+        "hpcsec.sensor": "process",
+    }
+
+
+def write_fleet_file(
+    scenario: str, path: Path, behind: str | None = None, then: str | None = None
+) -> Path:
+    """The scenario's events as one file, nodes interleaved in their own order; `then`: a
+    last event at that time (the rest of the fleet moved on)."""
+    events = [e for _, e in interleaved_events(scenario, behind)]
+    if then is not None:
+        events.append(clock_event("gpu-101", then))
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     return path

@@ -7,7 +7,7 @@ import math
 import orjson
 import pytest
 
-from hpcsec.detector.cluster.evaluation import ClusterEvaluator
+from hpcsec.detector.cluster.evaluation import HUB_LATENESS_S, HubClock, HubEvaluation
 from hpcsec.detector.cluster.fleet import FleetFirmware
 from hpcsec.detector.cluster.partition import (
     PARTITIONS,
@@ -18,29 +18,40 @@ from hpcsec.detector.cluster.partition import (
 )
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.errors import UsageError
-from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.runtime.pipeline import Pipeline
 from tests.cluster.scenario import (
     CLUSTER_RULES,
     FLEET_FIRMWARE,
     JOB_EXFIL,
-    fleet_batches,
+    interleaved_events,
 )
 
-
-def evaluator(clock: float = 1e10) -> ClusterEvaluator:
-    config = SiteConfig()
-    engine = Engine(load_rules(None, with_tests=False), placeholders=config.placeholders())
-    return ClusterEvaluator(config, engine, clock=lambda: clock)
+HOUR = 3600.0
 
 
-def run_nodes(ev: ClusterEvaluator, scenario: str, batch: int = 7) -> list[dict]:
-    """The nodes' events in time order, as nodes publishing at once deliver them."""
+def evaluator(wall: float = 1e10, lateness_s: float | None = HOUR) -> HubEvaluation:
+    return HubEvaluation.load(SiteConfig(), lateness_s=lateness_s, clock=HubClock(lambda: wall))
+
+
+def run_nodes(
+    ev: HubEvaluation, scenario: str, batch: int = 7, behind: str | None = None
+) -> list[dict]:
+    """The nodes' events as nodes publishing at once deliver them: each node in its own
+    order, the nodes interleaved (`behind`: that node only after all the others)."""
+    events = interleaved_events(scenario, behind)
     alerts = []
-    for chunk in fleet_batches(scenario, batch):
-        decoded = [ev.decode(orjson.dumps(e), host) for host, e in chunk]
+    for i in range(0, len(events), batch):
+        decoded = [ev.decode(orjson.dumps(e), host) for host, e in events[i : i + batch]]
         alerts += ev.evaluate([e for e in decoded if e is not None])
-    return alerts
+    return alerts + ev.finish()
+
+
+def test_hub_runs_the_runtime_pipeline_with_its_lateness() -> None:
+    ev = HubEvaluation.load(SiteConfig())
+    assert isinstance(ev.pipeline, Pipeline)
+    assert ev.pipeline.engine.pending.lateness == HUB_LATENESS_S
+    configured = HubEvaluation.load(SiteConfig(correlation_lateness_s=7.0))
+    assert configured.pipeline.engine.pending.lateness == 7.0
 
 
 def test_attack_scenario_raises_every_cluster_rule() -> None:
@@ -56,6 +67,34 @@ def test_attack_scenario_raises_every_cluster_rule() -> None:
 
 def test_benign_training_job_raises_nothing() -> None:
     assert run_nodes(evaluator(), "benign") == []
+
+
+def test_a_node_publishing_behind_the_others_is_correlated_within_the_lateness() -> None:
+    """gpu-102 (the upload of job 9100) publishes half an hour of events after every other
+    node is done: within the allowance, the job's correlation still sees it."""
+    ev = evaluator(lateness_s=HOUR)
+    alerts = run_nodes(ev, "attack", behind="gpu-102")
+    assert JOB_EXFIL in {a["rule.id"] for a in alerts}
+    assert ev.counters.late == 0
+
+
+def test_events_later_than_the_allowance_are_counted_not_correlated() -> None:
+    ev = evaluator(lateness_s=60.0)
+    alerts = run_nodes(ev, "attack", behind="gpu-102")
+    assert JOB_EXFIL not in {a["rule.id"] for a in alerts}
+    assert ev.counters.late > 0
+
+
+def test_hub_clock_follows_event_time_moves_on_when_idle_and_ignores_the_future() -> None:
+    now = {"wall": 2_000_000_000.0, "mono": 0.0}
+    clock = HubClock(lambda: now["wall"], lambda: now["mono"])
+    assert clock() == float("-inf")
+    clock.observe(1_000_000_000.0)  # a replay of old events runs on their time
+    assert clock() == 1_000_000_000.0
+    now["mono"] = 30.0  # nothing newer for 30 s: a quiet fleet's time still moves on
+    assert clock() == 1_000_000_030.0
+    clock.observe(9_000_000_000.0)  # a node stamps its events in the future
+    assert clock() == now["wall"]
 
 
 def test_odd_firmware_reported_first_is_flagged_once_the_majority_forms() -> None:
@@ -109,17 +148,24 @@ def test_host_name_comes_from_the_subject_and_hub_fields_from_the_hub() -> None:
     assert ev.counters.host_rewritten == 1
 
 
-def test_ack_cutoff_keeps_open_windows_and_ignores_future_times() -> None:
-    ev = evaluator(clock=2_000_000_000.0)
+def test_ack_cutoff_keeps_open_windows_held_matches_and_ignores_future_times() -> None:
+    wall = 2_000_000_000.0
+    clock = HubClock(lambda: wall, lambda: 0.0)  # no idle time passes
+    ev = HubEvaluation.load(SiteConfig(), lateness_s=120.0, clock=clock)
     assert ev.horizon_s >= 30 * 60  # the longest cluster correlation is 30 minutes
-    ev.engine.watermark = 1_900_000_000.0
-    assert ev.ack_cutoff() == 1_900_000_000.0 - ev.horizon_s
-    ev.engine.watermark = 4_000_000_000.0  # a node sent events from the future
-    assert ev.ack_cutoff() == 2_000_000_000.0 - ev.horizon_s
-    config = SiteConfig()
-    plain = load_rules(None, with_tests=False)
-    plain.rules = [r for r in plain.rules if r.kind == "detection"]
-    no_windows = ClusterEvaluator(config, Engine(plain, placeholders=config.placeholders()))
+    assert ev.ack_cutoff() == -math.inf  # nothing seen yet: nothing acknowledged
+    miner = {"event.category": "process", "process.name": "xmrig", "process.pid": 1}
+    at = 1_900_000_000.0
+    ev.evaluate([{**miner, "@timestamp": "2030-03-17T17:46:40Z"}])  # = at
+    # held for the lateness, then windows reach back the horizon: all of it is kept
+    assert ev.ack_cutoff() == at - 120 - ev.horizon_s
+    ev.evaluate([{**miner, "process.pid": 2, "@timestamp": "2030-03-17T17:56:40Z"}])
+    assert ev.ack_cutoff() == at + 600 - 120 - ev.horizon_s
+    future = {**miner, "process.pid": 3, "@timestamp": "2099-01-01T00:00:00Z"}
+    ev.evaluate([future])  # a node sent events from the future: the wall clock caps it
+    assert ev.ack_cutoff() == wall - 120 - ev.horizon_s
+    no_windows = HubEvaluation.load(SiteConfig())
+    no_windows.pipeline.engine.correlations.clear()
     assert no_windows.ack_cutoff() == math.inf
 
 

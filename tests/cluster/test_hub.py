@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
+
+import orjson
 
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.cluster.partition import subject_for
@@ -14,9 +17,25 @@ from tests.cluster.scenario import (
     CLUSTER_RULES,
     FLEET_FIRMWARE,
     JOB_EXFIL,
+    clock_event,
     node_files,
     write_fleet_file,
 )
+
+
+FLEET_MOVED_ON = "2026-12-01T03:40:00Z"  # the scenario ends 02:32; the fleet's time goes on
+
+
+def publish_behind(url: str, hub: HubProcess, tmp_path: Path) -> None:
+    """The attack scenario, gpu-102 behind the others; once the hub has read it all, one
+    event from later on (the fleet's time moved on: what was held is handed on)."""
+    events = write_fleet_file("attack", tmp_path / "fleet.jsonl", behind="gpu-102")
+    assert main(["publish", "--nats", url, "--events", str(events)]) == 0
+    count = len(events.read_text().splitlines())
+    hub.wait_log(f"hpcsec hub: {count} events", 30)
+    later = tmp_path / "later.jsonl"
+    later.write_bytes(orjson.dumps(clock_event("gpu-101", FLEET_MOVED_ON)) + b"\n")
+    assert main(["publish", "--nats", url, "--events", str(later)]) == 0
 
 
 async def _stream_exists(url: str) -> bool:
@@ -33,12 +52,13 @@ async def _stream_exists(url: str) -> bool:
 def test_hub_started_before_the_stream_alerts_on_published_events(
     nats_server: NatsServer, hubs: list[HubProcess], tmp_path: Path
 ) -> None:
+    """Nodes interleaved in their own order, gpu-102 (the job's upload) half an hour behind
+    the others: within the hub's lateness allowance, every cluster rule still fires."""
     assert not asyncio.run(_stream_exists(nats_server.url))
-    hub = HubProcess(tmp_path, [nats_server.url]).start()
+    hub = HubProcess(tmp_path, [nats_server.url], lateness_s=3600).start()
     hubs.append(hub)
     assert asyncio.run(_stream_exists(nats_server.url))  # the hub created it
-    events = write_fleet_file("attack", tmp_path / "fleet.jsonl")
-    assert main(["publish", "--nats", nats_server.url, "--events", str(events)]) == 0
+    publish_behind(nats_server.url, hub, tmp_path)
 
     def cluster_alerts() -> dict[str, dict]:
         return {a["rule.id"]: a for a in hub.alerts() if a["rule.id"] in CLUSTER_RULES}
@@ -50,6 +70,20 @@ def test_hub_started_before_the_stream_alerts_on_published_events(
     assert hub.terminate() == 0
     ids = [a["alert.id"] for a in hub.alerts()]
     assert len(ids) == len(set(ids))
+    assert "0 late events" in hub.log.read_text()
+
+
+def test_events_later_than_the_allowance_are_counted_and_reported(
+    nats_server: NatsServer, hubs: list[HubProcess], tmp_path: Path
+) -> None:
+    hub = HubProcess(tmp_path, [nats_server.url], lateness_s=60).start()
+    hubs.append(hub)
+    publish_behind(nats_server.url, hub, tmp_path)
+    wait_for(lambda: FLEET_FIRMWARE in {a["rule.id"] for a in hub.alerts()}, 30, "alerts")
+    assert hub.terminate() == 0
+    assert JOB_EXFIL not in {a["rule.id"] for a in hub.alerts()}
+    late = re.findall(r"(\d+) late events not correlated", hub.log.read_text())
+    assert late and int(late[-1]) > 0
 
 
 def test_publish_per_node_with_host_name(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from hpcsec.detector.cluster.consumer import durable_name
-from hpcsec.detector.cluster.evaluation import ClusterEvaluator
+from hpcsec.detector.cluster.evaluation import HubEvaluation
 from hpcsec.detector.cluster.partition import member_partitions, partition_of
 from hpcsec.detector.cluster.publisher import Publisher
 from hpcsec.detector.cluster.streams import (
@@ -18,8 +18,6 @@ from hpcsec.detector.cluster.streams import (
     ensure_events_stream,
 )
 from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.loader import load_rules
 from tests.cluster.conftest import HubProcess, wait_for
 from tests.cluster.harness import NatsServer
 
@@ -57,13 +55,11 @@ def workload() -> tuple[list[dict], list[dict]]:
 
 
 def expected_ids(events: list[dict]) -> set[str]:
-    config = SiteConfig()
-    engine = Engine(load_rules(None, with_tests=False), placeholders=config.placeholders())
-    evaluator = ClusterEvaluator(config, engine)
+    evaluation = HubEvaluation.load(SiteConfig())
     alerts = []
     for i in range(0, len(events), 16):
-        alerts += evaluator.evaluate([dict(e) for e in events[i : i + 16]])
-    return {a["alert.id"] for a in alerts}
+        alerts += evaluation.evaluate([dict(e) for e in events[i : i + 16]])
+    return {a["alert.id"] for a in alerts + evaluation.finish()}
 
 
 async def publish(url: str, events: list[dict]) -> None:
