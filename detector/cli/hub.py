@@ -7,9 +7,9 @@ import asyncio
 import sys
 
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs
-from hpcsec.detector.cluster.evaluation import HubEvaluation
+from hpcsec.detector.cluster.evaluation import HubClock, HubEvaluation
 from hpcsec.detector.cluster.hub import Hub, HubSetup
-from hpcsec.detector.cluster.partition import PARTITIONS, parse_member
+from hpcsec.detector.cluster.partition import PARTITIONS, member_partitions, parse_member
 from hpcsec.detector.cluster.streams import StreamSettings
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.engine import thresholds
@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     member = parse_member(args.member)
     config = load_config(args.config)
-    evaluation = HubEvaluation.load(config, args.rules)
+    clock = HubClock(sources=member_partitions(*member))
+    evaluation = HubEvaluation.load(config, args.rules, clock=clock)
     for name in thresholds.unused(config.thresholds, evaluation.pipeline.ruleset.rules):
         print(f"hpcsec: warning: threshold {name!r} of the config is not used", file=sys.stderr)
     outputs = open_alert_outputs(

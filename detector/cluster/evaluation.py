@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -50,33 +50,67 @@ class HubCounters:
 
 
 class HubClock:
-    """The hub's event time: the newest event time seen, moved on by wall time while no newer
-    event arrives (a quiet fleet still closes its windows), never past the wall clock (a node
-    that stamps events in the future cannot make every other node late).
+    """The hub's event time, read by the engine's reorder buffer and the dedup windows.
 
-    A replay of old events runs on their time; a live fleet runs on (about) the wall clock.
+    Each source (a partition the member reads) has its newest event time; the hub's time is
+    the oldest of them among the sources still delivering, so a partition fetched later than
+    another does not make its events late (a source that has delivered nothing yet holds it
+    back until it reports that it is caught up: its fetch came back empty). Once every source
+    is caught up, the time is the newest event seen, moved on by wall time while nothing
+    arrives (a quiet fleet still closes its windows). Never past the wall clock: a node that
+    stamps its events in the future cannot make every other node late. A replay of old
+    events runs on their time; a live fleet runs on (about) the wall clock.
     """
 
     def __init__(
         self,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        sources: Iterable[object] = (None,),
     ):
         self._wall, self._monotonic = wall, monotonic
-        self.newest = -math.inf
-        self._moved_at = monotonic()
+        self._newest: dict[object, float] = {s: -math.inf for s in sources}
+        self._idle: set[object] = set()
+        self._value = -math.inf
+        self._idle_since: float | None = None
 
-    def observe(self, t: float) -> None:
+    def observe(self, t: float, source: object = None) -> None:
+        if self._idle and self.quiet:
+            # the fleet was quiet and speaks again: the other sources may be about to deliver
+            # older events, so each holds the time back until it reports in again
+            self._idle.clear()
+        self._idle.discard(source)
         t = min(t, self._wall())
-        if t > self.newest:
-            self.newest = t
-            self._moved_at = self._monotonic()
+        if t > self._newest.get(source, -math.inf):
+            self._newest[source] = t
+        self._settle()
+
+    def idle(self, source: object = None) -> None:
+        """`source` is caught up: it no longer holds the hub's time back."""
+        self._idle.add(source)
+        self._settle()
+
+    @property
+    def quiet(self) -> bool:
+        """Every source is caught up: all that was published has been read."""
+        return len(self._idle) >= len(self._newest)
+
+    def _settle(self) -> None:
+        active = [t for s, t in self._newest.items() if s not in self._idle]
+        if active:
+            value = min(active)
+            self._idle_since = None
+        else:
+            value = max(self._newest.values(), default=-math.inf)
+            if self._idle_since is None:
+                self._idle_since = self._monotonic()
+        self._value = max(self._value, value)
 
     def __call__(self) -> float:
-        if self.newest == -math.inf:
+        if self._value == -math.inf:
             return -math.inf
-        idle = max(self._monotonic() - self._moved_at, 0.0)
-        return min(self.newest + idle, self._wall())
+        idle = 0.0 if self._idle_since is None else self._monotonic() - self._idle_since
+        return min(self._value + max(idle, 0.0), self._wall())
 
 
 def hub_lateness(config: SiteConfig) -> float:
@@ -171,16 +205,16 @@ class HubEvaluation:
     def event_time(event: Event | None) -> float | None:
         return None if event is None else epoch_seconds(event.get("@timestamp"))
 
-    def evaluate(self, events: list[Event]) -> list[Alert]:
+    def evaluate(self, events: list[Event], sources: Sequence[object] = ()) -> list[Alert]:
         """New alerts for a batch, in any arrival order (the engine puts correlations' input
         in event-time order within the lateness allowance); alerts dedup folded into
-        earlier ones are not repeated."""
+        earlier ones are not repeated. `sources`: the source (partition) of each event."""
         self.counters.events += len(events)
         batch: list[Event] = []
-        for event in events:
+        for i, event in enumerate(events):
             t = self.event_time(event)
             if t is not None:
-                self.clock.observe(t)
+                self.clock.observe(t, sources[i] if sources else None)
             if event.get("event.category") == "firmware":
                 batch.extend(self.fleet.observe(event))
             else:

@@ -156,26 +156,27 @@ class Hub:
                 log(f"partition {feed.partition}: fetch failed: {exc}")
                 await asyncio.sleep(0.5)
                 continue
-            if msgs:
-                await queue.put((feed, msgs))
+            # an empty fetch too, in turn with the batches: the partition is caught up and no
+            # longer holds the hub's event time back (evaluation.HubClock)
+            await queue.put((feed, msgs))
 
     async def _loop(self, queue: asyncio.Queue, delivered: DeliveredAlerts) -> None:
         next_report = time.monotonic() + REPORT_EVERY_S
         while not self.stop.is_set():
             try:
-                feed, msgs = await asyncio.wait_for(queue.get(), timeout=0.5)
+                fetched = [await asyncio.wait_for(queue.get(), timeout=0.5)]
             except TimeoutError:
-                # a quiet fleet: time moves on (HubClock), held matches and windows settle
-                await self._handle([], delivered)
-                self._housekeeping()
-                if self.evaluator.counters.events != self.reported_events:
-                    self.report()  # caught up: say how far (bench.cluster waits for this)
-                continue
-            fetched = [(feed, msgs)]
+                fetched = []
             while not queue.empty() and len(fetched) < COALESCE_BATCHES:
                 fetched.append(queue.get_nowait())
+            # with nothing new, time still moves on (HubClock): held matches and windows settle
             await self._handle(fetched, delivered)
             self._housekeeping()
+            if not any(msgs for _, msgs in fetched):
+                quiet = self.evaluator.clock.quiet
+                if quiet and self.evaluator.counters.events != self.reported_events:
+                    self.report()  # caught up: say how far (bench.cluster waits for this)
+                continue
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + REPORT_EVERY_S
                 self.report()
@@ -185,7 +186,10 @@ class Hub:
     ) -> None:
         """Every batch that is waiting, evaluated as one (in time order, see evaluate)."""
         events: list[Event] = []
+        sources: list[int] = []
         for feed, msgs in fetched:
+            if not msgs:
+                self.evaluator.clock.idle(feed.partition)
             for msg in msgs:
                 if not feed.fresh(msg):
                     continue
@@ -193,9 +197,10 @@ class Hub:
                 feed.hold(msg, self.evaluator.event_time(event))
                 if event is not None:
                     events.append(event)
+                    sources.append(feed.partition)
         stage = self.evaluator.stage
         self.sink.restore_counts(stage.rotate())  # a dedup window ended (event time)
-        alerts = self.evaluator.evaluate(events)
+        alerts = self.evaluator.evaluate(events, sources)
         if alerts:
             await self._emit(alerts, delivered)
         self.sink.keep_events(events)

@@ -46,6 +46,22 @@ def run_nodes(
     return alerts + ev.finish()
 
 
+def test_a_partition_read_later_holds_the_hub_time_back() -> None:
+    now = {"wall": 2_000_000_000.0, "mono": 0.0}
+    clock = HubClock(lambda: now["wall"], lambda: now["mono"], sources=(0, 1))
+    clock.observe(1_000_007_200.0, 0)  # partition 0 is two hours ahead of partition 1
+    assert clock() == float("-inf")  # partition 1 has said nothing yet
+    clock.observe(1_000_000_000.0, 1)
+    assert clock() == 1_000_000_000.0
+    clock.idle(1)  # partition 1 caught up: partition 0's time is the hub's
+    assert clock() == 1_000_007_200.0
+    clock.idle(0)  # all quiet; then partition 0 delivers again: 1 may follow with older
+    clock.observe(1_000_009_000.0, 0)
+    assert clock() == 1_000_007_200.0
+    clock.idle(1)
+    assert clock() == 1_000_009_000.0
+
+
 def test_hub_runs_the_runtime_pipeline_with_its_lateness() -> None:
     ev = HubEvaluation.load(SiteConfig())
     assert isinstance(ev.pipeline, Pipeline)
@@ -91,7 +107,10 @@ def test_hub_clock_follows_event_time_moves_on_when_idle_and_ignores_the_future(
     assert clock() == float("-inf")
     clock.observe(1_000_000_000.0)  # a replay of old events runs on their time
     assert clock() == 1_000_000_000.0
-    now["mono"] = 30.0  # nothing newer for 30 s: a quiet fleet's time still moves on
+    now["mono"] = 30.0
+    assert clock() == 1_000_000_000.0  # the source may still deliver: time waits for it
+    clock.idle()  # caught up
+    now["mono"] = 60.0  # nothing arrives for 30 s: a quiet fleet's time still moves on
     assert clock() == 1_000_000_030.0
     clock.observe(9_000_000_000.0)  # a node stamps its events in the future
     assert clock() == now["wall"]

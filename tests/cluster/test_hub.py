@@ -22,20 +22,26 @@ from tests.cluster.scenario import (
     write_fleet_file,
 )
 
-
 FLEET_MOVED_ON = "2026-12-01T03:40:00Z"  # the scenario ends 02:32; the fleet's time goes on
 
 
 def publish_behind(url: str, hub: HubProcess, tmp_path: Path) -> None:
-    """The attack scenario, gpu-102 behind the others; once the hub has read it all, one
-    event from later on (the fleet's time moved on: what was held is handed on)."""
+    """The attack scenario's nodes interleaved in their own order; gpu-102 (the job's upload)
+    only once the hub has read all the others (its link was down), then one event from later
+    on (the fleet's time moved on: what was held is handed on)."""
+    nodes = node_files("attack")
+    behind = nodes.pop("gpu-102")
     events = write_fleet_file("attack", tmp_path / "fleet.jsonl", behind="gpu-102")
-    assert main(["publish", "--nats", url, "--events", str(events)]) == 0
-    count = len(events.read_text().splitlines())
-    hub.wait_log(f"hpcsec hub: {count} events", 30)
+    others = events.read_bytes().splitlines(keepends=True)[: -len(behind.read_bytes().splitlines())]
+    first = tmp_path / "others.jsonl"
+    first.write_bytes(b"".join(others))
     later = tmp_path / "later.jsonl"
     later.write_bytes(orjson.dumps(clock_event("gpu-101", FLEET_MOVED_ON)) + b"\n")
-    assert main(["publish", "--nats", url, "--events", str(later)]) == 0
+    read = 0
+    for part in (first, behind, later):
+        assert main(["publish", "--nats", url, "--events", str(part)]) == 0
+        read += len(part.read_bytes().splitlines())
+        hub.wait_log(f"hpcsec hub: {read} events", 30)
 
 
 async def _stream_exists(url: str) -> bool:
