@@ -6,9 +6,9 @@ BIN    := $(VENV)/bin
 # it computes; beyond 4 the per-worker start-up costs more than it saves).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 # Debian packages the integration tests drive for real (Slurm, munge, rsyslog, iproute2's rdma,
-# Chromium for the HTML report).
+# Chromium for the HTML report, nats-server for the cluster tier).
 SYSTEM_PACKAGES := slurmctld slurmd slurm-client munge rsyslog rsyslog-gnutls iproute2 procps \
-                   chromium
+                   chromium nats-server
 
 .PHONY: demo test lint typecheck bench system-deps clean
 

@@ -16,6 +16,7 @@ BENCHES = {
     "regex": "bench.regex",
     "startup": "bench.startup",
     "sigmahq": "bench.sigmahq",
+    "cluster": "bench.cluster",
 }
 
 

@@ -33,6 +33,9 @@ COMMANDS = {
     "alerts to outputs and the store; SIGHUP reloads",
     "slurm": "Slurm Prolog=/Epilog= hooks (always exit 0)",
     "firmware": "firmware baselines (golden versions per node class)",
+    "publish": "publish a node's events (events file or snapshot) to NATS JetStream for the hubs",
+    "hub": "consume the events of all nodes from NATS JetStream and evaluate the rules "
+    "across nodes (correlations span the fleet)",
 }
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 2, 3, 130

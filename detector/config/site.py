@@ -32,6 +32,7 @@ from hpcsec.detector.config.policy import (
     parse_principals,
 )
 from hpcsec.detector.config.reader import ConfigReader
+from hpcsec.detector.core.display import redacted_url
 from hpcsec.detector.core.errors import ConfigError, HpcsecError, location
 from hpcsec.detector.core.yamlsrc import YamlDocument, load_documents
 
@@ -78,6 +79,7 @@ TOP_LEVEL_KEYS = (
     "spool",
     "store",
     "agent",
+    "cluster",
     "webhook_secret_file",
     "syslog_format",
 )
@@ -114,6 +116,8 @@ class SiteConfig:
     sensor_budget_s: dict[str, float] = field(default_factory=dict)
     webhook_secret_file: str | None = None
     syslog_format: str = "json"  # json | cef
+    # NATS servers of the cluster tier: the agent also publishes there (docs/cluster.md)
+    cluster_nats: tuple[str, ...] = ()
     path: str | None = None
     # `thresholds.NAME` / `lists.NAME` -> its line, for errors about names no rule uses
     name_lines: dict[str, int] = field(default_factory=dict, compare=False)
@@ -225,6 +229,25 @@ def _rule_paths(r: ConfigReader, value: Any) -> tuple[str, ...]:
     return tuple(str(base / p) for p in paths)
 
 
+NATS_SCHEMES = ("nats", "tls")
+
+
+def _cluster(r: ConfigReader, value: Any) -> tuple[str, ...]:
+    """`cluster: {nats: [URL, ...]}`: the servers of one NATS cluster (nats:// or tls://)."""
+    cluster = r.mapping(value, "cluster", allowed=("nats",))
+    urls = r.strings(cluster.get("nats"), "cluster", "nats")
+    for i, url in enumerate(urls):
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in NATS_SCHEMES or not rest.strip("/"):
+            raise r.fail(
+                f"NATS server {redacted_url(url)!r} is not nats://HOST:PORT or tls://HOST:PORT",
+                "cluster",
+                "nats",
+                i,
+            )
+    return urls
+
+
 def parse_config(doc: YamlDocument) -> SiteConfig:
     # Sections are read in document order of importance, so with several mistakes the
     # first one reported is the one `config check` always reported first.
@@ -261,6 +284,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
         outputs=parse_output_urls(r, top.get("outputs")),
         output_settings=parse_output_settings(r, top.get("outputs")),
         silences=silences,
+        cluster_nats=_cluster(r, top.get("cluster")),
         path=doc.path,
         name_lines=name_lines,
         **delivery,

@@ -249,6 +249,15 @@ FIELDS: tuple[Field, ...] = (
     _f("slurm.node.job_count", "long", "running jobs on this node (node-level events)"),
     _f("slurm.node.user_has_job", "boolean", "the event's user has a running job on this node"),
     _f("hpcsec.findings", "list", "what the epilog found left behind", "slurm_job"),
+    # set by the cluster hub (`hpcsec hub`), which sees every node's firmware
+    _f("hpcsec.cluster.node_class", "keyword", "hub: product, board name or board id", "firmware"),
+    _f("hpcsec.cluster.class_hosts", "long", "hub: hosts of the node class seen", "firmware"),
+    _f(
+        "hpcsec.cluster.firmware_majority_version",
+        "keyword",
+        "hub: version most hosts of the node class run (3+ hosts, over half)",
+        "firmware",
+    ),
 )
 
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
@@ -287,6 +296,7 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.last_seen", "date", "time of the last event folded into this alert"),
     Field("alert.group", "object", "correlations: the `group-by` values of the group that fired"),
     Field("alert.value", "double", "correlations: the count, sum or average that fired"),
+    Field("alert.hosts", "list", "cluster hub correlations: the hosts of the evidence events"),
     Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
     Field(
         "alert.distinct_overflow",

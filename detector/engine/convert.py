@@ -95,7 +95,10 @@ def hpcsec_pipeline(
         items.append(
             ProcessingItem(
                 identifier=f"hpcsec_fields_{fields.name}",
-                transformation=FieldMappingTransformation(dict(fields.fields)),
+                # pySigma's annotation admits None keys (keyword items); ours are names
+                transformation=FieldMappingTransformation(
+                    cast("dict[str | None, str | list[str]]", dict(fields.fields))
+                ),
             )
         )
     items += [

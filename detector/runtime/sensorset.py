@@ -126,6 +126,7 @@ class _Worker:
                     return
                 ctx, self.job = self.job, None
                 self.reading = ctx
+            assert ctx is not None  # the wait above ends on a job or on close
             run = run_sensor(self.spec, self.sensor, ctx)  # never raises (see run_sensor)
             with self._cond:
                 self.result, self.reading = run, None

@@ -26,6 +26,7 @@ VECTORS = (
     "firmware_drift",
     "isolation_escape",
     "self_health",
+    "cluster",  # cross-node rules for the hub (docs/cluster.md)
 )
 TAG = re.compile(r"(attack\.(t\d{4}(\.\d{3})?|[a-z_]+)|atlas\.aml\.t\d{4}(\.\d{3})?)")
 

@@ -1,0 +1,164 @@
+"""The JetStream streams hpcsec uses, created or updated by whoever connects first.
+
+Events: stream HPCSEC_EVENTS, subjects `hpcsec.events.p<NN>.<host>` (NN the partition, see
+partition.py). Retention by limits: a day of events or 8 GiB, oldest dropped first; a hub
+that was down longer than that resumes at the oldest event still kept. Replicas: 3 where the
+server is part of a JetStream cluster, else 1 (a single server cannot replicate).
+
+Delivered alerts: key-value bucket HPCSEC_ALERTS (alert id -> time it was delivered), so a
+hub member that replays events after a crash does not send the same alert twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+
+from hpcsec.detector.core.errors import HpcsecError
+
+EVENTS_STREAM = "HPCSEC_EVENTS"
+EVENTS_SUBJECT_PREFIX = "hpcsec.events"
+ALERTS_BUCKET = "HPCSEC_ALERTS"
+CONNECT_TIMEOUT_S = 5
+FIRST_CONNECT_S = 10.0
+JETSTREAM_WAIT_S = 20.0
+# The client logs a traceback for every failed connection attempt; connect() reports
+# failures itself, once.
+logging.getLogger("nats.aio.client").setLevel(logging.CRITICAL)
+API_TIMEOUT_S = 10.0
+
+
+class ClusterError(HpcsecError):
+    """NATS unreachable, JetStream missing, or a stream that cannot be set up."""
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    max_age_s: float = 24 * 3600.0
+    max_bytes: int = 8 * 1024**3
+    replicas: int = 3  # lowered to 1 on a server outside a JetStream cluster
+    duplicate_window_s: float = 120.0  # a publisher's retry of one event is stored once
+    alert_memory_s: float = 7 * 24 * 3600.0  # how long a delivered alert id is remembered
+
+
+def events_config(settings: StreamSettings, replicas: int) -> StreamConfig:
+    return StreamConfig(
+        name=EVENTS_STREAM,
+        description="hpcsec node events, partitioned for the hub members",
+        subjects=[f"{EVENTS_SUBJECT_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        max_age=settings.max_age_s,
+        max_bytes=settings.max_bytes,
+        discard=DiscardPolicy.OLD,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        duplicate_window=settings.duplicate_window_s,
+    )
+
+
+async def connect(urls: list[str], *, reconnect: bool = True) -> Client:
+    """A connection that keeps reconnecting (to any server of the cluster) once it is up;
+    the first connection fails within FIRST_CONNECT_S with a ClusterError."""
+
+    async def quiet(_exc: Exception) -> None:  # the client retries; callers see the outcome
+        return None
+
+    async def disconnected() -> None:
+        if not client.is_closed:  # not our own close()
+            print("hpcsec: NATS connection lost, reconnecting", file=sys.stderr, flush=True)
+
+    async def reconnected() -> None:
+        print("hpcsec: NATS connection re-established", file=sys.stderr, flush=True)
+
+    client = NATS()
+    try:
+        await asyncio.wait_for(
+            client.connect(
+                servers=urls,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                allow_reconnect=reconnect,
+                max_reconnect_attempts=-1 if reconnect else 0,
+                reconnect_time_wait=1,
+                error_cb=quiet,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+            ),
+            FIRST_CONNECT_S,
+        )
+        return client
+    except (OSError, NatsError, TimeoutError) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise ClusterError(f"cannot connect to NATS at {', '.join(urls)}: {reason}") from None
+
+
+async def require_jetstream(nc: Client, url: str) -> None:
+    """A clear error for a server without JetStream; a cluster electing its JetStream leader
+    (a server just died) is waited for, up to JETSTREAM_WAIT_S."""
+    # The server's INFO says whether it runs JetStream (nats-py keeps it, unexported); the
+    # API alone cannot tell "no JetStream" from "a cluster electing its leader".
+    if not nc._server_info.get("jetstream"):
+        raise ClusterError(
+            f"the NATS server at {url} has no JetStream (start it with -js or a jetstream {{}} "
+            "block); hpcsec needs JetStream for durable, replayable events"
+        )
+    js = nc.jetstream()
+    deadline = time.monotonic() + JETSTREAM_WAIT_S
+    while True:
+        try:
+            await js.account_info()
+            return
+        except (NoRespondersError, ServiceUnavailableError, NotFoundError, NatsError) as exc:
+            problem = str(exc) or type(exc).__name__
+        except TimeoutError as exc:
+            problem = str(exc) or "timeout"
+        if time.monotonic() >= deadline:
+            raise ClusterError(f"JetStream at {url} does not answer: {problem}")
+        await asyncio.sleep(0.5)
+
+
+async def ensure_events_stream(js: JetStreamContext, settings: StreamSettings) -> int:
+    """Create the events stream or bring its limits up to date; returns its replica count."""
+    try:
+        info = await js.stream_info(EVENTS_STREAM)
+    except NotFoundError:
+        info = None
+    if info is not None:
+        replicas = info.config.num_replicas or 1  # changing replicas is an operator's move
+        wanted = events_config(settings, replicas)
+        current = info.config
+        if (current.max_age, current.max_bytes, current.duplicate_window) != (
+            wanted.max_age,
+            wanted.max_bytes,
+            wanted.duplicate_window,
+        ):
+            await _api(js.update_stream(wanted), "update stream")
+        return replicas
+    for replicas in dict.fromkeys((settings.replicas, 1)):
+        try:
+            await js.add_stream(events_config(settings, replicas))
+            return replicas
+        except APIError as exc:
+            if "already in use" in str(exc).lower():  # another node created it meanwhile
+                return await ensure_events_stream(js, settings)
+            if replicas == 1:
+                raise ClusterError(f"cannot create stream {EVENTS_STREAM}: {exc}") from None
+            # a server outside a JetStream cluster refuses replicas: store one copy
+    raise ClusterError(f"cannot create stream {EVENTS_STREAM}")  # not reached: replicas 1 raises
+
+
+async def _api(call: object, what: str) -> object:
+    try:
+        return await call  # type: ignore[misc]
+    except (APIError, TimeoutError) as exc:
+        raise ClusterError(f"JetStream refused to {what}: {exc}") from None
