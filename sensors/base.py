@@ -138,36 +138,27 @@ class FsRoot:
         The limit is also the buffer Python allocates for the read, so it stays small: sysfs
         attributes are at most a page, and the /proc files we read are small too.
         """
-        try:
-            if self.jail is not None:
-                data = read_confined(self._abs(rel), self.jail, limit)
-                if data is None:
-                    return None
-            else:
-                with open(self._abs(rel), "rb") as fh:
-                    data = fh.read(limit)
-        except Refused as exc:
-            self._refuse(rel, str(exc))
-            return None
-        except OSError:
-            return None
-        if self.recorder is not None:
-            self.recorder.record_file(self.name, rel, data)
-        return data
+        return self._read(rel, limit, lambda fh: fh.read(limit))
 
     def read_condensed(self, rel: str, condense: Callable[[BinaryIO], bytes]) -> bytes | None:
         """What `condense` keeps of the file, which it reads whole in bounded chunks (a
         cmdline or environ of any length); None when absent or unreadable. A snapshot
         records what was kept; a replay reads that record inside the snapshot only."""
+        return self._read(rel, CONDENSED_RECORD_LIMIT, condense)
+
+    def _read(self, rel: str, replay_limit: int, take: Callable[[BinaryIO], bytes]) -> bytes | None:
+        """`take` applied to the file: live, on the open file; replaying, on the bytes read
+        inside the snapshot (no link out, no FIFO, at most `replay_limit`). The recorder
+        keeps what was taken, so a replay reads exactly that."""
         try:
             if self.jail is not None:
-                raw = read_confined(self._abs(rel), self.jail, CONDENSED_RECORD_LIMIT)
+                raw = read_confined(self._abs(rel), self.jail, replay_limit)
                 if raw is None:
                     return None
-                data = condense(io.BytesIO(raw))
+                data = take(io.BytesIO(raw))
             else:
                 with open(self._abs(rel), "rb") as fh:
-                    data = condense(fh)
+                    data = take(fh)
         except Refused as exc:
             self._refuse(rel, str(exc))
             return None

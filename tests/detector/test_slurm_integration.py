@@ -469,11 +469,8 @@ def test_srun_step_gets_its_job_step_and_gpu(slurm_cluster, two_jobs):
             subprocess.run(["sleep", "0.2"])
         assert job, "srun job never showed in squeue"
         pids = slurm_cluster.wait_pids(job, step="0")
-        [task] = [
-            p
-            for p, step in pids.items()
-            if step == "0" and Path(f"/proc/{p}/comm").read_text().strip() == "sleep"
-        ]
+        # listpids also names step helpers that may exit while we look: read each once
+        [task] = [p for p, step in pids.items() if step == "0" and _comm(p) == "sleep"]
         ctx = context(slurm_cluster)
         jc = ctx.state[STATE_KEY]
         jc.refresh(ctx)
@@ -521,3 +518,10 @@ def test_cache_refreshed_by_job_start_and_end(slurm_cluster, two_jobs):
     assert jc.refreshes == before + 2
     # the epilog runs while the job completes: it may still say so, never RUNNING
     assert jc.job(job).state in ("COMPLETING", "CANCELLED")
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # exited between listpids and now
+        return None
