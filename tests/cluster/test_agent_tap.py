@@ -131,3 +131,22 @@ def test_spool_files_are_private(tmp_path: Path) -> None:
         tap.close(0)
     for path in (tmp_path / "spool").rglob("*"):
         assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_what_does_not_fit_is_reported_as_dropped(tmp_path: Path) -> None:
+    tap = NatsTap(["nats://127.0.0.1:1"], tmp_path / "spool", max_bytes=300)  # NATS down
+    try:
+        big = {**_alert("gpu-101", "a-big"), "message": "x" * 1000}
+        tap.alerts([big])
+        health: list = []
+        wait_for(lambda: bool(health.extend(tap.take_health()) or health), 20, "the drop")
+        assert health == [
+            (
+                "cluster",
+                "dropped",
+                "1 events or alerts not published to NATS: the cluster queue or spool was full",
+                {"hpcsec.dropped": 1},
+            )
+        ]
+    finally:
+        tap.close(0)
