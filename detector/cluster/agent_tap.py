@@ -118,7 +118,9 @@ class NatsTap:
             dropped, self._dropped = self._dropped, 0
         if not dropped:
             return []
-        message = f"{dropped} events or alerts not published to NATS: the cluster queue or spool was full"
+        message = (
+            f"{dropped} events or alerts not published to NATS: the cluster queue or spool was full"
+        )
         return [("cluster", "dropped", message, {"hpcsec.dropped": dropped})]
 
     def pending(self) -> int:
