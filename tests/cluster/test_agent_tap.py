@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from hpcsec.detector.cli import main as cli
 from hpcsec.detector.cluster.agent_tap import NatsTap
 from hpcsec.detector.cluster.forwarder import BaseRuleFilter
 from hpcsec.detector.cluster.streams import EVENTS_STREAM, NODE_ALERTS_STREAM, connect
@@ -20,6 +21,7 @@ from hpcsec.detector.runtime.pipeline import SourceBatch
 from tests.cluster.conftest import wait_for
 from tests.cluster.harness import NATS_SERVER, NatsServer
 from tests.cluster.scenario import fleet_events
+from tests.detector.runtime.agent_harness import Node
 
 pytestmark = pytest.mark.skipif(NATS_SERVER is None, reason="nats-server is not installed")
 MAX_SPOOL = 64 * 1024**2
@@ -150,3 +152,34 @@ def test_what_does_not_fit_is_reported_as_dropped(tmp_path: Path) -> None:
         ]
     finally:
         tap.close(0)
+
+
+def test_nats_without_a_spool_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "site.yml"
+    config.write_text("cluster: {nats: ['nats://127.0.0.1:1']}\n")
+    assert cli.main(["agent", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        "hpcsec: error: publishing to NATS needs a spool directory "
+        "(--spool or spool.dir in the config)\n"
+    )
+
+
+def test_hpcsec_agent_with_nats_publishes_a_miner_alert_and_its_event(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    node = Node(tmp_path / "node")
+    node.start_process(4242, "xmrig", 1)
+    out = tmp_path / "alerts.jsonl"
+    args = ["agent", "--config", str(node.config), "--sensor", "process"]
+    args += ["--procfs-root", str(node.proc), "--etc-root", str(node.etc), "--interval", "1"]
+    args += ["--once-for", "3", "--metrics-address", "127.0.0.1:0"]
+    args += ["--spool", str(tmp_path / "spool"), "--output", f"file://{out}"]
+    assert cli.main([*args, "--nats", nats_server.url]) == 0
+    sent = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert any(a["process.name"] == "xmrig" for a in sent if "process.name" in a)
+    published = messages(nats_server.url, NODE_ALERTS_STREAM)
+    assert sorted(i for i, _ in published) == sorted(a["alert.id"] for a in sent)
+    stored = messages(nats_server.url, EVENTS_STREAM)
+    assert stored and {body["process.name"] for _, body in stored} == {"xmrig"}
