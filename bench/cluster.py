@@ -34,16 +34,21 @@ import orjson
 
 from hpcsec.detector.cli.main import main as hpcsec_main
 from hpcsec.detector.cluster.consumer import durable_name
+from hpcsec.detector.cluster.forwarder import BaseRuleFilter
 from hpcsec.detector.cluster.partition import PARTITIONS
-from hpcsec.detector.cluster.publisher import Publisher
+from hpcsec.detector.cluster.publisher import Publisher, encode
 from hpcsec.detector.cluster.streams import (
     EVENTS_STREAM,
     StreamSettings,
     connect,
     ensure_events_stream,
 )
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.schema import parse_time
+from hpcsec.detector.engine.loader import load_rules
 from tests.cluster.conftest import HubProcess, wait_for
 from tests.cluster.harness import NATS_SERVER, NatsServer
+from tests.cluster.scenario import node_events
 
 START = datetime(2026, 12, 1, 2, 0, tzinfo=UTC)
 IDLE_S = 0.5  # the hub's idle wait before it reports progress (detector/cluster/hub.py)
@@ -192,6 +197,25 @@ def latency(tmp: Path, samples: int) -> list[float]:
         server.stop()
 
 
+def wire_bytes_per_node_minute() -> tuple[float, float, int]:
+    """What a node of the scenarios sends with edge filtering (the agent's tap) and would send
+    without it: message bytes (subject, body, Nats-Msg-Id header) per node per minute of
+    event time, over the attack and benign fleets; and the nodes counted."""
+    chooser = BaseRuleFilter(load_rules(None, with_tests=False), SiteConfig().placeholders())
+    kept = everything = minutes = 0.0
+    nodes = 0
+    for scenario in ("attack", "benign"):
+        for events in node_events(scenario).values():
+            times = [parse_time(e["@timestamp"]).timestamp() for e in events]
+            minutes += max((max(times) - min(times)) / 60, 1.0)
+            size = [len(s) + len(b) + len(i) + 40 for s, b, i in map(encode, map(dict, events))]
+            everything += sum(size)
+            chosen = {id(e) for e in chooser.select(events)}
+            kept += sum(n for e, n in zip(events, size, strict=True) if id(e) in chosen)
+            nodes += 1
+    return kept / minutes, everything / minutes, nodes
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster")
     parser.add_argument("--events", type=int, default=20_000)
@@ -207,6 +231,7 @@ def main(argv: list[str]) -> int:
         one = hub_throughput(tmp, events, 1)
         two = hub_throughput(tmp, events, 2)
         waits = sorted(latency(tmp, args.latency_samples))
+    filtered, unfiltered, nodes = wire_bytes_per_node_minute()
     p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))]
     result = {
         "events": len(events),
@@ -215,6 +240,9 @@ def main(argv: list[str]) -> int:
         "peer_scan_events_per_s": round(peer),
         "publish_to_alert_p50_ms": round(statistics.median(waits) * 1000, 1),
         "publish_to_alert_p99_ms": round(p99 * 1000, 1),
+        "wire_bytes_per_node_minute_edge_filtered": round(filtered),
+        "wire_bytes_per_node_minute_unfiltered": round(unfiltered),
+        "scenario_nodes": nodes,
         "cpus": os.cpu_count(),
     }
     print(json.dumps(result, indent=2))

@@ -4,8 +4,12 @@ SIGTERM. SIGHUP reloads the rules and the config. See docs/agent.md."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
+from hpcsec.detector.cluster.agent_tap import NatsTap
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.core.errors import UsageError
 
 
 def _seconds(text: str) -> float:
@@ -58,12 +62,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="run S seconds, then drain and exit (tests, benchmarks)",
     )
+    p.add_argument(
+        "--nats",
+        action="append",
+        metavar="URL",
+        help="also publish alerts and edge-filtered events to NATS JetStream (repeatable; "
+        "default: cluster.nats of the config; see docs/cluster.md)",
+    )
     p.set_defaults(func=run)
+
+
+def _nats_tap(args: argparse.Namespace) -> NatsTap | None:
+    """The cluster publisher when NATS URLs are given; its spool sits in the spool dir."""
+    config = load_config(args.config)
+    urls = list(args.nats or config.cluster_nats)
+    if not urls:
+        return None
+    spool = args.spool or config.spool_dir
+    if not spool:
+        raise UsageError(
+            "publishing to NATS needs a spool directory (--spool or spool.dir in the config)"
+        )
+    return NatsTap(urls, Path(spool), config.spool_max_bytes)
 
 
 def run(args: argparse.Namespace) -> int:
     from hpcsec.detector.runtime.agent import AgentSettings, run_agent
 
+    tap = _nats_tap(args)
     settings = AgentSettings(
         config_path=args.config,
         rule_paths=tuple(args.rules) if args.rules else None,
@@ -81,4 +107,8 @@ def run(args: argparse.Namespace) -> int:
         once_for_s=args.once_for,
         drain_timeout_s=args.drain_timeout,
     )
-    return run_agent(settings)
+    try:
+        return run_agent(settings, tap)
+    finally:
+        if tap is not None:
+            tap.close(0)  # after a failed start; a clean stop has closed it already

@@ -1,10 +1,10 @@
 """A long-running process's events to JetStream, without ever blocking it on NATS.
 
-For the agent (not wired in yet, see docs/cluster.md): `submit` encodes events into a bounded
-in-memory spool and returns at once; a thread of its own connects, keeps reconnecting, and
-publishes what is spooled. While NATS is down the spool fills up to `max_bytes`; beyond that
-the oldest events are dropped and counted (a node must not run out of memory because the
-hub's servers are down).
+An in-memory publisher (the agent's own, with a spool on disk, is agent_tap.py): `submit`
+encodes events into a bounded in-memory spool and returns at once; a thread of its own
+connects, keeps reconnecting, and publishes what is spooled. While NATS is down the spool
+fills up to `max_bytes`; beyond that the oldest events are dropped and counted (a node must
+not run out of memory because the hub's servers are down).
 
 `BaseRuleFilter` picks what is worth sending: the events that match a base rule of a
 correlation (the rest cannot contribute to a cross-node correlation).

@@ -23,7 +23,7 @@ import hashlib
 import re
 from typing import Any
 
-from hpcsec.detector.cluster.streams import EVENTS_SUBJECT_PREFIX
+from hpcsec.detector.cluster.streams import EVENTS_SUBJECT_PREFIX, NODE_ALERTS_SUBJECT_PREFIX
 from hpcsec.detector.core.errors import UsageError
 
 PARTITIONS = 12  # divisible by 1, 2, 3, 4 and 6: common member counts split evenly
@@ -54,6 +54,11 @@ def host_token(host: object) -> str:
 
 def subject_for(partition: int, host: object) -> str:
     return f"{EVENTS_SUBJECT_PREFIX}.p{partition:02d}.{host_token(host)}"
+
+
+def alert_subject(host: object) -> str:
+    """Where an agent publishes the alerts about its node."""
+    return f"{NODE_ALERTS_SUBJECT_PREFIX}.{host_token(host)}"
 
 
 def partition_subject(partition: int) -> str:

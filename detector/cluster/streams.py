@@ -30,6 +30,11 @@ from hpcsec.detector.core.errors import HpcsecError
 EVENTS_STREAM = "HPCSEC_EVENTS"
 EVENTS_SUBJECT_PREFIX = "hpcsec.events"
 ALERTS_BUCKET = "HPCSEC_ALERTS"
+# The alerts agents raise on their own nodes (`hpcsec agent --nats`), for a SOC to consume:
+NODE_ALERTS_STREAM = "HPCSEC_NODE_ALERTS"
+NODE_ALERTS_SUBJECT_PREFIX = "hpcsec.alerts"
+NODE_ALERTS_DUPLICATE_WINDOW_S = 3600.0  # alerts are few: an agent's resend after a long
+#                                          outage with a lost ack is still stored once
 CONNECT_TIMEOUT_S = 5
 FIRST_CONNECT_S = 10.0
 JETSTREAM_WAIT_S = 20.0
@@ -64,6 +69,21 @@ def events_config(settings: StreamSettings, replicas: int) -> StreamConfig:
         storage=StorageType.FILE,
         num_replicas=replicas,
         duplicate_window=settings.duplicate_window_s,
+    )
+
+
+def node_alerts_config(settings: StreamSettings, replicas: int) -> StreamConfig:
+    return StreamConfig(
+        name=NODE_ALERTS_STREAM,
+        description="alerts raised by hpcsec agents on their nodes",
+        subjects=[f"{NODE_ALERTS_SUBJECT_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        max_age=settings.alert_memory_s,
+        max_bytes=settings.max_bytes,
+        discard=DiscardPolicy.OLD,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        duplicate_window=NODE_ALERTS_DUPLICATE_WINDOW_S,
     )
 
 
@@ -155,6 +175,24 @@ async def ensure_events_stream(js: JetStreamContext, settings: StreamSettings) -
                 raise ClusterError(f"cannot create stream {EVENTS_STREAM}: {exc}") from None
             # a server outside a JetStream cluster refuses replicas: store one copy
     raise ClusterError(f"cannot create stream {EVENTS_STREAM}")  # not reached: replicas 1 raises
+
+
+async def ensure_alerts_stream(js: JetStreamContext, settings: StreamSettings) -> None:
+    """Create the node alerts stream where it is missing (same replicas as the events)."""
+    try:
+        await js.stream_info(NODE_ALERTS_STREAM)
+        return
+    except NotFoundError:
+        pass
+    for replicas in dict.fromkeys((settings.replicas, 1)):
+        try:
+            await js.add_stream(node_alerts_config(settings, replicas))
+            return
+        except APIError as exc:
+            if "already in use" in str(exc).lower():
+                return
+            if replicas == 1:
+                raise ClusterError(f"cannot create stream {NODE_ALERTS_STREAM}: {exc}") from None
 
 
 async def _api(call: object, what: str) -> object:

@@ -33,6 +33,7 @@ from hpcsec.detector.runtime.metrics import AgentMetrics
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch
 from hpcsec.detector.runtime.sink import AlertSink
+from hpcsec.detector.runtime.tap import EventTap
 from hpcsec.detector.runtime.threads import EventQueue
 from hpcsec.detector.store.journal import JournalWriter
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
@@ -63,8 +64,14 @@ def _open_store(gen: Generation) -> JournalWriter | None:
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings, metrics: AgentMetrics | None = None):
+    def __init__(
+        self,
+        settings: AgentSettings,
+        metrics: AgentMetrics | None = None,
+        tap: EventTap | None = None,
+    ):
         self.settings = settings
+        self.tap = tap  # e.g. the cluster's NATS publisher: events and alerts, never blocking
         self.metrics = metrics or AgentMetrics()
         self.host = settings.host_name or socket.gethostname().split(".")[0]
         try:
@@ -74,6 +81,7 @@ class Agent:
         except KeyError as exc:
             raise UsageError(f"unknown sensor {exc.args[0]}") from None
         self.gen = load_generation(settings)
+        self._tap_rules()
         self.queue = EventQueue(QUEUE_MAX_EVENTS)
         self.sink = AlertSink(_open_outputs(settings, self.gen), None, self.metrics)
         try:
@@ -104,6 +112,16 @@ class Agent:
     def _on_run(self, run: SensorRun) -> None:
         self.metrics.events.labels(run.name).inc(len(run.events))
         self.metrics.sensor_up.labels(run.name).set(1 if run.ok else 0)
+
+    def _tap_rules(self) -> None:
+        if self.tap is not None:
+            pipeline = self.gen.pipeline
+            self.tap.rules(pipeline.ruleset, pipeline.config.placeholders())
+
+    def _emit(self, decision: Decision) -> None:
+        self.sink.emit(decision)
+        if self.tap is not None and decision.send:
+            self.tap.alerts(decision.send)
 
     # -- signals -----------------------------------------------------------------------------
 
@@ -199,6 +217,7 @@ class Agent:
         events = [
             status_event(component, action, message, self.host, now, **extra)
             for component, action, message, extra in self.sink.take_health()
+            + (self.tap.take_health() if self.tap is not None else [])
         ]
         return [SourceBatch(events, None)] if events else []
 
@@ -211,7 +230,9 @@ class Agent:
         self.metrics.eval_seconds.observe(step.eval_s)
         self.metrics.batch_events.observe(len(step.events))
         self.sink.keep_events(step.events)
-        self.sink.emit(self.stage.decide(step.alerts))
+        if self.tap is not None:
+            self.tap.events(step.events)
+        self._emit(self.stage.decide(step.alerts))
 
     def _housekeeping(self) -> float:
         # repeats folded since the last turn: the store gets their counts within seconds
@@ -220,7 +241,7 @@ class Agent:
         if now >= self._summary_at:
             self._summary_at = now + SUMMARY_EVERY_S
             if self.stage.suppressor.rate_limit > 0:
-                self.sink.emit(self.stage.due_summaries())
+                self._emit(self.stage.due_summaries())
         if now >= self._apply_at:
             self._apply_at = now + APPLY_EVERY_S
             self.sink.apply_store()
@@ -240,6 +261,7 @@ class Agent:
         if error:
             return self._reload_failed(error)
         old, self.gen = self.gen, gen
+        self._tap_rules()
         self.sink.restore_counts(self.stage.reconfigure(gen.pipeline.config))
         if gen.pipeline.config.assets != old.pipeline.config.assets and self.sources.stream:
             self.sources.restart(gen.interval_s)  # new paths to watch
@@ -292,7 +314,7 @@ class Agent:
     def _reload_failed(self, error: str) -> bool:
         self.metrics.reloads.labels("failed").inc()
         logger.error("reload failed, the previous rules and config keep running: %s", error)
-        self.sink.emit(self.stage.decide([reload_failed_alert(error, self.host)]))
+        self._emit(self.stage.decide([reload_failed_alert(error, self.host)]))
         return False
 
     # -- shutdown ----------------------------------------------------------------------------
@@ -306,16 +328,18 @@ class Agent:
                 break
             self._process(batches)
         self._process([])  # drops counted at the very end
-        self.sink.emit(self.stage.decide(self.gen.pipeline.flush()))
+        self._emit(self.stage.decide(self.gen.pipeline.flush()))
         self.sink.restore_counts(self.stage.current())
         summaries = self.stage.finish()
-        self.sink.emit(Decision(summaries, [], [], summaries))
+        self._emit(Decision(summaries, [], [], summaries))
         left = self.sink.drain(self.settings.drain_timeout_s)
         if left:
             logger.warning(
                 "%d alert(s) not delivered yet, kept in the spool; the next start sends them",
                 left,
             )
+        if self.tap is not None and self.tap.close(self.settings.drain_timeout_s):
+            logger.warning("cluster publishing: messages not acknowledged yet are kept")
         self._close_outputs()
         if self.sink.store is not None:
             self.sink.store.close()
@@ -328,14 +352,14 @@ class Agent:
             self.sink.outputs = None
 
 
-def run_agent(settings: AgentSettings) -> int:
+def run_agent(settings: AgentSettings, tap: EventTap | None = None) -> int:
     signals = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
     previous = {sig: signal.getsignal(sig) for sig in signals}
     # A reload asked for while starting would kill the process (SIGHUP's default); the start
     # reads the newest rules and config anyway, so it is ignored until the handlers are in.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        agent = Agent(settings)
+        agent = Agent(settings, tap=tap)
         agent.install_signal_handlers()
         return agent.run()
     finally:
