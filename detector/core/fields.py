@@ -264,6 +264,21 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.group", "object", "correlations: the `group-by` values of the group that fired"),
     Field("alert.value", "double", "correlations: the count, sum or average that fired"),
     Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
+    Field("rule.description", "keyword", "what the rule detects and why it matters"),
+    Field("rule.falsepositives", "list", "known benign causes, from the rule"),
+    Field("rule.references", "list", "links to background on the technique"),
+    Field(
+        "rule.response",
+        "keyword",
+        "the rule's `response` note: what to check and how to contain it",
+    ),
+    Field(
+        "rule.techniques",
+        "list",
+        "ATT&CK / ATLAS techniques of `rule.tags`: `{id, name}` (name null when not in the "
+        "bundled table)",
+    ),
+    Field("rule.tactics", "list", "ATT&CK / ATLAS tactics of `rule.tags`: `{id, name}`"),
 )
 ALERT_COPIED_PREFIXES = (
     "slurm.job.",

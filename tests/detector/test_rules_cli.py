@@ -30,9 +30,17 @@ def test_list_table(capsys):
     code, out, err = run(capsys, "list", str(VALID))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "TITLE", "LEVEL", "VECTOR", "STATUS", "FILE"]
+    assert lines[0].split() == ["ID", "TITLE", "LEVEL", "VECTOR", "STATUS", "FILE", "TECHNIQUES"]
     assert lines[1].split()[0] == "0b7e51a4-6d43-4a43-8f1a-6c2f3c3d8a01"
-    assert lines[1].split()[-4:] == ["high", "sample", "test", f"{VALID / 'sample.yml'}:1"]
+    assert lines[1].split()[-7:] == [
+        "high",
+        "sample",
+        "test",
+        f"{VALID / 'sample.yml'}:1",
+        "T1496",
+        "Resource",
+        "Hijacking",
+    ]
     assert len(lines) == 5
 
 
@@ -47,8 +55,16 @@ def test_list_json(capsys):
         "vector": "sample",
         "status": "experimental",
         "kind": "correlation",
-        "file": f"{VALID / 'sample.yml'}:65",
+        "file": f"{VALID / 'sample.yml'}:67",
+        "description": rows[3]["description"],
+        "falsepositives": rows[3]["falsepositives"],
+        "references": [],
+        "response": "Kill the process and hold the job.",
+        "tags": ["attack.execution"],
+        "techniques": [],
+        "tactics": [{"id": "TA0002", "name": "Execution"}],
     }
+    assert rows[3]["description"].strip()
     assert [r["kind"] for r in rows] == ["detection", "detection", "filter", "correlation"]
 
 
@@ -62,6 +78,8 @@ def test_check_reports_our_findings_with_lines(capsys):
     assert code == 2
     assert out.splitlines() == [
         f"{rules}:1: warning: rule has no description [missing-description]",
+        f"{rules}:1: warning: rule has no response note (triage and containment for the "
+        "analyst) [missing-response]",
         f"{rules}:1: warning: rule has no test event that must not fire it [no-tests]",
         f"{rules}:6: error: malformed ATT&CK tag 'attack.t12' (attack.tNNNN, attack.tNNNN.NNN "
         "or attack.<tactic>) [attack-tag]",
@@ -70,6 +88,8 @@ def test_check_reports_our_findings_with_lines(capsys):
         f"{rules}:10: error: logsource product must be 'hpc', not 'linux' [logsource]",
         f"{rules}:14: warning: unknown field 'proc.nme' (not in docs/fields.md) [unknown-field]",
         f"{rules}:18: warning: rule has no level [missing-level]",
+        f"{rules}:18: warning: rule has no response note (triage and containment for the "
+        "analyst) [missing-response]",
         f"{rules}:18: warning: rule has no tags [missing-tags]",
         f"{rules}:18: warning: rule has no test events (tests/lintme.yaml) [no-tests]",
         f"{rules}:24: error: unknown logsource category 'gpus' (known: rdma_counters, rdma_qp, "
@@ -79,7 +99,7 @@ def test_check_reports_our_findings_with_lines(capsys):
         f"{tests}: error: name test events files *.yaml: Sigma tools read every *.yml as rules "
         "[tests-file-name]",
     ]
-    assert err == "5 error(s), 7 warning(s)\n"
+    assert err == "5 error(s), 9 warning(s)\n"
 
 
 def test_check_runs_pysigma_validators(tmp_path, capsys):
