@@ -107,7 +107,7 @@ class Agent:
 
     def _on_run(self, run: SensorRun) -> None:
         self.metrics.events.labels(run.name).inc(len(run.events))
-        self.metrics.sensor_up.labels(run.name).set(1 if run.ok else 0)
+        self.metrics.sensor_ran(run.name, str(run.status.get("event.action")))
 
     # -- signals -----------------------------------------------------------------------------
 
