@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
+from hpcsec.detector.core.schema import LEVELS
 
 
 def _seconds(text: str) -> float:
@@ -58,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="run S seconds, then drain and exit (tests, benchmarks)",
     )
+    p.add_argument(
+        "--min-level",
+        choices=LEVELS,
+        default=LEVELS[0],
+        metavar="LEVEL",
+        help="send only alerts at or above LEVEL; the others are stored only "
+        f"({', '.join(LEVELS)}; default {LEVELS[0]})",
+    )
     p.set_defaults(func=run)
 
 
@@ -79,5 +88,6 @@ def run(args: argparse.Namespace) -> int:
         sensors=tuple(args.sensor) if args.sensor else None,
         once_for_s=args.once_for,
         drain_timeout_s=args.drain_timeout,
+        min_level=args.min_level,
     )
     return run_agent(settings)

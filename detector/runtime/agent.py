@@ -79,7 +79,9 @@ class Agent:
             raise UsageError(f"unknown sensor {exc.args[0]}") from None
         self.gen = load_generation(settings)
         self.queue = EventQueue(QUEUE_MAX_EVENTS)
-        self.sink = AlertSink(_open_outputs(settings, self.gen), None, self.metrics)
+        self.sink = AlertSink(
+            _open_outputs(settings, self.gen), None, self.metrics, min_level=settings.min_level
+        )
         try:
             self.sink.store = _open_store(self.gen)
         except BaseException:
