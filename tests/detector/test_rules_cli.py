@@ -55,7 +55,7 @@ def test_list_json(capsys):
         "vector": "sample",
         "status": "experimental",
         "kind": "correlation",
-        "file": f"{VALID / 'sample.yml'}:67",
+        "file": f"{VALID / 'sample.yml'}:65",
         "description": rows[3]["description"],
         "falsepositives": rows[3]["falsepositives"],
         "references": [],
