@@ -87,7 +87,7 @@ class Receiver:
 class Agent:
     def __init__(self, work: Path, *args: str, bundled_rules: bool = False):
         self.log = work / f"agent-{time.monotonic_ns()}.log"
-        rules = [] if bundled_rules else ["--rules", str(work / "rules")]
+        rules = [] if bundled_rules else ["--no-default-rules", "--rules", str(work / "rules")]
         argv = [
             sys.executable,
             "-m",

@@ -10,12 +10,13 @@ with the roots pointed at the snapshot sample.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from hpcsec.detector.core.schema import Event, rfc3339, status_event
 from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
@@ -30,6 +31,11 @@ class Recorder(Protocol):
     def record_file(self, root: str, rel: str, data: bytes) -> None: ...
     def record_link(self, root: str, rel: str, target: str) -> None: ...
     def record_input(self, name: str, data: str) -> None: ...
+
+
+# A recorded cmdline or environ is what `condense` kept (a head, a tail and the indicators
+# of a long one): well under this; a larger file in a snapshot was not written by hpcsec.
+CONDENSED_RECORD_LIMIT = 1 << 18
 
 
 class Refused(Exception):
@@ -149,6 +155,28 @@ class FsRoot:
             self.recorder.record_file(self.name, rel, data)
         return data
 
+    def read_condensed(self, rel: str, condense: Callable[[BinaryIO], bytes]) -> bytes | None:
+        """What `condense` keeps of the file, which it reads whole in bounded chunks (a
+        cmdline or environ of any length); None when absent or unreadable. A snapshot
+        records what was kept; a replay reads that record inside the snapshot only."""
+        try:
+            if self.jail is not None:
+                raw = read_confined(self._abs(rel), self.jail, CONDENSED_RECORD_LIMIT)
+                if raw is None:
+                    return None
+                data = condense(io.BytesIO(raw))
+            else:
+                with open(self._abs(rel), "rb") as fh:
+                    data = condense(fh)
+        except Refused as exc:
+            self._refuse(rel, str(exc))
+            return None
+        except OSError:
+            return None
+        if self.recorder is not None:
+            self.recorder.record_file(self.name, rel, data)
+        return data
+
     def read_text(self, rel: str, limit: int = 1 << 16) -> str | None:
         """The file as event text (bytes that are not UTF-8 as visible `\\xNN`)."""
         data = self.read_bytes(rel, limit)
@@ -253,6 +281,26 @@ class SensorRun:
     @property
     def ok(self) -> bool:
         return self.status["event.action"] == "ok"
+
+
+class _Unloadable:
+    """Stands in for a sensor whose module failed to import (a missing or broken library):
+    every run reports it unavailable, like any absent source, and the others still run."""
+
+    def __init__(self, name: str, error: Exception):
+        self.name = name
+        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
+
+    def collect(self, ctx: SensorContext) -> Iterable[Event]:
+        raise SensorUnavailable(self.error)
+
+
+def load_sensor(spec: SensorSpec) -> Sensor:
+    """The sensor of `spec`, or a stand-in that reports why it could not be loaded."""
+    try:
+        return spec.factory()
+    except Exception as exc:
+        return _Unloadable(spec.name, exc)
 
 
 def run_sensor(spec: SensorSpec, sensor: Sensor, ctx: SensorContext) -> SensorRun:

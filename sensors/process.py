@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from hpcsec.detector.core.schema import Event, new_event
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
-from hpcsec.sensors.procinfo import Users, environ_value, process_fields
+from hpcsec.sensors.procinfo import Users, environ_value, process_fields, read_environ
 
 SELECTED_ENV = ("LD_PRELOAD", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
 
@@ -36,7 +36,7 @@ class ProcessSensor:
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:
                 fields["process.cgroup"] = cgroup.strip()
-            environ = ctx.proc.read_bytes(f"{pid}/environ")
+            environ = read_environ(ctx.proc, pid)
             for var in SELECTED_ENV:
                 value = environ_value(environ, var)
                 if value is not None:

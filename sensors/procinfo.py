@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.core.text import from_node_bytes
+from hpcsec.sensors import proclists
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
-# process of every sample. status is ~1.5 KiB; a longer cmdline is cut (args keep the head).
+# process of every sample. status is ~1.5 KiB. cmdline and environ are read whole, in bounded
+# chunks (sensors/proclists.py): their owner chooses their length.
 STATUS_MAX = 16 * 1024
-CMDLINE_MAX = 64 * 1024
+CMDLINE_MAX = proclists.CMDLINE_MAX
+# The environment variables any part of hpcsec reads; nothing else of an environment is kept.
+ENVIRON_KEYS = ("LD_PRELOAD", "SLURM_JOB_ID", "SLURM_STEP_ID", "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,13 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
     return None
 
 
+def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
+    """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it."""
+    return proc.read_condensed(
+        f"{pid}/environ", lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS)
+    )
+
+
 def _first_int(value: str | None) -> int | None:
     words = (value or "").split()
     return int(words[0]) if words and words[0].isdigit() else None
@@ -97,12 +108,14 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         "process.executable": ctx.proc.readlink(f"{base}/exe"),
         "process.parent.pid": _first_int(values.get("PPid")),
     }
-    cmdline = ctx.proc.read_bytes(f"{base}/cmdline", CMDLINE_MAX)
+    cmdline = ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline)
     if cmdline:
         # each argument decoded on its own: an odd byte stays `\xNN` in its own argument
         args = [from_node_bytes(arg) for arg in cmdline.rstrip(b"\0").split(b"\0")]
         fields["process.args"] = args
         fields["process.command_line"] = " ".join(args)
+        if proclists.is_condensed(args):  # rules still saw its flags and URLs, head and tail
+            fields["process.command_line_truncated"] = True
     uid = _first_int(values.get("Uid"))  # real uid: the first of real, effective, saved, fs
     if uid is not None:
         fields["user.id"] = uid

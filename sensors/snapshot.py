@@ -20,6 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from hpcsec.detector.core.errors import SourceError, UsageError, location
+from hpcsec.detector.core.private_fs import (
+    DIR_MODE,
+    PrivatePathError,
+    make_private_dir,
+    open_private_new,
+    write_private_file,
+)
 from hpcsec.detector.core.schema import parse_time, rfc3339
 from hpcsec.sensors.base import (
     FsRoot,
@@ -28,6 +35,7 @@ from hpcsec.sensors.base import (
     SensorContext,
     SensorRun,
     SensorSpec,
+    load_sensor,
     read_confined,
     run_sensor,
 )
@@ -73,17 +81,16 @@ class SnapshotWriter:
         ):
             raise UsageError(f"snapshot directory {self.directory} exists and is not empty")
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.directory, 0o700)  # an existing empty directory keeps no wider mode
-        except OSError as exc:
-            raise UsageError(
-                f"cannot create snapshot directory {self.directory}: {exc.strerror}"
-            ) from None
+            # An existing empty directory must be ours and closed to others: one made by
+            # another user would let them read every environment we record, or swap files.
+            make_private_dir(self.directory)
+        except PrivatePathError as exc:
+            raise UsageError(f"snapshot directory: {exc.message}") from None
 
     def begin_sample(self) -> Path:
         with self._lock:
             self._current = self.directory / str(self.samples)
-            self._current.mkdir()
+            self._current.mkdir(mode=DIR_MODE)
             self.samples += 1
             return self._current
 
@@ -96,7 +103,7 @@ class SnapshotWriter:
             "host.name": self.host_name,
             "samples": self.samples,
         }
-        (self.directory / META).write_text(json.dumps(meta, indent=1) + "\n")
+        write_private_file(self.directory / META, (json.dumps(meta, indent=1) + "\n").encode())
 
     # Recorder protocol
     def record_file(self, root: str, rel: str, data: bytes) -> None:
@@ -114,8 +121,8 @@ class SnapshotWriter:
             path = self._current / root / safe
             if path.is_symlink() or path.exists():
                 return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(target, path)
+            if self._mkdirs(path.parent):
+                os.symlink(target, path)
 
     def record_input(self, name: str, data: str) -> None:
         # Raw inputs are decoded with surrogateescape (see SampleDir.replay_inputs): this
@@ -130,9 +137,30 @@ class SnapshotWriter:
             path = self._current / rel
             if not overwrite and (path.exists() or path.is_symlink()):
                 return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+            if not self._mkdirs(path.parent):
+                return
+            if overwrite:
+                write_private_file(path, data)
+                return
+            with open(open_private_new(path), "wb") as fh:
                 fh.write(data)
+
+    def _mkdirs(self, directory: Path) -> bool:
+        """`directory` and its missing parents inside the sample, each 0700 whatever the umask.
+
+        False when the way there passes through a recorded symlink (`proc/<pid>/root -> /`):
+        writing through it would put a file of the node's into the live filesystem."""
+        assert self._current is not None
+        missing = []
+        while directory not in (self._current, directory.parent):
+            if directory.is_symlink():
+                return False
+            if not directory.is_dir():
+                missing.append(directory)
+            directory = directory.parent
+        for each in reversed(missing):
+            each.mkdir(mode=DIR_MODE)
+        return True
 
 
 @dataclass(frozen=True)
@@ -291,7 +319,7 @@ def record_snapshot(
     ctx.recorder = writer
     for root in (ctx.sys, ctx.proc, ctx.etc):
         root.recorder = writer
-    sensors = [(spec, spec.factory()) for spec in specs]
+    sensors = [(spec, load_sensor(spec)) for spec in specs]
     runs: list[SensorRun] = []
     try:
         for n in range(samples):

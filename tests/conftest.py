@@ -13,6 +13,8 @@ import pytest
 import slurm_harness
 
 SLURM_GROUP = "slurm-cluster"
+# Fixtures of a node user attacking the places hpcsec writes (shared, victim).
+pytest_plugins = ["tests.hostile_fs"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -40,7 +40,9 @@ def tiny_disk(path: Path, size: str = "64k") -> Iterator[TinyDisk]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True
+    )
     try:
         yield TinyDisk(path)
     finally:

@@ -1,7 +1,8 @@
 """The scenarios: one benign corpus and at least three attacks per threat vector.
 
 The node, its users and the policy are described in scenario_common.py; the attacks in
-scenario_attacks.py. tools/build_scenarios.py writes them out.
+scenario_attacks.py; attack and benign pairs for arrival order, Slurm down, declared writers
+and services by port in scenario_edge_cases.py. tools/build_scenarios.py writes them out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from scenario_common import (
     system_sockets,
     training,
 )
+from scenario_dedup import DEDUP_ATTACKS
+from scenario_edge_cases import EDGE_CASES
 from snapshot_model import FileAccess, GpuProc, Job, Proc, Sample, Scenario
 
 
@@ -105,7 +108,12 @@ def benign_training() -> Scenario:
     )
 
 
-SCENARIOS: list[Scenario] = [benign_training(), *(build() for build in ATTACKS)]
+SCENARIOS: list[Scenario] = [
+    benign_training(),
+    *(build() for build in ATTACKS),
+    *(build() for build in EDGE_CASES),
+    *(build() for build in DEDUP_ATTACKS),
+]
 
 
 def demo_scenario() -> Scenario:

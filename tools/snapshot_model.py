@@ -154,6 +154,7 @@ class Sample:
     vbios: dict[int, str] = field(default_factory=dict)
     ecc_off: tuple[int, ...] = ()
     slurm_events: list[dict[str, Any]] = field(default_factory=list)  # prolog/epilog records
+    slurm_down: bool = False  # Slurm did not answer: no job list, no listpids
 
 
 @dataclass
@@ -174,6 +175,7 @@ class Scenario:
     samples: list[Sample]
     expected: list[dict[str, Any]]  # rule, and the host/job/user/gpu the alert must name
     config: str = "site-config.yml"  # the example config, or a scenario-specific text
+    exclusive: bool = False  # no rule but the expected ones may fire
 
 
 # ----------------------------------------------------------------------------- writers
@@ -443,8 +445,9 @@ def write_snapshot(scenario: Scenario, directory: Path) -> None:
             ),
         )
         _write(root / "rdma-res-qp.json", json.dumps(qp_json(sample)) + "\n")
-        _write(root / "slurm-jobs.json", _dump(squeue_json(sample)))
-        _write(root / "slurm-listpids.txt", listpids(sample))
+        if not sample.slurm_down:
+            _write(root / "slurm-jobs.json", _dump(squeue_json(sample)))
+            _write(root / "slurm-listpids.txt", listpids(sample))
         _write(root / "sockets.json", _dump(sockets_json(sample)))
         _write(root / "file-events.jsonl", file_events(sample))
         if sample.slurm_events:

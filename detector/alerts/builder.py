@@ -1,6 +1,7 @@
 """Matches -> alerts (docs/architecture.md, "Alert schema"), with dedup.
 
-Dedup folds matches of one rule with the same grouping key inside one window of event time
+Dedup folds matches of one rule with the same identity (identity.py: host, job, user and the
+process, file and peer of the action; a correlation's group) inside one window of event time
 into one alert whose `count` says how many were folded. `alert.id` is a hash of (rule, key,
 window), so the same situation seen by two scans, or by the agent before and after a
 restart, gets the same id and receivers can deduplicate on it.
@@ -13,14 +14,20 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsec.detector.alerts.identity import (
+    MAX_DISTINCT_PER_KEY,
+    OVERFLOW_FIELD,
+    Facets,
+    base_key,
+    identity_values,
+    overflow_key,
+    rule_identity,
+)
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.core.schema import ALERT_COPIED_PREFIXES, Event, parse_time
 from hpcsec.detector.engine.context import rule_context
 from hpcsec.detector.engine.evaluate import Match
 
-# What makes two matches of one detection rule "the same situation" for an analyst: the
-# same node, job and user. Correlation rules group by their own `group-by` fields instead.
-DEFAULT_KEY_FIELDS = ("host.name", "slurm.job.id", "user.name")
 MAX_EVIDENCE_EVENTS = 20
 
 
@@ -182,6 +189,9 @@ class AlertBuilder:
     window_s: int = 300
     _open: dict[str, _Open] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)
+    _distinct: dict[str, int] = field(default_factory=dict)  # (rule, host/job/user, window)
+    _grown: dict[str, None] = field(default_factory=dict)  # ids folded into since take_grown
+    _facets: dict[str, Facets] = field(default_factory=dict)  # rule id -> identity facets
     # rule.id -> (the rule's pySigma object, its context fields): built once per rule, and
     # again when a reload brings a new object under the same id
     _contexts: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
@@ -200,30 +210,63 @@ class AlertBuilder:
         """The current value of every open alert, in the order they were opened."""
         return [self._open[i].alert for i in self._order]
 
-    def _key(self, match: Match) -> tuple:
-        if match.group:
-            return tuple(match.group)
-        first = match.events[0]
-        return tuple((k, first.get(k)) for k in DEFAULT_KEY_FIELDS)
+    def take_grown(self) -> list[Alert]:
+        """The current value of every alert that matches were folded into since the last
+        call (the agent stores them so the store keeps up with the counts)."""
+        grown, self._grown = self._grown, {}
+        return [self._open[i].alert for i in grown if i in self._open]
 
-    def _add_one(self, match: Match) -> Alert | None:
+    def _identity(self, match: Match) -> Facets:
+        rule = match.rule
+        facets = self._facets.get(rule.id)
+        if facets is None:
+            facets = self._facets[rule.id] = rule_identity(rule.sigma)
+        return facets
+
+    def _ident(self, match: Match) -> tuple[str, tuple, bool]:
+        """(alert id, key, overflow) of a match: which open alert it folds into."""
         rule = match.rule
         first = match.events[0]
-        ts = first.get("@timestamp")
-        when = _epoch(ts)
-        key = self._key(match)
-        if not self.dedup:
-            ident = alert_id(rule.id, key, "event:" + str(first.get("event.id", when)))
+        if match.group:
+            key: tuple = tuple(match.group)
         else:
-            # Correlations fire once per group and correlation window; repeated firings of
-            # one group inside the dedup window fold like repeated detection matches.
-            start = _epoch(match.window_start) if match.window_start else when
-            ident = alert_id(rule.id, key, int(start // self.window_s))
+            key = base_key(first) + identity_values(first, self._identity(match))
+        when = _epoch(first.get("@timestamp"))
+        if not self.dedup:
+            return alert_id(rule.id, key, "event:" + str(first.get("event.id", when))), key, False
+        # Correlations fire once per group and correlation window; repeated firings of
+        # one group inside the dedup window fold like repeated detection matches.
+        start = _epoch(match.window_start) if match.window_start else when
+        window = int(start // self.window_s)
+        ident = alert_id(rule.id, key, window)
+        if match.group or ident in self._open:
+            return ident, key, False
+        base = base_key(first)
+        per_key = alert_id(rule.id, base, window)
+        distinct = self._distinct.get(per_key, 0)
+        if distinct < MAX_DISTINCT_PER_KEY:
+            self._distinct[per_key] = distinct + 1
+            return ident, key, False
+        key = overflow_key(base)
+        return alert_id(rule.id, key, window), key, True
+
+    def _add_one(self, match: Match) -> Alert | None:
+        ident, key, overflow = self._ident(match)
         existing = self._open.get(ident)
         if existing is not None:
             existing.alert = _folded(existing, match)
+            self._grown[ident] = None
             return None
         alert = self._new_alert(ident, match, key)
+        if overflow:
+            alert = alert.evolve(
+                {
+                    OVERFLOW_FIELD: True,
+                    "alert.summary": f"More than {MAX_DISTINCT_PER_KEY} distinct actions of "
+                    "this rule by one job and user in the window, folded here; the first: "
+                    + alert["alert.summary"],
+                }
+            )
         (first_t, _), (last_t, _) = _span(match)
         self._open[ident] = _Open(alert, first_t, last_t)
         self._order.append(ident)

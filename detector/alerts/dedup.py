@@ -67,6 +67,11 @@ class WindowedDedup:
         current = [m for m in matches if not self._late(m)]
         return self.previous.add(late) + self.builder.add(current)
 
+    def take_grown(self) -> list[Alert]:
+        """Current values of the open alerts that grew since the last call, oldest first."""
+        earlier = self.previous.take_grown() if self.previous is not None else []
+        return earlier + self.builder.take_grown()
+
     def alerts(self) -> list[Alert]:
         """The current value of every alert still open, oldest window first."""
         return (self.previous.alerts() if self.previous is not None else []) + self.builder.alerts()

@@ -46,6 +46,12 @@ class AlertStage:
         """The current value of every open alert (counts grown by dedup included)."""
         return self.dedup.alerts()
 
+    def grown(self) -> list[Alert]:
+        """Current values of the open alerts that repeats were folded into since the last
+        call: the agent stores them on its housekeeping tick, so the store's counts keep up
+        with the outputs instead of waiting for the window's end or shutdown."""
+        return self.dedup.take_grown()
+
     def rotate(self) -> list[Alert]:
         """Forget a dedup window that ended; returns its alerts' final values."""
         return self.dedup.rotate()

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     settings = AgentSettings(
         config_path=args.config,
         rule_paths=tuple(args.rules) if args.rules else None,
+        default_rules=not args.no_default_rules,
         outputs=tuple(args.output or ()),
         secret_file=args.webhook_secret_file,
         spool_dir=args.spool,

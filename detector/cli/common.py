@@ -11,7 +11,13 @@ def add_config_and_rules(p: argparse.ArgumentParser) -> None:
         "--rules",
         action="append",
         metavar="DIR|FILE",
-        help="rule file or directory (repeatable; default: the bundled rules)",
+        help="local rule file or directory, loaded beside the bundled rules and the "
+        "config's `rules:` (repeatable)",
+    )
+    p.add_argument(
+        "--no-default-rules",
+        action="store_true",
+        help="do not load the bundled rules: only the config's `rules:` and --rules",
     )
 
 

@@ -1,7 +1,9 @@
 """`hpcsec config check FILE`: validate a site config before deploying it.
 
 Prints `ok` and exits 0 when the file is valid; otherwise the command line prints
-`FILE:LINE: what is wrong` and exits 2 (a ConfigError, like every other user error).
+`FILE:LINE: what is wrong` and exits 2 (a ConfigError, like every other user error). The
+config is checked against the rules it is for (`--rules`, default the bundled ones): a
+`lists:` or `thresholds:` name none of them uses is a typo, reported with the closest name.
 `hpcsec config show FILE` prints what the rules will see: the placeholder values (site lists
 merged over the defaults), the assets and the maintenance windows.
 """
@@ -15,6 +17,8 @@ import orjson
 
 from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.core.display import visible_json
+from hpcsec.detector.engine.config_names import config_name_errors
+from hpcsec.detector.engine.loader import load_rules
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate a site config (exit 2 on errors)")
     check.add_argument("file", metavar="FILE")
+    check.add_argument(
+        "--rules",
+        action="append",
+        metavar="DIR|FILE",
+        help="rules the config is for (repeatable; default: the bundled rules): a list or "
+        "threshold none of them uses is an error",
+    )
     check.set_defaults(func=run_check)
     show = actions.add_parser("show", help="print the effective policy of a site config")
     show.add_argument("file", metavar="FILE")
@@ -29,7 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    load_config(args.file)
+    config = load_config(args.file)
+    ruleset = load_rules(args.rules, with_tests=False, threshold_values=config.thresholds)
+    errors = config_name_errors(config, ruleset.rules)
+    for error in errors[1:]:  # the entry point prints the first and exits 2
+        print(f"hpcsec: error: {error}", file=sys.stderr)
+    if errors:
+        raise errors[0]
     print("ok")
     return 0
 

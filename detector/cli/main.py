@@ -122,11 +122,34 @@ def report_internal_error(exc: BaseException, debug: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    # What we write holds the node's command lines and environments: nothing of it for group
+    # or others, whatever umask we were started with (DuckDB's WAL follows the umask alone).
+    # Restored on return, for a caller that runs main() in its own process (tests).
+    started_with = os.umask(0o077)
+    os.umask(started_with | 0o077)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        os.umask(started_with)
+
+
+def _main(argv: list[str]) -> int:
     leading = _leading_options(argv)
     debug = "--debug" in leading
     command = argv[len(leading)] if len(argv) > len(leading) else None
     log.setup(debug=debug, service=command in log.SERVICE_COMMANDS)
+    if command == "slurm":
+        # The Prolog=/Epilog= contract: whatever happens (bad arguments, a module that does
+        # not import, a bug), exit 0 once it is reported: a failing hook drains the node.
+        try:
+            code = _run(argv, command, debug)
+        except SystemExit as exc:  # argparse has printed why
+            code = EXIT_USAGE if exc.code else EXIT_OK
+        return EXIT_INTERRUPTED if code == EXIT_INTERRUPTED else EXIT_OK
+    return _run(argv, command, debug)
+
+
+def _run(argv: list[str], command: str | None, debug: bool) -> int:
     try:
         args = build_parser(command).parse_args(argv)
         return int(args.func(args) or 0)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from hpcsec.detector.cli.common import add_config_and_rules
 from hpcsec.detector.cli.rulecard import find_rule, render_card
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible
@@ -18,6 +19,7 @@ from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule
 from hpcsec.detector.engine.ruletests import coverage_gaps, run_tests
+from hpcsec.detector.runtime.pipeline import rule_paths_for
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -35,8 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rules", help="list, check, test and convert Sigma rules")
     actions = p.add_subparsers(dest="rules_action", metavar="ACTION", required=True)
 
-    ls = actions.add_parser("list", help="list rules: id, title, level, vector, status, file")
-    _add_paths(ls)
+    ls = actions.add_parser(
+        "list", help="list rules: id, title, level, vector, status, origin, file"
+    )
+    ls.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="list only this rule file or directory (default: what scan and the agent run: "
+        "the bundled rules, the config's `rules:` and --rules)",
+    )
+    add_config_and_rules(ls)
     ls.add_argument("--format", choices=("table", "json"), default="table")
     ls.set_defaults(func=run_list)
 
@@ -45,7 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="one rule's card: description, techniques, false positives, response, logic",
     )
     show.add_argument("rule", metavar="ID|TITLE", help="rule id, title, or part of one title")
-    _add_paths(show)
+    show.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="look only in this rule file or directory (default: what scan and the agent run)",
+    )
+    add_config_and_rules(show)
     show.set_defaults(func=run_show)
 
     check = actions.add_parser("check", help="validate rules: pySigma validators and ours")
@@ -129,6 +146,7 @@ def rule_row(rule: LoadedRule) -> dict[str, Any]:
         "vector": rule.vector,
         "status": _text(getattr(rule.sigma, "status", None)),
         "kind": rule.kind,
+        "origin": rule.origin,
         "file": f"{rule.path}:{rule.line}",
         "description": ctx["rule.description"],
         "falsepositives": ctx["rule.falsepositives"],
@@ -145,12 +163,24 @@ def compact_techniques(row: dict[str, Any]) -> str:
     return ", ".join(technique_label(t) for t in row["techniques"]) or "-"
 
 
+def _listed_paths(args: argparse.Namespace) -> list[str]:
+    """PATHs alone (an author's view of those files), else what scan and the agent load."""
+    if args.paths:
+        if args.rules or args.no_default_rules or args.config:
+            raise UsageError(
+                f"rules {args.rules_action}: give PATH, or --config/--rules/--no-default-rules"
+            )
+        return list(args.paths)
+    config = load_config(args.config)
+    return rule_paths_for(config, args.rules, default_rules=not args.no_default_rules)
+
+
 def run_list(args: argparse.Namespace) -> int:
-    rows = [rule_row(r) for r in load_rules(_paths(args), with_tests=False).rules]
+    rows = [rule_row(r) for r in load_rules(_listed_paths(args), with_tests=False).rules]
     if args.format == "json":
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
-    columns = ("id", "title", "level", "vector", "status", "file", "techniques")
+    columns = ("id", "title", "level", "vector", "status", "origin", "file", "techniques")
     # titles and paths come from rule files, which may be a contributor's: shown, not obeyed
     shown = [
         {c: visible(compact_techniques(row) if c == "techniques" else row[c]) for c in columns}
@@ -163,7 +193,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    ruleset = load_rules(_paths(args))
+    ruleset = load_rules(_listed_paths(args))
     print(render_card(ruleset, find_rule(ruleset, args.rule)))
     return EXIT_OK
 

@@ -12,10 +12,9 @@ from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
 from hpcsec.detector.cli.render import footer, write_json, write_jsonl, write_table
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
-from hpcsec.detector.engine import thresholds
+from hpcsec.detector.engine.config_names import config_name_errors
 from hpcsec.detector.runtime.delivery import deliver_alerts, report_held, store_decision
 from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
 from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
@@ -87,13 +86,12 @@ def run(args: argparse.Namespace) -> int:
     if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
         config_path = str(demo_snapshot_dir() / "site-config.yml")
     config = load_config(config_path)
-    pipeline = Pipeline.load(config, args.rules, dedup=not args.no_dedup)
-    for name in thresholds.unused(config.thresholds, pipeline.ruleset.rules):
-        print(
-            f"hpcsec: warning: threshold {visible(repr(name))} of the config "
-            "is not used by any rule",
-            file=sys.stderr,
-        )
+    pipeline = Pipeline.load(
+        config, args.rules, default_rules=not args.no_default_rules, dedup=not args.no_dedup
+    )
+    errors = config_name_errors(config, pipeline.ruleset.rules)
+    if errors:  # a misspelled list or threshold would leave the rule at its default, silently
+        raise errors[0]
     outputs = open_alert_outputs(
         args.output or [],
         secret_file=args.webhook_secret_file,

@@ -6,6 +6,7 @@ is reported the same way: `site.yml:12: assets.0.paths must be a list of strings
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -66,9 +67,22 @@ class ConfigReader:
         except ValueError:
             raise self.fail(f"{_dotted(keys)}: not an RFC 3339 time: {value!r}", *keys) from None
 
-    def number(self, value: Any, *keys: str | int, minimum: float | None = None) -> float | int:
+    def number(
+        self,
+        value: Any,
+        *keys: str | int,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> float | int:
+        """A finite number within [minimum, maximum]. `.nan` compares false with every bound
+        (a NaN threshold silently disables its rule) and `.inf` breaks every window and size
+        computed from it, so neither is ever a value."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(f"{_dotted(keys)} must be a number, not {value!r}", *keys)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(f"{_dotted(keys)} must be a finite number, not {value!r}", *keys)
         if minimum is not None and value < minimum:
             raise self.fail(f"{_dotted(keys)} must be at least {minimum:g}, not {value!r}", *keys)
+        if maximum is not None and value > maximum:
+            raise self.fail(f"{_dotted(keys)} must be at most {maximum:g}, not {value!r}", *keys)
         return value

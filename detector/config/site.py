@@ -45,8 +45,18 @@ __all__ = [
     "parse_config",
 ]
 
+# Upper bounds: beyond them a value is a typo or an attempt to switch something off, and a
+# huge number overflows the windows and sizes computed from it.
+THRESHOLD_MAX = 1e12
+WINDOW_MAX_S = 7 * 86400
+RATE_MAX = 1_000_000
+SPOOL_MAX_BYTES = 1 << 40
+# The longest a correlation may wait for late events: a day (more is a typo, not a policy).
+MAX_LATENESS_S = 86400.0
+
 TOP_LEVEL_KEYS = (
     "node_class",
+    "rules",
     "assets",
     "admins",
     "gpu_services",
@@ -70,6 +80,9 @@ TOP_LEVEL_KEYS = (
 @dataclass(frozen=True)
 class SiteConfig:
     node_class: str | None = None
+    # local rule files and directories, loaded beside the bundled rules (relative paths are
+    # taken from the config file's directory)
+    rule_paths: tuple[str, ...] = ()
     assets: tuple[Asset, ...] = ()
     admins: Principals = field(default_factory=Principals)
     gpu_services: tuple[str, ...] = ()
@@ -92,12 +105,18 @@ class SiteConfig:
     webhook_secret_file: str | None = None
     syslog_format: str = "json"  # json | cef
     path: str | None = None
+    # `thresholds.NAME` / `lists.NAME` -> its line, for errors about names no rule uses
+    name_lines: dict[str, int] = field(default_factory=dict, compare=False)
 
     def asset_for(self, path: str) -> Asset | None:
         for asset in self.assets:
             if asset.covers(path):
                 return asset
         return None
+
+    def list_values(self, name: str) -> tuple[str, ...]:
+        """A named list: the site's, else the built-in default."""
+        return self.lists.get(name, DEFAULT_LISTS.get(name, ()))
 
     def placeholders(self) -> dict[str, list[Any]]:
         """Values for Sigma `|expand` placeholders: thresholds and named lists."""
@@ -130,16 +149,30 @@ def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
     syslog_format = top.get("syslog_format", "json")
     if syslog_format not in ("json", "cef"):
         raise r.fail("syslog_format must be json or cef", "syslog_format")
-    limit = r.number(top.get("rate_limit_per_rule", 0), "rate_limit_per_rule", minimum=0)
-    dedup = r.number(top.get("dedup_window_s", 300), "dedup_window_s", minimum=1)
-    spool_max = r.number(
-        spool.get("max_bytes", 64 * 1024 * 1024), "spool", "max_bytes", minimum=1024
+    limit = r.number(
+        top.get("rate_limit_per_rule", 0), "rate_limit_per_rule", minimum=0, maximum=RATE_MAX
     )
-    retention = r.number(store.get("retention_days", 30), "store", "retention_days", minimum=1)
-    interval = r.number(agent.get("interval_s", 10.0), "agent", "interval_s", minimum=0.1)
+    dedup = r.number(
+        top.get("dedup_window_s", 300), "dedup_window_s", minimum=1, maximum=WINDOW_MAX_S
+    )
+    spool_max = r.number(
+        spool.get("max_bytes", 64 * 1024 * 1024),
+        "spool",
+        "max_bytes",
+        minimum=1024,
+        maximum=SPOOL_MAX_BYTES,
+    )
+    retention = r.number(
+        store.get("retention_days", 30), "store", "retention_days", minimum=1, maximum=36500
+    )
+    interval = r.number(
+        agent.get("interval_s", 10.0), "agent", "interval_s", minimum=0.1, maximum=86400
+    )
     lateness = top.get("correlation_lateness_s")
     if lateness is not None:
-        lateness = float(r.number(lateness, "correlation_lateness_s", minimum=0))
+        lateness = float(
+            r.number(lateness, "correlation_lateness_s", minimum=0, maximum=MAX_LATENESS_S)
+        )
     return {
         "rate_limit_per_rule": int(limit),
         "dedup_window_s": int(dedup),
@@ -155,6 +188,16 @@ def _delivery(r: ConfigReader, top: dict) -> dict[str, Any]:
     }
 
 
+def _rule_paths(r: ConfigReader, value: Any) -> tuple[str, ...]:
+    """`rules:` paths, relative ones taken from the config file's directory (not from where
+    the agent happens to be started)."""
+    paths = r.strings(value, "rules")
+    if any(not p for p in paths):
+        raise r.fail("rules: a path must not be empty", "rules")
+    base = Path(r.doc.path).parent if r.doc.path else Path()
+    return tuple(str(base / p) for p in paths)
+
+
 def parse_config(doc: YamlDocument) -> SiteConfig:
     # Sections are read in document order of importance, so with several mistakes the
     # first one reported is the one `config check` always reported first.
@@ -166,8 +209,13 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     maintenance = parse_maintenance(r, top.get("maintenance"))
     firmware = parse_firmware(r, top.get("firmware"))
     thresholds = {
-        str(k): r.number(v, "thresholds", k)
+        str(k): r.number(v, "thresholds", k, minimum=0, maximum=THRESHOLD_MAX)
         for k, v in r.mapping(top.get("thresholds"), "thresholds").items()
+    }
+    name_lines = {
+        f"{section}.{k}": doc.line_of(section, k)
+        for section in ("thresholds", "lists")
+        for k in (top.get(section) or {})
     }
     lists = parse_lists(r, top.get("lists"))
     silences = parse_silences(r, top.get("silences"))
@@ -175,6 +223,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     node_class = _node_class(r, top.get("node_class"), firmware)
     return SiteConfig(
         node_class=node_class,
+        rule_paths=_rule_paths(r, top.get("rules")),
         assets=assets,
         admins=parse_principals(r, top.get("admins"), "admins"),
         gpu_services=r.strings(top.get("gpu_services"), "gpu_services"),
@@ -185,6 +234,7 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
         outputs=parse_output_urls(r, top.get("outputs")),
         silences=silences,
         path=doc.path,
+        name_lines=name_lines,
         **delivery,
     )
 

@@ -72,13 +72,33 @@ FIELDS: tuple[Field, ...] = (
     _f("process.executable", "keyword", "absolute path of the executable"),
     _f("process.command_line", "keyword", "full command line, arguments joined by spaces"),
     _f("process.args", "list", "command line arguments"),
+    _f(
+        "process.executable_name",
+        "keyword",
+        "file name of the executable (not cut at 15 characters like `process.name`)",
+    ),
+    _f(
+        "process.command_line_truncated",
+        "boolean",
+        "true when the command line was too long to keep whole: arguments were cut or left "
+        "out (head, tail, flags and URLs are kept; markers say what is missing)",
+    ),
     _f("process.parent.pid", "long", "parent process id"),
     _f("process.start", "date", "process start time"),
     _f("process.cgroup", "keyword", "cgroup path(s) of the process"),
     _f("process.env.LD_PRELOAD", "keyword", "LD_PRELOAD from the process environment"),
     _f("process.env.SLURM_JOB_ID", "keyword", "SLURM_JOB_ID from the process environment"),
     _f("process.env.CUDA_VISIBLE_DEVICES", "keyword", "CUDA_VISIBLE_DEVICES from the environment"),
-    _f("process.is_gpu_service", "boolean", "the process is a site-declared GPU service"),
+    _f(
+        "process.is_gpu_service",
+        "boolean",
+        "the process is a site-declared GPU service: its executable, run by root or a system uid",
+    ),
+    _f(
+        "process.ld_preload_allowed",
+        "boolean",
+        "every library in `process.env.LD_PRELOAD` is allowed by the site (`ld_preload_allowed`)",
+    ),
     _f("user.name", "keyword", "user name (from the node's passwd)"),
     _f("user.id", "long", "numeric uid"),
     _f("user.is_admin", "boolean", "the user is a site admin"),
@@ -238,7 +258,11 @@ FIELD_PREFIXES = tuple(f.name[:-1] for f in FIELDS if f.name.endswith(".*"))
 # fields of the triggering event when present; also its file, peer, firmware, RDMA device
 # and asset fields, so an alert reads on its own in a SIEM without opening `events`.
 ALERT_FIELDS: tuple[Field, ...] = (
-    Field("alert.id", "keyword", "stable id: same rule, grouping key and window give the same id"),
+    Field(
+        "alert.id",
+        "keyword",
+        "stable id: same rule, identity (grouping key) and window give the same id",
+    ),
     Field(
         "@timestamp",
         "date",
@@ -264,6 +288,12 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field("alert.group", "object", "correlations: the `group-by` values of the group that fired"),
     Field("alert.value", "double", "correlations: the count, sum or average that fired"),
     Field("alert.events_truncated", "boolean", "`events` holds only the first matching events"),
+    Field(
+        "alert.distinct_overflow",
+        "boolean",
+        "more distinct actions of one rule, host, job and user in a window than dedup keeps "
+        "apart were folded into this alert",
+    ),
     Field("rule.description", "keyword", "what the rule detects and why it matters"),
     Field("rule.falsepositives", "list", "known benign causes, from the rule"),
     Field("rule.references", "list", "links to background on the technique"),

@@ -25,45 +25,60 @@ def bundled_rules_dir() -> Path:
     return Path(str(importlib.resources.files("hpcsec.rules")))
 
 
+BUNDLED = "bundled"  # the origin of the rules shipped with hpcsec
+
+
+def _files_under(path: Path, errors: list[RuleError]) -> list[Path]:
+    """The rule files `path` names: itself, or a directory's *.yml/*.yaml, recursively,
+    minus tests/ and hidden directories."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        errors.append(RuleError("no such file or directory", location(path)))
+        return []
+    found = sorted(
+        p
+        for p in path.rglob("*")
+        if p.suffix in RULE_SUFFIXES
+        and p.is_file()
+        and not any(
+            part == TESTS_DIR or part.startswith(".") for part in p.relative_to(path).parts[:-1]
+        )
+    )
+    if not found:
+        errors.append(RuleError("no rule files (*.yml, *.yaml) in this directory", location(path)))
+    return found
+
+
+def rule_sources(paths: Sequence[str | Path], errors: list[RuleError]) -> dict[Path, str]:
+    """Each rule file named by `paths`, with its origin: `bundled` for the rules shipped with
+    hpcsec, else the path given. A file named twice (as itself, in its directory, or by the
+    site config and the command line) loads once, with the origin that named it first."""
+    bundled = bundled_rules_dir().resolve()
+    sources: dict[Path, tuple[Path, str]] = {}
+    for given in paths:
+        origin = BUNDLED if Path(given).resolve() == bundled else str(given)
+        for file in _files_under(Path(given), errors):
+            sources.setdefault(file.resolve(), (file, origin))
+    return dict(sources.values())
+
+
 def rule_files(paths: Sequence[str | Path], errors: list[RuleError]) -> list[Path]:
     """Files named by `paths`; directories give their *.yml/*.yaml, recursively, minus tests/."""
-    files: list[Path] = []
-    for given in paths:
-        path = Path(given)
-        if path.is_dir():
-            found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.suffix in RULE_SUFFIXES
-                and p.is_file()
-                and not any(
-                    part == TESTS_DIR or part.startswith(".")
-                    for part in p.relative_to(path).parts[:-1]
-                )
-            )
-            if not found:
-                errors.append(
-                    RuleError("no rule files (*.yml, *.yaml) in this directory", location(path))
-                )
-            files += found
-        elif path.is_file():
-            files.append(path)
-        else:
-            errors.append(RuleError("no such file or directory", location(path)))
-    # a file named twice (as itself and in its directory) loads once
-    unique: dict[Path, Path] = {}
-    for file in files:
-        unique.setdefault(file.resolve(), file)
-    return list(unique.values())
+    return list(rule_sources(paths, errors))
 
 
 def load_file(
-    path: Path, ruleset: RuleSet, threshold_values: Mapping[str, Any] | None = None
+    path: Path,
+    ruleset: RuleSet,
+    threshold_values: Mapping[str, Any] | None = None,
+    origin: str = "",
 ) -> None:
     """Add the rules of one file to `ruleset` (errors go to ruleset.errors).
 
     `threshold_values` (the site config's `thresholds`) replace the numbers the rules name
     in their `thresholds:` attribute, before pySigma sees them (detector/thresholds.py).
+    `origin`: where the rules came from (`bundled` or the path given), for `rules list`.
     """
     ruleset.files.append(str(path))
     try:
@@ -82,7 +97,15 @@ def load_file(
         item, errors = parse_document(doc)
         ruleset.errors.extend(errors)
         if item is not None:
-            ruleset.rules.append(LoadedRule(item, str(path), doc.line, path.stem, doc.lines))
+            ruleset.rules.append(
+                LoadedRule(item, str(path), doc.line, path.stem, doc.lines, origin)
+            )
+
+
+_LOCAL_REUSE_HINT = (
+    "; a local rule needs an id of its own: to silence a bundled rule, add a Sigma filter "
+    "that names it; to change one, copy it under a new id and filter the bundled one out"
+)
 
 
 def drop_duplicate_ids(ruleset: RuleSet) -> None:
@@ -97,7 +120,8 @@ def drop_duplicate_ids(ruleset: RuleSet) -> None:
             first = seen.setdefault(f"{what}:{key}", rule)
             if first is not rule and duplicate is None:
                 duplicate = RuleError(
-                    f"duplicate rule {what} {key} (first at {first.path}:{first.line})",
+                    f"duplicate rule {what} {key} (first at {first.path}:{first.line})"
+                    + _LOCAL_REUSE_HINT * (first.origin == BUNDLED != rule.origin),
                     location(rule.path, rule.line_of(what)),
                 )
         if duplicate is None:
@@ -121,11 +145,12 @@ def load_rules(
     so a slip in a tests file does not stop detection.
     """
     ruleset = RuleSet()
-    files = rule_files([bundled_rules_dir()] if paths is None else paths, ruleset.errors)
+    sources = rule_sources([bundled_rules_dir()] if paths is None else paths, ruleset.errors)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
+    files = list(sources)
     for path in files:
-        load_file(path, ruleset, threshold_values)
+        load_file(path, ruleset, threshold_values, sources[path])
     drop_duplicate_ids(ruleset)
     correlation_rules.resolve_correlations(ruleset)
     for path in files if with_tests else ():

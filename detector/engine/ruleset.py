@@ -26,6 +26,7 @@ class LoadedRule:
     key_lines: dict[tuple[str | int, ...], int] = field(
         default_factory=dict, compare=False, repr=False
     )
+    origin: str = ""  # "bundled", or the rule path given (--rules, the config's `rules:`)
 
     def line_of(self, *keys: str | int) -> int:
         """Line of the deepest known node along `keys` (the document start if none)."""

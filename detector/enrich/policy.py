@@ -6,7 +6,11 @@ and written into fields the rules test:
 - `file_access` under a protected asset: `hpcsec.asset.name`, `.kind`, `.read_allowed`,
   `.write_allowed` (allowed by user name, or by the Slurm account of the accessing job);
 - events with a user: `user.is_admin`; with a uid: `user.is_system` (uid below 1000);
-- events with a process name: `process.is_gpu_service` (the site's `gpu_services`);
+- events with a process: `process.executable_name` (the executable's file name, which the
+  kernel does not cut at 15 characters as it cuts `process.name`), `process.is_gpu_service`
+  (the site's `gpu_services`, by executable and owner: see `Policy.is_gpu_service`);
+- events with `process.env.LD_PRELOAD`: `process.ld_preload_allowed`, whether every library
+  it preloads is one the site allows (`ld_preload_allowed`: see `preload_allowed`);
 - every event: `hpcsec.in_maintenance` (a maintenance window covers the host and the time);
 - `firmware` events: `firmware.baseline_version`, `firmware.drift`,
   `firmware.known_vulnerable`. The firmware sensor reports versions only; this is the one
@@ -22,6 +26,9 @@ whole scan's firmware events (collected from several nodes) before the rules run
 
 from __future__ import annotations
 
+import fnmatch
+import posixpath
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from datetime import datetime
@@ -31,6 +38,8 @@ from hpcsec.detector.config.site import Asset, SiteConfig
 from hpcsec.detector.core.schema import Event, parse_time
 
 SYSTEM_UID_LIMIT = 1000  # regular users are uid >= 1000 (Debian/Red Hat convention)
+COMM_MAX = 15  # the kernel keeps the first 15 bytes of an executable's name as `comm`
+_SYSTEM_LIB_DIR = re.compile(r"^/(usr/(local/)?)?lib(32|64)?(/[a-z0-9_]+-linux-gnu[a-z0-9_]*)?$")
 MIN_FLEET_HOSTS = 3  # a majority of two hosts says nothing
 _PATH_CACHE_SIZE = 65536
 _NO_ASSET = object()
@@ -40,6 +49,8 @@ POLICY_FIELDS = frozenset(
         "user.is_admin",
         "user.is_system",
         "process.is_gpu_service",
+        "process.executable_name",
+        "process.ld_preload_allowed",
         "hpcsec.asset.name",
         "hpcsec.asset.kind",
         "hpcsec.asset.read_allowed",
@@ -57,7 +68,9 @@ class Policy:
     def __init__(self, config: SiteConfig):
         self.config = config
         self.admins = frozenset(config.admins.users)
-        self.gpu_services = frozenset(config.gpu_services)
+        self.gpu_service_paths = frozenset(s for s in config.gpu_services if s.startswith("/"))
+        self.gpu_service_names = frozenset(s for s in config.gpu_services if "/" not in s)
+        self.preload_allowed = config.list_values("ld_preload_allowed")
         self.windows = config.maintenance
         self._assets: dict[str, Asset | object] = {}
         self._last_time: tuple[str, datetime | None] = ("", None)  # a sample shares its time
@@ -93,14 +106,45 @@ class Policy:
         uid = event.get("user.id")
         if isinstance(uid, int) and not isinstance(uid, bool):
             event["user.is_system"] = uid < SYSTEM_UID_LIMIT
-        name = event.get("process.name")
-        if name is not None:
-            event["process.is_gpu_service"] = name in self.gpu_services
+        executable = event.get("process.executable")
+        if isinstance(executable, str) and executable:
+            executable = executable.removesuffix(" (deleted)")  # upgraded while running
+            event["process.executable_name"] = posixpath.basename(executable)
+        else:
+            executable = None
+        if event.get("process.name") is not None or executable is not None:
+            event["process.is_gpu_service"] = self.is_gpu_service(event, executable)
+        preload = event.get("process.env.LD_PRELOAD")
+        if isinstance(preload, str):
+            event["process.ld_preload_allowed"] = preload_allowed(preload, self.preload_allowed)
         category = event.get("event.category")
         if category == "file_access":
             self._asset_fields(event, user)
         elif category == "firmware":
             self._firmware_fields(event)
+
+    def is_gpu_service(self, event: Event, executable: str | None) -> bool:
+        """A GPU service is a known executable run by root or a system account.
+
+        Both are needed: anyone can name a copy of a binary `nv-hostengine`, or set its
+        `comm` with `exec -a`, but only the site installs files under a path it lists and
+        only root starts processes as a system uid. An entry with a `/` is an executable's
+        path; one without is the executable's file name (not `comm`, which the kernel cuts at
+        15 characters and the process can change). Without an executable (a replayed event
+        that lacks it), `process.name` is compared with each name cut to 15 characters.
+        """
+        uid = event.get("user.id")
+        if not isinstance(uid, int) or isinstance(uid, bool) or uid >= SYSTEM_UID_LIMIT:
+            return False
+        if executable is not None:
+            return (
+                executable in self.gpu_service_paths
+                or posixpath.basename(executable) in self.gpu_service_names
+            )
+        name = event.get("process.name")
+        return isinstance(name, str) and any(
+            name == service[:COMM_MAX] for service in self.gpu_service_names
+        )
 
     def _asset_fields(self, event: Event, user: str | None) -> None:
         # The file's own path: the one the opener used may be a bind mount or a hard link.
@@ -155,6 +199,47 @@ def _job_unknown(event: Event, asset: Asset) -> bool:
         event.get("slurm.job.id") is None
         and event.get("slurm.job.account") is None
         and "slurm.node.user_has_job" not in event
+    )
+
+
+def _system_library_dir(directory: str) -> bool:
+    return _SYSTEM_LIB_DIR.match(directory) is not None
+
+
+def _allowed_entry(library: str, allowed: Iterable[str]) -> bool:
+    directory, name = posixpath.split(library)
+    if posixpath.normpath(library) != library:  # `/usr/lib/../../home/u/x.so`
+        return False
+    for entry in allowed:
+        if "/" in entry:
+            if _path_glob_matches(entry, library):
+                return True
+        elif _system_library_dir(directory) and (name == entry or name.startswith(entry + ".")):
+            return True
+    return False
+
+
+def _path_glob_matches(pattern: str, path: str) -> bool:
+    """`pattern` matches `path` component by component (`*` never crosses a `/`)."""
+    parts, names = pattern.split("/"), path.split("/")
+    return len(parts) == len(names) and all(
+        fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names, strict=True)
+    )
+
+
+def preload_allowed(value: str, allowed: Iterable[str]) -> bool:
+    """Whether every library in an LD_PRELOAD value is allowed.
+
+    ld.so splits LD_PRELOAD on spaces and colons and loads each entry, so each must pass on
+    its own (`evil.so:/usr/lib/…/libjemalloc.so.2` does not). An allow-list entry with a `/`
+    is an absolute path, `*` matching within one path component; a bare name (`libjemalloc`)
+    allows that library (`libjemalloc.so`, `libjemalloc.so.2`, not `libjemalloc-hook.so`)
+    in a system library directory only. An entry without a `/` in LD_PRELOAD is found
+    through LD_LIBRARY_PATH, which the user sets: it is never allowed.
+    """
+    libraries = [item for item in re.split(r"[: ]+", value) if item]
+    return bool(libraries) and all(
+        library.startswith("/") and _allowed_entry(library, allowed) for library in libraries
     )
 
 

@@ -8,10 +8,12 @@ rate (a few hundred per second).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
+from hpcsec.detector.core.private_fs import PrivatePathError, open_private
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed, OutputError
 
@@ -41,7 +43,12 @@ class JsonlOutput:
             ) from None
 
     def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        # Created 0600; an existing file must be a regular file of ours: a symlink or a file
+        # planted by a node user is refused, never written through.
+        try:
+            self._fd = open_private(self.path)
+        except PrivatePathError as exc:
+            raise PermissionError(errno.EPERM, exc.message) from None
 
     @classmethod
     def from_url(cls, url: str) -> JsonlOutput:

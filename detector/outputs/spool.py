@@ -42,6 +42,12 @@ from typing import Any
 import orjson
 
 from hpcsec.detector.core.errors import HpcsecError
+from hpcsec.detector.core.private_fs import (
+    PrivatePathError,
+    make_private_dir,
+    open_private,
+    write_private_file,
+)
 from hpcsec.detector.core.schema import LEVELS, rfc3339
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.protocol import Alert
@@ -57,6 +63,8 @@ from hpcsec.detector.outputs.spool_files import (
     write_durably,
 )
 from hpcsec.detector.outputs.spool_notice import new_notice, with_drops
+
+SUBDIRS = ("tmp", "pending", "failed")
 
 
 class SpoolError(HpcsecError):
@@ -97,6 +105,23 @@ class _Meta:
     notice: bool = False
 
 
+def _note_destination(path: Path, destination: str) -> None:
+    """Write the spool's `destination` file unless it already says so: rewriting it takes
+    disk space, and a spool must open on a full disk to hand over what it holds."""
+    want = (destination + "\n").encode()
+    try:
+        fd = open_private(path, os.O_RDONLY)
+    except FileNotFoundError:
+        fd = -1
+    if fd >= 0:
+        try:
+            if os.read(fd, len(want) + 1) == want:
+                return
+        finally:
+            os.close(fd)
+    write_private_file(path, want)
+
+
 class Spool:
     def __init__(self, path: Path, destination: str, max_bytes: int, lock_fd: int):
         self.path, self.destination, self.max_bytes = path, destination, max_bytes
@@ -115,10 +140,14 @@ class Spool:
     def open(cls, root: Path, destination: str, *, max_bytes: int) -> Spool:
         path = Path(root) / destination_key(destination)
         try:
-            for sub in ("tmp", "pending", "failed"):
-                (path / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
-            (path / "destination").write_text(destination + "\n")
-            fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+            # Ours and private, or refused: a spool directory another user made (or can write)
+            # would let them read the alerts and plant ones we would sign and deliver.
+            for directory in (Path(root), path, *(path / sub for sub in SUBDIRS)):
+                make_private_dir(directory)
+            _note_destination(path / "destination", destination)
+            fd = open_private(path / "lock", os.O_RDWR)
+        except PrivatePathError as exc:
+            raise SpoolError(f"cannot use spool directory {root}: {exc.message}") from None
         except OSError as exc:
             raise SpoolError(f"cannot use spool directory {root}: {exc.strerror}") from None
         try:
@@ -258,15 +287,15 @@ class Spool:
         with contextlib.suppress(OSError):
             if not line:
                 line = self._files.read_line(segment, number)
-            base.write_bytes(line)
-            base.with_name(base.name + ".reason").write_text(reason + "\n")
+            write_private_file(base, line)
+            write_private_file(base.with_name(base.name + ".reason"), (reason + "\n").encode())
         if reason.startswith("unreadable"):
             self.corrupt += 1
 
     def _quarantine_file(self, name: str, reason: str) -> None:
         with contextlib.suppress(OSError):
             os.replace(self.pending / name, self.path / "failed" / name)
-            (self.path / "failed" / (name + ".reason")).write_text(reason + "\n")
+            write_private_file(self.path / "failed" / (name + ".reason"), (reason + "\n").encode())
         if reason.startswith("unreadable") or reason.startswith("not a spool"):
             self.corrupt += 1
 

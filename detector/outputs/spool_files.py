@@ -43,7 +43,7 @@ def fsync_dir(path: Path) -> None:
 
 def write_durably(path: Path, data: bytes) -> None:
     """`data` in a new file at `path`, on disk (fsynced) when this returns."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
@@ -104,7 +104,7 @@ class SegmentFiles:
                 self._close_marks()
                 path = self.pending / marks_name(segment)
                 if path.exists():
-                    self._marks = (segment, os.open(path, os.O_WRONLY))
+                    self._marks = (segment, os.open(path, os.O_WRONLY | os.O_NOFOLLOW))
                 else:  # a segment of an earlier version: append to its .done
                     with open(self.pending / done_name(segment), "a") as done:
                         done.write(f"{number}\n")

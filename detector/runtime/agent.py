@@ -220,6 +220,8 @@ class Agent:
         self.sink.emit(self.stage.decide(step.alerts))
 
     def _housekeeping(self) -> float:
+        # repeats folded since the last turn: the store gets their counts within seconds
+        self.sink.restore_counts(self.stage.grown(), closed=False)
         now = time.monotonic()
         if now >= self._summary_at:
             self._summary_at = now + SUMMARY_EVERY_S

@@ -22,7 +22,8 @@ class AgentSettings:
     """The command line; each value, when set, wins over the config file's."""
 
     config_path: str | None = None
-    rule_paths: tuple[str, ...] | None = None  # None: the bundled rules
+    rule_paths: tuple[str, ...] | None = None  # local rules, beside the config's and bundled
+    default_rules: bool = True  # False: no bundled rules (--no-default-rules)
     outputs: tuple[str, ...] = ()
     secret_file: str | None = None
     spool_dir: str | None = None
@@ -84,6 +85,7 @@ def load_generation(settings: AgentSettings, stage: AlertStage | None = None) ->
     pipeline = Pipeline.load(
         config,
         settings.rule_paths,
+        default_rules=settings.default_rules,
         stage=stage,
         contain_errors=True,
         lateness_s=correlation_lateness(config, interval),

@@ -8,28 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from hpcsec.detector.core.schema import Event
-from hpcsec.sensors.base import Sensor, SensorContext, SensorRun, SensorSpec, run_sensor
+from hpcsec.sensors.base import (
+    Sensor,
+    SensorContext,
+    SensorRun,
+    SensorSpec,
+    load_sensor,
+    run_sensor,
+)
 from hpcsec.sensors.snapshot import close_sensor
 
 
-class _Unloadable:
-    """Stands in for a sensor whose module failed to import: every run reports the error
-    (run_sensor turns it into an `error` status) instead of taking the other sensors down."""
-
-    def __init__(self, name: str, error: Exception):
-        self.name = name
-        self.error = f"cannot load the sensor: {type(error).__name__}: {error}"
-
-    def collect(self, ctx: SensorContext) -> Iterable[Event]:
-        raise RuntimeError(self.error)
-
-
 def make_sensor(spec: SensorSpec) -> Sensor:
-    try:
-        return spec.factory()
-    except Exception as exc:
-        return _Unloadable(spec.name, exc)
+    """A sensor whose module cannot be imported is reported unavailable (sensors/base.py)."""
+    return load_sensor(spec)
 
 
 class SensorSet:

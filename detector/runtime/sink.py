@@ -62,6 +62,7 @@ class AlertSink:
         self.metrics = metrics
         self._events: list[Event] = []
         self._alerts: list[tuple[list[Alert], str, str]] = []
+        self._grown: dict[str, tuple[Alert, str, str]] = {}  # id -> (value, disposition, why)
         self._outcomes: list[DeliveryOutcome] = []
         self._dispositions: dict[str, tuple[str, str]] = {}  # alert id -> (disposition, why)
         self._store_due = time.monotonic() + EVENTS_FLUSH_S
@@ -113,12 +114,17 @@ class AlertSink:
                 str(alert.get("rule.vector")), str(alert.get("rule.level")), disposition
             ).inc()
 
-    def restore_counts(self, alerts: list[Alert]) -> None:
-        """Store again the alerts dedup folded repeats into (their `count` grew since)."""
+    def restore_counts(self, alerts: list[Alert], *, closed: bool = True) -> None:
+        """Store again the alerts dedup folded repeats into (their `count` grew since), with
+        the disposition they were decided with, within ALERTS_FLUSH_S. `closed`: dedup has
+        let go of these alerts (an ended window, shutdown), so their dispositions are
+        forgotten too; the agent's housekeeping passes open alerts that grew."""
         for alert in alerts:
-            known = self._dispositions.pop(str(alert.get("alert.id")), None)
+            ident = str(alert.get("alert.id"))
+            known = (self._dispositions.pop if closed else self._dispositions.get)(ident, None)
             if known is not None and int(alert.get("count") or 1) > 1:
-                self._alerts.append(([alert], *known))
+                self._grown[ident] = (alert, *known)  # the latest value replaces the older
+                self._store_due = min(self._store_due, time.monotonic() + ALERTS_FLUSH_S)
 
     def _delivered(self, report: DeliveryReport) -> None:
         self._outcomes.extend(report.outcomes)
@@ -204,7 +210,7 @@ class AlertSink:
     def flush_store(self) -> None:
         self._store_due = time.monotonic() + EVENTS_FLUSH_S
         if self.store is None:
-            self._alerts, self._outcomes = [], []
+            self._alerts, self._outcomes, self._grown = [], [], {}
             return
         try:
             if self._events:
@@ -214,6 +220,7 @@ class AlertSink:
                 alerts, disposition, reason = self._alerts[0]
                 self.store.insert_alerts(alerts, disposition, reason)
                 self._alerts.pop(0)
+            self._store_grown(self.store)
             if self._outcomes:
                 self.store.record_deliveries(self._outcomes)
                 self._outcomes = []
@@ -221,6 +228,17 @@ class AlertSink:
             self.store_errors += 1
             self.metrics.store_errors.inc()
             self._fault("store", "write_failed", str(exc))
+
+    def _store_grown(self, store: Store) -> None:
+        """The grown counts, after the alerts they update (an id stored again replaces the
+        earlier row); on a store error they stay for the next flush."""
+        by_disposition: dict[tuple[str, str], list[Alert]] = {}
+        for alert, disposition, reason in self._grown.values():
+            by_disposition.setdefault((disposition, reason), []).append(alert)
+        for (disposition, reason), alerts in by_disposition.items():
+            store.insert_alerts(alerts, disposition, reason)
+            for alert in alerts:
+                self._grown.pop(str(alert.get("alert.id")), None)
 
     def prune_store(self) -> None:
         if self.store is None:

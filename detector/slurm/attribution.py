@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from hpcsec.detector.slurm.parse import JobRecord, PidJob, job_from_cgroup, job_from_environ
 from hpcsec.detector.slurm.table import JobTable
 from hpcsec.sensors.base import FsRoot
+from hpcsec.sensors.procinfo import read_environ
 
 # How far up the process tree a pid unknown to listpids is looked for (a job's script, its
 # interpreter and a launcher or two sit between the step and the reader).
@@ -87,7 +88,7 @@ class ProcReader:
     def environ_job(self, pid: int) -> PidJob | None:
         # Only the job id is kept: the environment itself may hold secrets.
         if pid not in self._environ_jobs:
-            raw = self.proc.read_bytes(f"{pid}/environ")
+            raw = read_environ(self.proc, pid)
             self._environ_jobs[pid] = job_from_environ(raw) if raw else None
         return self._environ_jobs[pid]
 

@@ -22,11 +22,13 @@ from typing import Any
 
 import orjson
 
+from hpcsec.detector.core.errors import HpcsecError
+from hpcsec.detector.core.private_fs import make_private_dir, open_private, write_private_file
 from hpcsec.detector.core.schema import new_event, rfc3339
 from hpcsec.detector.slurm.jobs import HOOK_EVENTS_FILE, SlurmCommands, SlurmUnreachable
 from hpcsec.detector.slurm.parse import PidJob, job_from_cgroup, job_from_environ, parse_listpids
 from hpcsec.sensors.base import FsRoot, SensorContext
-from hpcsec.sensors.procinfo import Users, process_fields, status_fields
+from hpcsec.sensors.procinfo import Users, process_fields, read_environ, status_fields
 
 GPU_MEMORY_SLACK = 64 << 20  # bytes above the prolog's reading that still count as released
 
@@ -53,7 +55,7 @@ def run_hook(settings: HookSettings, env: dict[str, str]) -> None:
     try:
         hook = Hook(settings, env)
         hook.prolog() if settings.hook == "prolog" else hook.epilog()
-    except HookUsage as exc:
+    except (HookUsage, HpcsecError) as exc:
         print(f"hpcsec slurm {settings.hook}: {exc}", file=sys.stderr)
     except Exception as exc:  # never drain the node because of us
         print(
@@ -108,11 +110,11 @@ class Hook:
         event = new_event(
             "slurm_job", action, f"slurm_{self.settings.hook}", self.host, self.now, fields
         )
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        # The state is private: it names every job's user and GPUs, and an events file that
+        # a user could write would let them forge or erase their own job's record.
+        make_private_dir(self.state_dir)
         line = orjson.dumps(event) + b"\n"
-        fd = os.open(
-            self.state_dir / HOOK_EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640
-        )
+        fd = open_private(self.state_dir / HOOK_EVENTS_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # prologs of concurrent jobs run in parallel
             os.write(fd, line)
@@ -134,10 +136,8 @@ class Hook:
             "gpu_memory_used": self.gpu_memory(self.gpus),
         }
         path = self.state_path()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        make_private_dir(path.parent)
+        write_private_file(path, json.dumps(record).encode())
         self.emit(
             "prolog",
             {**self.job_fields(), "slurm.job.state": "RUNNING", "slurm.job.start": self.now},
@@ -212,7 +212,7 @@ class Hook:
             owner = cgroup or tracked.get(pid)
             if owner is not None and owner.job_id != self.job_id:
                 continue  # belongs to another running job of this user
-            claimed = job_from_environ(proc.read_bytes(f"{name}/environ") or b"")
+            claimed = job_from_environ(read_environ(proc, name) or b"")
             proc_fields = process_fields(ctx, pid, users)
             if not proc_fields:
                 continue  # exited meanwhile

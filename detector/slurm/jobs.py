@@ -153,8 +153,12 @@ class JobContext:
         if ctx.replaying:
             raw = {name: ctx.raw_input(name, lambda: None) for name in INPUTS}
             self.table = build_table(raw)
-            # a sample recorded while Slurm did not answer has no job list
-            self.reachable = raw["slurm-jobs.json"] is not None
+            # a sample recorded while Slurm did not answer has no job list: reported as the
+            # live source reported it, once per change
+            if raw["slurm-jobs.json"] is None:
+                self._unreachable(ctx, "no job list in this snapshot sample")
+            else:
+                self._reachable_again(ctx)
             return
         if not force and not self._stale():
             for name, data in self._raw.items():  # every snapshot sample gets the inputs
@@ -166,19 +170,11 @@ class JobContext:
         try:
             raw = self._fetch(ctx)
         except SlurmUnreachable as exc:
-            if self.reachable is not False:
-                self._pending_status.append(
-                    ctx.status(
-                        SENSOR, "unavailable", f"Slurm unreachable, events carry no job: {exc}"
-                    )
-                )
-            self.reachable = False
+            self._unreachable(ctx, str(exc))
             self.table = EMPTY_TABLE
             self._raw = {}
             return
-        if self.reachable is False:
-            self._pending_status.append(ctx.status(SENSOR, "ok", "Slurm reachable again"))
-        self.reachable = True
+        self._reachable_again(ctx)
         self._raw = raw
         self.table = build_table(raw)
         self._settle_claims()
@@ -192,6 +188,20 @@ class JobContext:
                     **{"hpcsec.parse_errors": errors[:50]},
                 )
             )
+
+    def _unreachable(self, ctx: SensorContext, reason: str) -> None:
+        if self.reachable is not False:
+            self._pending_status.append(
+                ctx.status(
+                    SENSOR, "unavailable", f"Slurm unreachable, events carry no job: {reason}"
+                )
+            )
+        self.reachable = False
+
+    def _reachable_again(self, ctx: SensorContext) -> None:
+        if self.reachable is False:
+            self._pending_status.append(ctx.status(SENSOR, "ok", "Slurm reachable again"))
+        self.reachable = True
 
     def _fetch(self, ctx: SensorContext) -> dict[str, str | None]:
         cmds = self.commands

@@ -27,6 +27,7 @@ from hpcsec.detector.alerts.suppression import Decision, dispositions
 from hpcsec.detector.core.errors import HpcsecError, UsageError
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import parse_time
+from hpcsec.detector.store.private_files import StoreFileError, create_private_db, export_privately
 
 SCHEMA_VERSION = 1
 _DDL = (
@@ -159,6 +160,7 @@ class Store:
         if read_only and not Path(self.path).is_file():
             raise StoreError(f"alert store {self.path} does not exist")
         if not read_only:
+            self._create_private()
             with self._connect() as con:
                 for ddl in _DDL:
                     con.execute(ddl)
@@ -168,6 +170,16 @@ class Store:
                 )
 
     # -- connections -------------------------------------------------------------------------
+
+    def _create_private(self) -> None:
+        """The database file as a 0600 file of ours: it holds command lines and environments."""
+        try:
+            create_private_db(self.path, lambda tmp: duckdb.connect(tmp).close())
+        except StoreFileError as exc:
+            raise StoreError(f"alert store: {exc.message}") from None
+        except (OSError, duckdb.Error) as exc:
+            why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            raise StoreError(f"cannot create alert store {self.path}: {why}") from None
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.lock_wait_s
@@ -363,7 +375,6 @@ class Store:
         where, params = "", list[object]()
         if since is not None:
             where, params = "WHERE ts >= ?", [since.astimezone(UTC).replace(tzinfo=None)]
-        target = str(path).replace("'", "''")  # COPY takes no parameter for the file name
         select = (
             'SELECT event_id AS "event.id", ts AS "@timestamp", category AS '
             '"event.category", action AS "event.action", host AS "host.name", sensor AS '
@@ -371,10 +382,16 @@ class Store:
             f"FROM events {where} ORDER BY ts"
         )
         with self._connect() as con:
+
+            def write(tmp: str) -> None:
+                quoted = tmp.replace("'", "''")  # COPY takes no parameter for the file name
+                con.execute(f"COPY ({select}) TO '{quoted}' (FORMAT PARQUET)", params)
+
             try:
-                con.execute(f"COPY ({select}) TO '{target}' (FORMAT PARQUET)", params)
-            except duckdb.Error as exc:
-                raise StoreError(
-                    f"cannot export events to {path}: {str(exc).splitlines()[0]}"
-                ) from None
+                export_privately(path, write)
+            except StoreFileError as exc:
+                raise StoreError(f"cannot export events: {exc.message}") from None
+            except (OSError, duckdb.Error) as exc:
+                why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+                raise StoreError(f"cannot export events to {path}: {why}") from None
             return _scalar(con, f"SELECT count(*) FROM events {where}", params)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from hpcsec.detector.core.schema import FILE_ACTIONS
 from hpcsec.sensors.base import SensorContext
-from hpcsec.sensors.procinfo import Users, environ_value, process_fields
+from hpcsec.sensors.procinfo import Users, environ_value, process_fields, read_environ
 
 DEFAULT_MAX_RECORDS = 100_000
 
@@ -186,7 +186,7 @@ def access_process_fields(ctx: SensorContext, pid: int, users: Users) -> dict[st
         cgroup = ctx.proc.read_text(f"{pid}/cgroup")
         if cgroup:
             fields["process.cgroup"] = cgroup.strip()
-        job_id = environ_value(ctx.proc.read_bytes(f"{pid}/environ"), "SLURM_JOB_ID")
+        job_id = environ_value(read_environ(ctx.proc, pid), "SLURM_JOB_ID")
         if job_id is not None:
             fields["process.env.SLURM_JOB_ID"] = job_id
     return fields

@@ -30,12 +30,22 @@ def test_list_table(capsys):
     code, out, err = run(capsys, "list", str(VALID))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "TITLE", "LEVEL", "VECTOR", "STATUS", "FILE", "TECHNIQUES"]
+    assert lines[0].split() == [
+        "ID",
+        "TITLE",
+        "LEVEL",
+        "VECTOR",
+        "STATUS",
+        "ORIGIN",
+        "FILE",
+        "TECHNIQUES",
+    ]
     assert lines[1].split()[0] == "0b7e51a4-6d43-4a43-8f1a-6c2f3c3d8a01"
-    assert lines[1].split()[-7:] == [
+    assert lines[1].split()[-8:] == [
         "high",
         "sample",
         "test",
+        str(VALID),
         f"{VALID / 'sample.yml'}:1",
         "T1496",
         "Resource",
@@ -55,6 +65,7 @@ def test_list_json(capsys):
         "vector": "sample",
         "status": "experimental",
         "kind": "correlation",
+        "origin": str(VALID),
         "file": f"{VALID / 'sample.yml'}:65",
         "description": rows[3]["description"],
         "falsepositives": rows[3]["falsepositives"],

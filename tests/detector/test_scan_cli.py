@@ -58,13 +58,25 @@ def setup(tmp_path):
 
 def test_alerts_exit_1_and_json_output(setup, capsys):
     rules, events = setup
-    rc = main(["scan", "--events", str(events), "--rules", str(rules), "--format", "json"])
+    rc = main(
+        [
+            "scan",
+            "--events",
+            str(events),
+            "--no-default-rules",
+            "--rules",
+            str(rules),
+            "--format",
+            "json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 1
     alerts = json.loads(out)
-    assert [(a["rule.title"], a["count"]) for a in alerts] == [
-        ("Miner process", 2),
-        ("Copy tool on weights", 1),
+    assert [(a["rule.title"], a["process.pid"], a["count"]) for a in alerts] == [
+        ("Miner process", 1, 1),  # two miner processes: two distinct actions
+        ("Miner process", 4, 1),
+        ("Copy tool on weights", 2, 1),
     ]
     assert "skipped 2 malformed line(s) of 6 (line 2: not JSON" in err
     assert "line 3: not an object but list" in err
@@ -79,6 +91,7 @@ def test_fail_on_level(setup, capsys):
                 "scan",
                 "--events",
                 str(events),
+                "--no-default-rules",
                 "--rules",
                 str(rules),
                 "--fail-on",
@@ -95,6 +108,7 @@ def test_fail_on_level(setup, capsys):
                 "scan",
                 "--events",
                 str(events),
+                "--no-default-rules",
                 "--rules",
                 str(rules),
                 "--fail-on",
@@ -110,21 +124,31 @@ def test_fail_on_level(setup, capsys):
 def test_no_alert_exits_0(setup, capsys):
     rules, events = setup
     events.write_text(json.dumps(_ev("process", "bash", 3)) + "\n")
-    assert main(["scan", "--events", str(events), "--rules", str(rules)]) == 0
+    assert main(["scan", "--events", str(events), "--no-default-rules", "--rules", str(rules)]) == 0
 
 
 def test_events_file_says_it_gets_no_node_enrichment(setup, capsys):
     """A file has no node to capture: the report says which fields the events cannot gain."""
     rules, events = setup
     events.write_text(json.dumps(_ev("process", "bash", 3)) + "\n")
-    main(["scan", "--events", str(events), "--rules", str(rules)])
+    main(["scan", "--events", str(events), "--no-default-rules", "--rules", str(rules)])
     assert "note: events read from a file carry no node to look at" in capsys.readouterr().err
 
 
 def test_no_dedup_and_jsonl(setup, capsys):
     rules, events = setup
     main(
-        ["scan", "--events", str(events), "--rules", str(rules), "--no-dedup", "--format", "jsonl"]
+        [
+            "scan",
+            "--events",
+            str(events),
+            "--no-default-rules",
+            "--rules",
+            str(rules),
+            "--no-dedup",
+            "--format",
+            "jsonl",
+        ]
     )
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(x)["process.pid"] for x in lines] == [1, 4, 2]
@@ -133,7 +157,7 @@ def test_no_dedup_and_jsonl(setup, capsys):
 def test_stdin_and_table(setup, monkeypatch, capsys):
     rules, events = setup
     monkeypatch.setattr(sys, "stdin", open(events))  # noqa: SIM115
-    assert main(["scan", "--events", "-", "--rules", str(rules)]) == 1
+    assert main(["scan", "--events", "-", "--no-default-rules", "--rules", str(rules)]) == 1
     out = capsys.readouterr().out
     assert "Miner process" in out and "critical" in out and "mallory" in out
 
@@ -146,9 +170,9 @@ def test_errors_exit_2_without_traceback(setup, tmp_path):
         "detection:\n  sel:\n    process.name|nosuchmod: x\n  condition: sel\n"
     )
     for args in (
-        ["--rules", str(bad)],
-        ["--rules", str(rules), "--config", str(tmp_path / "missing.yml")],
-        ["--rules", str(rules), "--events", str(tmp_path / "none.jsonl")],
+        ["--no-default-rules", "--rules", str(bad)],
+        ["--no-default-rules", "--rules", str(rules), "--config", str(tmp_path / "missing.yml")],
+        ["--no-default-rules", "--rules", str(rules), "--events", str(tmp_path / "none.jsonl")],
     ):
         cmd = [sys.executable, "-m", "hpcsec.detector", "scan", "--events", str(events), *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -163,6 +187,7 @@ def test_errors_exit_2_without_traceback(setup, tmp_path):
             "scan",
             "--events",
             str(events),
+            "--no-default-rules",
             "--rules",
             str(bad),
         ],

@@ -52,6 +52,7 @@ def test_undelivered_alerts_wait_in_the_spool_for_the_next_scan(tmp_path, capsys
     port = _free_port()
     url = f"http://127.0.0.1:{port}/hook"
     common = [
+        "--no-default-rules",
         "--rules",
         str(rules),
         "--output",

@@ -201,7 +201,7 @@ def test_always_exit_zero(tmp_path, monkeypatch, capsys):
         hook_cli.main(["epilog", "--state-dir", str(blocker / "sub"), "--slurm-timeout", "0.5"])
         == 0
     )
-    assert "hpcsec slurm epilog: internal error: NotADirectoryError" in capsys.readouterr().err
+    assert "hpcsec slurm epilog: cannot create directory" in capsys.readouterr().err
     assert hook_cli.main(["nonsense"]) == 0
 
 

@@ -108,14 +108,38 @@ def test_the_site_config_tunes_a_rule_through_scan(tmp_path, capsys):
     events = tmp_path / "e.jsonl"
     events.write_text(json.dumps(_surge_event(300000)) + "\n")
     config = tmp_path / "site.yml"
-    assert main(["scan", "--events", str(events), "--rules", str(rules)]) == 1
+    assert main(["scan", "--events", str(events), "--no-default-rules", "--rules", str(rules)]) == 1
     config.write_text("thresholds: {rdma_read_requests_per_s: 500000}\n")
     assert (
-        main(["scan", "--events", str(events), "--rules", str(rules), "--config", str(config)]) == 0
+        main(
+            [
+                "scan",
+                "--events",
+                str(events),
+                "--no-default-rules",
+                "--rules",
+                str(rules),
+                "--config",
+                str(config),
+            ]
+        )
+        == 0
     )
     config.write_text("thresholds: {rdma_read_requests_per_s: 250000}\n")
     assert (
-        main(["scan", "--events", str(events), "--rules", str(rules), "--config", str(config)]) == 1
+        main(
+            [
+                "scan",
+                "--events",
+                str(events),
+                "--no-default-rules",
+                "--rules",
+                str(rules),
+                "--config",
+                str(config),
+            ]
+        )
+        == 1
     )
     capsys.readouterr()
 
@@ -157,7 +181,7 @@ def test_bundled_rules_declare_the_documented_thresholds():
         assert f"`{name}`" in docs, f"docs/rules.md does not list threshold {name}"
 
 
-def test_scan_warns_about_a_threshold_no_rule_knows(tmp_path, capsys):
+def test_scan_refuses_a_threshold_no_rule_knows(tmp_path, capsys):
     import json
 
     from hpcsec.detector.cli.main import main
@@ -168,7 +192,10 @@ def test_scan_warns_about_a_threshold_no_rule_knows(tmp_path, capsys):
     events.write_text(json.dumps(_surge_event(1)) + "\n")
     config = tmp_path / "site.yml"
     config.write_text("thresholds: {rdma_read_request_per_s: 5, rdma_read_requests_per_s: 9}\n")
-    main(["scan", "--events", str(events), "--rules", str(rules), "--config", str(config)])
-    err = capsys.readouterr().err
-    assert "threshold 'rdma_read_request_per_s' of the config is not used by any rule" in err
-    assert "'rdma_read_requests_per_s' of the config" not in err
+    argv = ["scan", "--events", str(events), "--no-default-rules", "--rules", str(rules)]
+    code = main([*argv, "--config", str(config)])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"hpcsec: error: {config}:1: thresholds.rdma_read_request_per_s is not used by any "
+        "loaded rule (did you mean 'rdma_read_requests_per_s'?)\n"
+    )

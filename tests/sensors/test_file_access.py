@@ -213,7 +213,7 @@ def unprivileged_user() -> pwd.struct_passwd:
 def shared_dir():
     """A directory the unprivileged user can write (pytest's tmp_path is root-only)."""
     path = Path(tempfile.mkdtemp(prefix="hpcsec-fan-"))
-    path.chmod(0o777)
+    path.chmod(0o1777)  # sticky, as /tmp: hpcsec refuses to write under an open, non-sticky one
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

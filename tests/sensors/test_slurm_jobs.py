@@ -60,18 +60,29 @@ def test_present_started_ended(tmp_path):
     assert ended["slurm.job.user"] == "alice"
 
 
-def test_no_slurm_data_in_snapshot_means_no_jobs(tmp_path):
+UNREACHABLE = "Slurm unreachable, events carry no job: no job list in this snapshot sample"
+
+
+def test_no_slurm_data_in_snapshot_means_no_jobs_and_slurm_unreachable(tmp_path):
+    """A sample recorded while Slurm did not answer replays as the live outage did: no jobs,
+    and one status record for the self-health rule."""
     run = run_sensor(registry.by_name()["slurm_jobs"], SlurmJobsSensor(), ctx_for(tmp_path, {}))
-    assert run.events == [] and run.ok
+    assert [(e["event.action"], e["message"]) for e in run.events] == [("unavailable", UNREACHABLE)]
 
 
 def test_sample_without_job_list_ends_nothing(tmp_path):
     state: dict = {}
     sensor = SlurmJobsSensor()
     list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1)}, state)))
-    assert list(sensor.collect(ctx_for(tmp_path, {}, state))) == []
+    down = list(sensor.collect(ctx_for(tmp_path, {}, state)))
+    assert [(e["event.category"], e["message"]) for e in down] == [("sensor_status", UNREACHABLE)]
     again = list(sensor.collect(ctx_for(tmp_path, {"slurm-jobs.json": jobs_doc(1)}, state)))
-    assert summary(again) == [("present", "1", ["alice"])]
+    assert [e["message"] for e in again if e["event.category"] == "sensor_status"] == [
+        "Slurm reachable again"
+    ]
+    assert summary([e for e in again if e["event.category"] != "sensor_status"]) == [
+        ("present", "1", ["alice"])
+    ]
 
 
 class Down:

@@ -540,7 +540,7 @@ def test_cli_snapshot_options_exclude_each_other(tmp_path, capsys):
 
 def test_a_snapshot_directory_that_cannot_be_made_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match=f"cannot create snapshot directory {tmp_path}/file/s"):
+    with pytest.raises(UsageError, match=f"cannot create directory {tmp_path}/file/s"):
         SnapshotWriter(tmp_path / "file" / "s", "h")
 
 

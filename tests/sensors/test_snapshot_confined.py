@@ -86,7 +86,7 @@ def test_an_oversized_file_is_refused_and_reported(tmp_path):
     runs = replay(tmp_path / "snap", [PROCESS])
     assert [e["process.pid"] for e in runs[0].events if "process.pid" in e] == [10]
     (refused,) = statuses(runs, "malformed")
-    assert "proc/11/cmdline: 1048577 bytes, more than the 65536" in refused["message"]
+    assert "proc/11/cmdline: 1048577 bytes, more than the" in refused["message"]
 
 
 def test_a_raw_input_linked_outside_is_refused_for_its_sensor(tmp_path):

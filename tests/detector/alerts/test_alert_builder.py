@@ -23,7 +23,8 @@ detection:
 """
 
 
-def _event(n, user="mallory", job="881", ts="2026-11-30T01:00:00Z", **extra):
+def _event(n, user="mallory", job="881", ts="2026-11-30T01:00:00Z", action=1, **extra):
+    """Event `n` of `action`: the same action (process and file) repeated, unless told."""
     return {
         "@timestamp": ts,
         "event.id": f"e{n}",
@@ -32,11 +33,11 @@ def _event(n, user="mallory", job="881", ts="2026-11-30T01:00:00Z", **extra):
         "host.name": "gpu-017",
         "hpcsec.sensor": "file_access",
         "process.name": "scp",
-        "process.pid": 4000 + n,
+        "process.pid": 4000 + action,
         "user.name": user,
         "slurm.job.id": job,
         "slurm.job.account": "vision",
-        "file.path": f"/models/m/{n}.bin",
+        "file.path": f"/models/m/{action}.bin",
         "gpu.index": 3,
         **extra,
     }

@@ -8,6 +8,7 @@ import pytest
 
 from hpcsec.detector.cli import config as config_command
 from hpcsec.detector.cli import main as cli
+from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core import log
 from hpcsec.detector.core.errors import ConfigError
 
@@ -120,6 +121,7 @@ def test_record_levels_on_stderr(monkeypatch, terminal_env, capsys, argv_head, e
         logger = logging.getLogger("hpcsec.detector.config")
         for level in ("debug", "info", "warning", "error"):
             getattr(logger, level)("a %s record", level)
+        return SiteConfig()
 
     monkeypatch.setattr(config_command, "load_config", load_config)
     assert cli.main([*argv_head, "config", "check", "site.yml"]) == 0

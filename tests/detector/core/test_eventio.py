@@ -95,7 +95,21 @@ def test_scan_skips_badly_shaped_lines_and_alerts_on_the_rest(tmp_path, capsys):
     ]
     events = tmp_path / "events.jsonl"
     events.write_text("".join(json.dumps(e) + "\n" for e in lines))
-    assert main(["scan", "--events", str(events), "--rules", str(rules), "--format", "jsonl"]) == 1
+    assert (
+        main(
+            [
+                "scan",
+                "--events",
+                str(events),
+                "--no-default-rules",
+                "--rules",
+                str(rules),
+                "--format",
+                "jsonl",
+            ]
+        )
+        == 1
+    )
     out, err = capsys.readouterr()
     assert [json.loads(line)["process.name"] for line in out.splitlines()] == ["xmrig"]
     assert (
@@ -133,7 +147,17 @@ def test_no_dedup_gives_one_alert_per_event_even_without_ids(tmp_path, capsys):
         )
     )
     main(
-        ["scan", "--events", str(events), "--rules", str(rules), "--no-dedup", "--format", "jsonl"]
+        [
+            "scan",
+            "--events",
+            str(events),
+            "--no-default-rules",
+            "--rules",
+            str(rules),
+            "--no-dedup",
+            "--format",
+            "jsonl",
+        ]
     )
     alerts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(a["events"][0]["process.name"] for a in alerts) == ["xmrig", "xmrig-6", "xmrig-7"]

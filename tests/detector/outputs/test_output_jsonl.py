@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 
 import pytest
 
 from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.outputs.protocol import OutputError
 from hpcsec.detector.outputs.registry import open_outputs
+from tests.hostile_fs import as_root, as_user, mode, umask
 from tests.rule_texts import MINER_RULE
 
 ALERTS = [
@@ -165,6 +169,7 @@ def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, 
             "scan",
             "--events",
             str(events),
+            "--no-default-rules",
             "--rules",
             str(rules),
             "--spool",
@@ -178,10 +183,27 @@ def test_scan_with_a_malformed_output_exits_2_with_the_reason(tmp_path, capsys, 
     assert "Traceback" not in err
 
 
-def test_a_file_output_that_cannot_write_reports_each_alert(tmp_path):
-    full = tmp_path / "full.jsonl"
-    full.symlink_to("/dev/full")  # every write fails with ENOSPC
-    url = f"file://{full}"
+@pytest.fixture
+def full_disk(tmp_path):
+    """A tiny tmpfs, filled up: every write to a file there fails with ENOSPC."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "hpcsec-test", str(disk)]
+    if subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"x" * 4096)
+        os.close(fd)
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_file_output_that_cannot_write_reports_each_alert(full_disk):
+    url = f"file://{full_disk / 'full.jsonl'}"
     with open_outputs([url]) as outputs:
         report = outputs.deliver(ALERTS)
     d = report.destinations[url]
@@ -200,3 +222,27 @@ def test_a_batch_goes_to_the_file_whole(tmp_path):
     assert [json.loads(line)["alert.id"] for line in path.read_text().splitlines()] == [
         f"b{i}" for i in range(500)
     ]
+
+
+@as_root
+def test_a_file_output_never_writes_through_a_planted_symlink(shared, victim):
+    """alice links the alerts file to root's file: the output is refused, the file intact."""
+    as_user("alice", "ln", "-s", str(victim), str(shared / "alerts.jsonl"))
+    url = f"file://{shared / 'alerts.jsonl'}"
+    with pytest.raises(OutputError, match="cannot open"):
+        open_outputs([url])
+    assert victim.read_text() == "root's file\n"
+
+
+@as_root
+def test_a_file_output_planted_by_another_user_is_refused(shared):
+    as_user("alice", "touch", str(shared / "alerts.jsonl"))
+    with pytest.raises(OutputError, match="belongs to alice"):
+        open_outputs([f"file://{shared / 'alerts.jsonl'}"])
+
+
+def test_a_file_output_is_created_0600_whatever_the_umask(tmp_path):
+    path = tmp_path / "alerts.jsonl"
+    with umask(0o022), open_outputs([f"file://{path}"]) as outputs:
+        outputs.deliver(ALERTS)
+    assert mode(path) == 0o600

@@ -85,7 +85,8 @@ def test_scan_to_an_unreachable_webhook_shows_no_token(events, tmp_path, capsys)
     rules, events_file = events
     url = f"http://127.0.0.1:{closed_port()}/services/{PATH_TOKEN}?token={QUERY_TOKEN}"
     spool = tmp_path / "spool"
-    argv = ["scan", "--events", str(events_file), "--rules", str(rules), "--output", url]
+    argv = ["scan", "--events", str(events_file), "--no-default-rules", "--rules", str(rules)]
+    argv += ["--output", url]
     argv += ["--webhook-secret-file", str(private_secret(tmp_path)), "--spool", str(spool)]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
@@ -114,7 +115,8 @@ def test_a_mistyped_scheme_shows_no_token(events, tmp_path, capsys, where):
             str(config),
         ]
     else:
-        argv = ["scan", "--events", str(events_file), "--rules", str(rules), "--output", url]
+        argv = ["scan", "--events", str(events_file), "--no-default-rules", "--rules", str(rules)]
+    argv += ["--output", url]
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     text = captured.out + captured.err
@@ -127,7 +129,8 @@ def test_a_secret_file_others_can_read_is_a_warning_for_scan(events, tmp_path, c
     rules, events_file = events
     url = f"http://127.0.0.1:{closed_port()}/hook"
     secret = private_secret(tmp_path, 0o644)
-    argv = ["scan", "--events", str(events_file), "--rules", str(rules), "--output", url]
+    argv = ["scan", "--events", str(events_file), "--no-default-rules", "--rules", str(rules)]
+    argv += ["--output", url]
     argv += ["--webhook-secret-file", str(secret), "--spool", str(tmp_path / "spool")]
     assert cli.main(argv) == 1  # the scan still runs and reports its alert
     assert "readable by group or others (mode 0644)" in capsys.readouterr().err

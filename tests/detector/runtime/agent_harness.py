@@ -162,6 +162,7 @@ class AgentProcess:
             procfs or str(node.proc),
             "--etc-root",
             str(node.etc),
+            "--no-default-rules",
             "--rules",
             str(node.rules),
             "--interval",

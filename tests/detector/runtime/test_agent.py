@@ -279,18 +279,29 @@ assets:
 def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path, capsys):
     config = tmp_path / "site.yml"
     config.write_text("agent:\n  interval_s: 10\n  colour: blue\n")
-    assert cli.main(["agent", "--config", str(config), "--rules", str(node.rules)]) == 2
+    assert (
+        cli.main(
+            ["agent", "--config", str(config), "--no-default-rules", "--rules", str(node.rules)]
+        )
+        == 2
+    )
     assert capsys.readouterr().err == (
         f"hpcsec: error: {config}:3: unknown key 'colour' "
         "(expected one of: interval_s, metrics_address)\n"
     )
     (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
-    assert cli.main(["agent", "--rules", str(node.rules), "--output", "gopher://x"]) == 2
+    assert (
+        cli.main(
+            ["agent", "--no-default-rules", "--rules", str(node.rules), "--output", "gopher://x"]
+        )
+        == 2
+    )
     assert "unknown output type 'gopher://x#" in capsys.readouterr().err
     assert (
         cli.main(
             [
                 "agent",
+                "--no-default-rules",
                 "--rules",
                 str(node.rules),
                 "--output",
@@ -304,7 +315,10 @@ def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path,
         == 2
     )
     assert f"cannot read webhook secret file {tmp_path / 'missing'}" in capsys.readouterr().err
-    assert cli.main(["agent", "--rules", str(node.rules), "--sensor", "nosuch"]) == 2
+    assert (
+        cli.main(["agent", "--no-default-rules", "--rules", str(node.rules), "--sensor", "nosuch"])
+        == 2
+    )
     assert capsys.readouterr().err == "hpcsec: error: unknown sensor nosuch\n"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -314,6 +328,7 @@ def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path,
             cli.main(
                 [
                     "agent",
+                    "--no-default-rules",
                     "--rules",
                     str(node.rules),
                     "--metrics-address",
@@ -327,7 +342,12 @@ def test_bad_config_and_outputs_exit_2_with_location(node: Node, tmp_path: Path,
     assert capsys.readouterr().err == (
         f"hpcsec: error: cannot serve metrics on {address}: Address already in use\n"
     )
-    assert cli.main(["agent", "--rules", str(node.rules), "--metrics-address", "9817"]) == 2
+    assert (
+        cli.main(
+            ["agent", "--no-default-rules", "--rules", str(node.rules), "--metrics-address", "9817"]
+        )
+        == 2
+    )
     assert capsys.readouterr().err == (
         "hpcsec: error: metrics address '9817': expected HOST:PORT, e.g. 127.0.0.1:9817\n"
     )
@@ -341,6 +361,7 @@ def test_drops_become_a_status_event_rules_see_and_a_metric(node: Node):
     agent = Agent(
         AgentSettings(
             rule_paths=(str(node.rules),),
+            default_rules=False,
             outputs=(f"file://{out}",),
             etc_root=str(node.etc),
             host_name="n1",
@@ -370,7 +391,12 @@ def test_reload_with_a_bad_new_output_keeps_the_old_outputs(node: Node):
     first, second = node.root / "first.jsonl", node.root / "second.jsonl"
     node.config.write_text(f"outputs: ['file://{first}']\n")
     agent = Agent(
-        AgentSettings(config_path=str(node.config), rule_paths=(str(node.rules),), host_name="n1")
+        AgentSettings(
+            config_path=str(node.config),
+            rule_paths=(str(node.rules),),
+            default_rules=False,
+            host_name="n1",
+        )
     )
     try:
         missing = node.root / "no-such-secret"

@@ -1,0 +1,165 @@
+"""NUL-separated /proc lists (cmdline, environ) read whole in bounded memory.
+
+A process's owner decides how long its argv and environment are (up to the kernel's ARG_MAX,
+megabytes with a large stack limit). Reading only a first block would let them hide what a
+rule looks for behind 64 KiB of padding: `LD_PRELOAD=` after a 70 KB variable, `--url
+stratum+tcp://…` after a 66 KB argument. So the whole file is streamed in chunks and only
+what is needed is kept:
+
+- environ: the entries of the variables asked for, each cut at `ENTRY_MAX`;
+- cmdline: every argument while the whole fits in `CMDLINE_MAX`; past that, a head, a tail
+  and, from the middle, the arguments that carry what rules look for (flags and URLs), with
+  one marker argument saying how much was left out. Each kept argument is cut at `ARG_KEEP`
+  bytes with a marker. The condensed form fits `CMDLINE_MAX` and is stable: condensing it
+  again changes nothing, so a snapshot that records it replays to the same event.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+CHUNK = 64 * 1024
+SCAN_MAX = 64 * 1024 * 1024  # past this (an absurd stack limit) the rest is not read
+ENTRY_MAX = 16 * 1024  # an environment value we keep (LD_PRELOAD lists)
+CMDLINE_MAX = 64 * 1024
+HEAD_MAX = 32 * 1024
+MIDDLE_MAX = 12 * 1024
+TAIL_MAX = 16 * 1024
+ARG_KEEP = 4 * 1024
+# The markers: a cut argument ends with CUT, an argument standing for those left out is GAP.
+CUT = re.compile(rb"\xe2\x80\xa6\[hpcsec: cut \d+ bytes\]\Z")
+GAP = re.compile(rb"\A\xe2\x80\xa6\[hpcsec: \d+ arguments? \(\d+ bytes\) left out\]\Z")
+
+
+def _entries(stream: BinaryIO, keep_max: int) -> Iterator[tuple[bytes, int]]:
+    """(first `keep_max` + 1 bytes, full length) of each NUL-terminated entry."""
+    current = bytearray()
+    length = 0
+    read = 0
+    while read < SCAN_MAX:
+        chunk = stream.read(CHUNK)
+        if not chunk:
+            break
+        read += len(chunk)
+        start = 0
+        while True:
+            end = chunk.find(b"\0", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            room = keep_max + 1 - len(current)
+            if room > 0:
+                current += piece[:room]
+            length += len(piece)
+            if end < 0:
+                break
+            yield bytes(current), length
+            current.clear()
+            length = 0
+            start = end + 1
+    if length:
+        yield bytes(current), length
+
+
+def environ_entries(stream: BinaryIO, names: Iterable[str]) -> bytes:
+    """The entries `NAME=value` of `names` (first of each, as getenv), NUL-terminated."""
+    prefixes = {name.encode() + b"=" for name in names}
+    kept: dict[bytes, bytes] = {}
+    for head, _length in _entries(stream, ENTRY_MAX):
+        key, sep, _ = head.partition(b"=")
+        prefix = key + sep
+        if prefix in prefixes and prefix not in kept:
+            kept[prefix] = head[:ENTRY_MAX]
+            if len(kept) == len(prefixes):
+                break
+    return b"".join(entry + b"\0" for entry in kept.values())
+
+
+def _cut(head: bytes, length: int) -> bytes:
+    if length <= ARG_KEEP:
+        return head
+    return head[:ARG_KEEP] + f"\u2026[hpcsec: cut {length - ARG_KEEP} bytes]".encode()
+
+
+def _is_indicator(arg: bytes) -> bool:
+    """What the rules test in a command line sits in flags (`--donate-level`, `-o`) and URLs
+    (`stratum+tcp://`): such arguments are kept from the middle of a long command line."""
+    return arg.startswith(b"-") or b"://" in arg
+
+
+@dataclass
+class _Condensed:
+    head: list[bytes]
+    head_size: int = 0
+    middle_size: int = 0
+    tail_size: int = 0
+    left_out: int = 0
+    left_out_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.middle: list[bytes] = []
+        self.tail: deque[bytes] = deque()
+
+    def add(self, arg: bytes, length: int) -> None:
+        if self.head_size + len(arg) + 1 <= HEAD_MAX and not self.middle and not self.tail:
+            self.head.append(arg)
+            self.head_size += len(arg) + 1
+            return
+        self.tail.append(arg)
+        self.tail_size += len(arg) + 1
+        while self.tail_size > TAIL_MAX:
+            old = self.tail.popleft()
+            self.tail_size -= len(old) + 1
+            if _is_indicator(old) and self.middle_size + len(old) + 1 <= MIDDLE_MAX:
+                self.middle.append(old)
+                self.middle_size += len(old) + 1
+            else:
+                self.left_out += 1
+                self.left_out_bytes += len(old)
+
+    def args(self) -> list[bytes]:
+        gap: list[bytes] = []
+        if self.left_out:
+            plural = "s" if self.left_out != 1 else ""
+            gap = [
+                f"\u2026[hpcsec: {self.left_out} argument{plural} "
+                f"({self.left_out_bytes} bytes) left out]".encode()
+            ]
+        return [*self.head, *gap, *self.middle, *self.tail]
+
+
+def cmdline(stream: BinaryIO) -> bytes:
+    """A /proc/<pid>/cmdline stream, condensed when it exceeds CMDLINE_MAX (NUL-terminated
+    arguments, as the kernel gives them)."""
+    return b"".join(arg + b"\0" for arg in cmdline_args(stream))
+
+
+def is_condensed(args: Iterable[bytes | str]) -> bool:
+    """Whether an argument list has lost something: an argument cut or some left out."""
+    for arg in args:
+        raw = arg.encode("utf-8", "surrogateescape") if isinstance(arg, str) else arg
+        if CUT.search(raw) or GAP.match(raw):
+            return True
+    return False
+
+
+def cmdline_args(stream: BinaryIO) -> list[bytes]:
+    """The arguments of a /proc/<pid>/cmdline stream, condensed when it exceeds CMDLINE_MAX."""
+    whole: list[tuple[bytes, int]] = []
+    total = 0
+    condensed: _Condensed | None = None
+    for head, length in _entries(stream, CMDLINE_MAX):
+        if condensed is None:
+            whole.append((head, length))
+            total += length + 1
+            if total <= CMDLINE_MAX + 1:  # the last NUL is optional
+                continue
+            condensed = _Condensed([])
+            for early, early_length in whole:
+                condensed.add(_cut(early, early_length), early_length)
+            whole = []
+        else:
+            condensed.add(_cut(head, length), length)
+    return [head for head, _ in whole] if condensed is None else condensed.args()

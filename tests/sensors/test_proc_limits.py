@@ -1,0 +1,138 @@
+"""No blind spot from read limits: what a user pads their argv or environment with cannot
+hide LD_PRELOAD or a mining pool URL, and memory stays bounded."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from hpcsec.sensors import proclists
+from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.process import ProcessSensor
+from tests.hostile_fs import as_root
+
+PAD = 70 * 1024
+
+
+def condense(args: list[bytes]) -> list[bytes]:
+    return proclists.cmdline_args(io.BytesIO(b"".join(a + b"\0" for a in args)))
+
+
+def test_a_command_line_that_fits_is_kept_whole():
+    args = [b"python3", b"train.py", b"x" * 60_000]
+    assert condense(args) == args
+    assert not proclists.is_condensed(args)
+
+
+def test_a_flag_and_url_in_the_middle_of_a_huge_command_line_are_kept():
+    padding = [b"p" * 1000] * 100
+    args = [b"./worker", *padding, b"--url", b"stratum+tcp://pool:3333", *padding, b"end"]
+    kept = condense(args)
+    joined = b" ".join(kept)
+    assert b" --url stratum+tcp://pool:3333 " in joined
+    assert kept[0] == b"./worker" and kept[-1] == b"end"
+    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+    assert proclists.GAP.match(kept[kept.index(b"--url") - 1])  # says what was left out
+    assert proclists.is_condensed(kept)
+
+
+def test_one_huge_argument_is_cut_with_a_marker():
+    kept = condense([b"sh", b"a" * 66_000, b"--url", b"stratum+tcp://p:1"])
+    assert kept[1] == b"a" * proclists.ARG_KEEP + "\u2026[hpcsec: cut 61904 bytes]".encode()
+    assert kept[2:] == [b"--url", b"stratum+tcp://p:1"]
+
+
+def test_condensing_is_stable_so_a_snapshot_replays_the_same_event():
+    args = [b"./x", *([b"q" * 3000] * 50), b"-o", b"stratum+ssl://h:1", *([b"r" * 9] * 9000)]
+    once = condense(args)
+    assert condense(once) == once
+
+
+def test_memory_stays_bounded_with_a_million_arguments():
+    kept = condense([b"a"] * 1_000_000)
+    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+
+
+def test_environ_keeps_the_asked_entries_wherever_they_are():
+    env = b"BIG=" + b"x" * PAD + b"\0HOME=/root\0LD_PRELOAD=/tmp/evil.so\0LD_PRELOAD=second\0"
+    assert proclists.environ_entries(io.BytesIO(env), ["LD_PRELOAD", "SLURM_JOB_ID"]) == (
+        b"LD_PRELOAD=/tmp/evil.so\0"
+    )
+
+
+# -- live, as an unprivileged user -----------------------------------------------------------
+
+
+def live_context() -> SensorContext:
+    return SensorContext(
+        "live", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+    )
+
+
+def wait_for_process(tag: str) -> dict:
+    for _ in range(100):
+        for event in ProcessSensor().collect(live_context()):
+            if tag in event.get("process.command_line", "") and event.get("user.name") == "alice":
+                return event
+        time.sleep(0.05)
+    raise AssertionError(f"no process of alice with {tag}")
+
+
+@pytest.fixture
+def alice_runs() -> Iterator:
+    started: list[subprocess.Popen] = []
+
+    def run(*argv: str) -> None:
+        started.append(subprocess.Popen(["runuser", "-u", "alice", "--", *argv]))
+
+    yield run
+    for proc in started:
+        subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
+        proc.kill()
+        proc.wait()
+
+
+@as_root
+def test_ld_preload_behind_a_70_kb_variable_is_found(alice_runs):
+    tag = "31415"
+    alice_runs("env", "-i", f"BIG={'x' * PAD}", "LD_PRELOAD=/tmp/evil.so", "sleep", tag)
+    event = wait_for_process(tag)
+    assert event["process.env.LD_PRELOAD"] == "/tmp/evil.so"
+
+
+@as_root
+def test_a_miner_url_behind_a_66_kb_argument_still_raises_the_alert(alice_runs):
+    tag = "hpcsec-tag-27182"
+    sleeper = "import time; time.sleep(120)"
+    alice_runs(
+        "/usr/bin/python3", "-c", sleeper, tag, "a" * 66_000, "--url", "stratum+tcp://p:3333"
+    )
+    event = wait_for_process(tag)
+    assert "--url stratum+tcp://p:3333" in event["process.command_line"]
+    assert event["process.command_line_truncated"] is True
+    scan = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcsec.detector.cli.main",
+            "scan",
+            "--sensor",
+            "process",
+            "--format",
+            "json",
+            "--no-dedup",  # one alert per process, whatever else on the node looks like a miner
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert scan.returncode == 1, scan.stderr
+    alerts = json.loads(scan.stdout)
+    miner = [a["rule.title"] for a in alerts if a.get("process.pid") == event["process.pid"]]
+    assert "Cryptocurrency miner process" in miner
