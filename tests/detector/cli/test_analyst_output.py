@@ -136,7 +136,8 @@ def test_fail_on_looks_only_at_what_min_level_lets_through(tmp_path, capsys):
         "level: medium\nlogsource: {product: hpc, category: process}\n"
         "detection:\n  sel:\n    process.name: xmrig\n  condition: sel\n"
     )
-    base = ["scan", "--events", str(events), "--rules", str(rules), "--format", "json"]
+    base = ["scan", "--events", str(events), "--rules", str(rules), "--no-default-rules"]
+    base += ["--format", "json"]
     assert main(base) == 1
     assert len(json.loads(capsys.readouterr().out)) == 1
     assert main([*base, "--min-level", "high"]) == 0
