@@ -25,6 +25,7 @@ from hpcsec.detector.alerts.identity import (
 )
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.core.schema import ALERT_COPIED_PREFIXES, Event, parse_time
+from hpcsec.detector.engine.context import rule_context
 from hpcsec.detector.engine.evaluate import Match
 
 MAX_EVIDENCE_EVENTS = 20
@@ -46,12 +47,46 @@ def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def human_bytes(value: float) -> str:
+    """`1.5 GiB`: a byte count (or a rate's bytes) in IEC units, three significant digits."""
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.3g} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
 class _Formatter(string.Formatter):
-    """`{user.name}` templates over flat dotted fields; missing fields print as `?`."""
+    """`{user.name}` templates over flat dotted fields; missing fields print as `?`.
+
+    Two additions for numbers: `{a/b}` is field a divided by field b (a rate: bytes over the
+    interval), and the `:bytes` format spec writes a byte count in IEC units. A value a spec
+    does not fit (text from a node, `?`) is printed as it is rather than losing the summary.
+    """
 
     def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        if "/" in field_name and field_name not in kwargs:
+            top, _, bottom = field_name.partition("/")
+            a, b = _number(kwargs.get(top)), _number(kwargs.get(bottom))
+            return ("?" if a is None or not b else a / b), field_name
         value = kwargs.get(field_name)
         return ("?" if value is None else value), field_name
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "bytes":
+            number = _number(value)
+            return str(value) if number is None else human_bytes(number)
+        try:
+            return str(super().format_field(value, format_spec))
+        except (ValueError, TypeError):
+            return str(value)
 
 
 _FORMATTER = _Formatter()
@@ -157,6 +192,9 @@ class AlertBuilder:
     _distinct: dict[str, int] = field(default_factory=dict)  # (rule, host/job/user, window)
     _grown: dict[str, None] = field(default_factory=dict)  # ids folded into since take_grown
     _facets: dict[str, Facets] = field(default_factory=dict)  # rule id -> identity facets
+    # rule.id -> (the rule's pySigma object, its context fields): built once per rule, and
+    # again when a reload brings a new object under the same id
+    _contexts: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
 
     def add(self, matches: list[Match]) -> list[Alert]:
         """Fold matches in; returns the alerts that are new (the rest only grew `count`:
@@ -266,4 +304,11 @@ class AlertBuilder:
         (_, alert["alert.first_seen"]), (_, alert["alert.last_seen"]) = _span(match)
         alert["events"] = list(match.events[:MAX_EVIDENCE_EVENTS])
         alert["count"] = 1
+        alert.update(self._context(rule.id, sigma))
         return Alert(alert)
+
+    def _context(self, rule_id: str, sigma: Any) -> dict[str, Any]:
+        cached = self._contexts.get(rule_id)
+        if cached is None or cached[0] is not sigma:
+            cached = self._contexts[rule_id] = (sigma, rule_context(sigma))
+        return cached[1]

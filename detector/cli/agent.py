@@ -10,6 +10,7 @@ from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_ro
 from hpcsec.detector.cluster.agent_tap import NatsTap
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.core.schema import LEVELS
 
 
 def _seconds(text: str) -> float:
@@ -69,6 +70,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also publish alerts and edge-filtered events to NATS JetStream (repeatable; "
         "default: cluster.nats of the config; see docs/cluster.md)",
     )
+    p.add_argument(
+        "--min-level",
+        choices=LEVELS,
+        default=LEVELS[0],
+        metavar="LEVEL",
+        help="send only alerts at or above LEVEL; the others are stored only "
+        f"({', '.join(LEVELS)}; default {LEVELS[0]})",
+    )
     p.set_defaults(func=run)
 
 
@@ -106,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         sensors=tuple(args.sensor) if args.sensor else None,
         once_for_s=args.once_for,
         drain_timeout_s=args.drain_timeout,
+        min_level=args.min_level,
     )
     try:
         return run_agent(settings, tap)

@@ -7,7 +7,9 @@ Opening the store first applies what the agent appended to its journal since the
 from __future__ import annotations
 
 import argparse
+import io
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -18,22 +20,34 @@ from hpcsec.detector.cli.incident_view import (
     write_incidents_table,
     write_timeline,
 )
+from hpcsec.detector.cli.render import Column, footer, write_table
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.core.display import visible, visible_json
+from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.store.alert_store import DISPOSITIONS, AlertQuery, Store, parse_since
 
-COLUMNS = (
-    ("TIME", "@timestamp"),
-    ("LEVEL", "rule.level"),
-    ("RULE", "rule.id"),
-    ("HOST", "host.name"),
-    ("JOB", "slurm.job.id"),
-    ("USER", "user.name"),
-    ("COUNT", "count"),
-    ("STATE", "hpcsec.disposition"),
-    ("SUMMARY", "alert.summary"),
-)
+HELD = {
+    "silenced": "silenced",
+    "rate_limited": "rate limited",
+    "below_min_level": "below --min-level",
+}
+
+
+def display_state(alert: Mapping[str, Any]) -> str:
+    """What became of an alert, in words: `sent` only when an output accepted it; an alert
+    no output was configured for, or that was held back, is `stored only`."""
+    disposition = alert.get("hpcsec.disposition")
+    if disposition != "sent":
+        return f"stored only ({HELD.get(str(disposition), str(disposition))})"
+    deliveries = alert.get("hpcsec.deliveries") or {}
+    states = set(deliveries.values()) if isinstance(deliveries, Mapping) else set()
+    if not states:
+        return "stored only (no output)"
+    if states == {"delivered"}:
+        return "sent"
+    others = ", ".join(sorted(str(state) for state in states - {"delivered"}))
+    return f"partly sent ({others})" if "delivered" in states else f"not sent ({others})"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,10 +65,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--job", metavar="ID", help="Slurm job id")
     p.add_argument("--user", metavar="U", help="user name")
-    p.add_argument("--rule", metavar="ID", help="rule id")
+    p.add_argument(
+        "--rule", metavar="ID|TEXT", help="rule id, or a part of the rule title (any case)"
+    )
+    p.add_argument("--host", metavar="NAME", help="node name")
+    p.add_argument(
+        "--level",
+        choices=LEVELS,
+        metavar="LEVEL",
+        help=f"alerts at or above LEVEL ({', '.join(LEVELS)})",
+    )
     p.add_argument("--vector", metavar="V", help="threat vector (ruleset name)")
     p.add_argument(
-        "--state", choices=DISPOSITIONS, help="sent, or only stored because silenced / rate limited"
+        "--state",
+        choices=DISPOSITIONS,
+        help="sent (to the outputs, if any), or only stored because silenced, rate limited "
+        "or below --min-level",
     )
     p.add_argument(
         "--limit",
@@ -94,20 +120,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _cell(value: Any) -> str:
-    if value is None or value == "":
-        return "-"
-    return visible(value)
+STATE = Column("state", display_state, min_width=10, max_width=24)
 
 
-def render_table(alerts: list[dict[str, Any]]) -> str:
-    rows = [[_cell(a.get(key)) for _, key in COLUMNS] for a in alerts]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(COLUMNS)]
-    lines = []
-    for row in [[h for h, _ in COLUMNS], *rows]:
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)] + [row[-1]]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+def render_table(alerts: list[dict[str, Any]], width: int | None = None) -> str:
+    out = io.StringIO()
+    write_table(alerts, out=out, width=width or None, extra=[STATE])
+    return out.getvalue().rstrip("\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
                 vector=args.vector,
                 disposition=args.state,
                 incident=args.incident,
+                host=args.host,
+                levels=tuple(LEVELS[LEVELS.index(args.level) :]) if args.level else None,
                 limit=args.limit,
             )
         )
@@ -156,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
         text = visible_json(orjson.dumps(alerts, option=orjson.OPT_INDENT_2))
         sys.stdout.write(text.decode() + "\n")
     elif alerts:
-        print(render_table(alerts))
+        write_table(alerts, extra=[STATE])
+        print(footer(alerts))
     else:
         print("no alerts match", file=sys.stderr)
     return 0

@@ -41,6 +41,23 @@ COMMANDS = {
 EXIT_OK, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 2, 3, 130
 
 
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # only for --version
+
+    try:
+        return version("hpcsec")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """`hpcsec --version`: looks the version up only when asked (start-up time)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kw: object) -> None:
+        print(f"hpcsec {package_version()}")
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only` a known sub-command, just that sub-command's module is imported,
     and without one (`hpcsec --help`, a typo) none is: the sub-commands are listed from
@@ -58,6 +75,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--debug",
         action="store_true",
         help="debug messages, and the traceback of an internal error, on stderr",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="print the version and exit"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if only in COMMANDS:

@@ -9,9 +9,11 @@ from typing import Any
 import orjson
 
 from hpcsec.detector.cli.common import add_config_and_rules
+from hpcsec.detector.cli.rulecard import find_rule, render_card
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.engine.context import rule_context, technique_label
 from hpcsec.detector.engine.convert import convert_ruleset
 from hpcsec.detector.engine.fieldmaps import FIELD_MAPS
 from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
@@ -49,6 +51,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_and_rules(ls)
     ls.add_argument("--format", choices=("table", "json"), default="table")
     ls.set_defaults(func=run_list)
+
+    show = actions.add_parser(
+        "show",
+        help="one rule's card: description, techniques, false positives, response, logic",
+    )
+    show.add_argument("rule", metavar="ID|TITLE", help="rule id, title, or part of one title")
+    show.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="look only in this rule file or directory (default: what scan and the agent run)",
+    )
+    add_config_and_rules(show)
+    show.set_defaults(func=run_show)
 
     check = actions.add_parser("check", help="validate rules: pySigma validators and ours")
     _add_paths(check)
@@ -130,23 +146,38 @@ def _text(value: Any) -> str:
 
 
 def rule_row(rule: LoadedRule) -> dict[str, Any]:
+    ctx = rule_context(rule.sigma)
     return {
         "id": rule.id,
         "title": rule.sigma.title,
-        "level": _text(rule.sigma.level),
+        "level": _text(getattr(rule.sigma, "level", None)),
         "vector": rule.vector,
-        "status": _text(rule.sigma.status),
+        "status": _text(getattr(rule.sigma, "status", None)),
         "kind": rule.kind,
         "origin": rule.origin,
         "file": f"{rule.path}:{rule.line}",
+        "description": ctx["rule.description"],
+        "falsepositives": ctx["rule.falsepositives"],
+        "references": ctx["rule.references"],
+        "response": ctx["rule.response"],
+        "tags": [str(t) for t in (getattr(rule.sigma, "tags", None) or [])],
+        "techniques": ctx["rule.techniques"],
+        "tactics": ctx["rule.tactics"],
     }
+
+
+def compact_techniques(row: dict[str, Any]) -> str:
+    """`T1496 Resource Hijacking, AML.T0034 Cost Harvesting` for a table cell."""
+    return ", ".join(technique_label(t) for t in row["techniques"]) or "-"
 
 
 def _listed_paths(args: argparse.Namespace) -> list[str]:
     """PATHs alone (an author's view of those files), else what scan and the agent load."""
     if args.paths:
         if args.rules or args.no_default_rules or args.config:
-            raise UsageError("rules list: give PATH, or --config/--rules/--no-default-rules")
+            raise UsageError(
+                f"rules {args.rules_action}: give PATH, or --config/--rules/--no-default-rules"
+            )
         return list(args.paths)
     config = load_config(args.config)
     return rule_paths_for(config, args.rules, default_rules=not args.no_default_rules)
@@ -157,12 +188,21 @@ def run_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
-    columns = ("id", "title", "level", "vector", "status", "origin", "file")
+    columns = ("id", "title", "level", "vector", "status", "origin", "file", "techniques")
     # titles and paths come from rule files, which may be a contributor's: shown, not obeyed
-    shown = [{c: visible(row[c]) for c in columns} for row in rows]
+    shown = [
+        {c: visible(compact_techniques(row) if c == "techniques" else row[c]) for c in columns}
+        for row in rows
+    ]
     widths = {c: max([len(c), *(len(row[c]) for row in shown)]) for c in columns}
     for row in [{c: c.upper() for c in columns}, *shown]:
         print("  ".join(row[c].ljust(widths[c]) for c in columns).rstrip())
+    return EXIT_OK
+
+
+def run_show(args: argparse.Namespace) -> int:
+    ruleset = load_rules(_listed_paths(args))
+    print(render_card(ruleset, find_rule(ruleset, args.rule)))
     return EXIT_OK
 
 

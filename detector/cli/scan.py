@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hpcsec.detector.alerts.incidents import summarize_incidents
 from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.cli.common import add_config_and_rules, add_outputs, add_roots
 from hpcsec.detector.cli.incident_view import write_incidents_json, write_incidents_table
-from hpcsec.detector.cli.render import write_json, write_jsonl, write_table
+from hpcsec.detector.cli.render import footer, write_json, write_jsonl, write_table
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
@@ -19,6 +20,7 @@ from hpcsec.detector.engine.config_names import config_name_errors
 from hpcsec.detector.runtime.delivery import deliver_alerts, report_held, store_decision
 from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
 from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
+from hpcsec.detector.runtime.registry import SENSORS
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, demo_snapshot_dir
 
 BATCH = 256  # small batches stay in the CPU cache (bench/engine.py measures it)
@@ -48,6 +50,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LEVEL",
         help="exit 1 when an alert at or above LEVEL is raised "
         f"({', '.join(LEVELS)}; default {LEVELS[0]})",
+    )
+    p.add_argument(
+        "--min-level",
+        choices=LEVELS,
+        default=LEVELS[0],
+        metavar="LEVEL",
+        help="show and send only alerts at or above LEVEL; the others are stored only "
+        f"(with --store; default {LEVELS[0]})",
+    )
+    p.add_argument(
+        "--require-sensor",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fail (exit 2) when this sensor is unavailable or failing (repeatable)",
     )
     p.add_argument("--no-dedup", action="store_true", help="every match is an alert")
     add_outputs(p, store_help="also keep the events and alerts in this DuckDB file")
@@ -107,6 +124,53 @@ def sources_of(args: argparse.Namespace, sources: EventSources) -> Iterator[Sour
     return sources.live(args)
 
 
+def sensor_states(report: ScanReport) -> tuple[list[str], list[str]]:
+    """(unavailable, failing): sensors whose status was `unavailable` / anything but `ok`
+    in any sample, each named once."""
+    unavailable: dict[str, None] = {}
+    failing: dict[str, None] = {}
+    for run in report.sensor_runs:
+        action = run.status.get("event.action")
+        if action == "unavailable":
+            unavailable[run.name] = None
+        elif action != "ok":
+            failing[run.name] = None
+    return list(unavailable), list(failing)
+
+
+def check_required(required: Sequence[str], report: ScanReport) -> None:
+    """UsageError (exit 2) when a sensor the user requires did not run cleanly: a scan
+    that was blind where it matters must not pass for a clean one."""
+    if not required:
+        return
+    known = {spec.name for spec in SENSORS}
+    unknown = [name for name in required if name not in known]
+    if unknown:
+        raise UsageError(
+            f"--require-sensor {', '.join(map(repr, unknown))}: no such sensor "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    ran = {run.name for run in report.sensor_runs}
+    unavailable, failing = sensor_states(report)
+    problems = []
+    for name in dict.fromkeys(required):
+        if name not in ran:
+            problems.append(f"{name} did not run")
+        elif name in unavailable:
+            problems.append(f"{name} is unavailable")
+        elif name in failing:
+            problems.append(f"{name} is failing")
+    if problems:
+        raise UsageError("required sensor " + "; ".join(problems) + " (see the lines above)")
+
+
+def split_by_level(alerts: list[Alert], min_level: str) -> tuple[list[Alert], list[Alert]]:
+    """(at or above min_level, below it)."""
+    floor = level_rank(min_level)
+    shown = [a for a in alerts if level_rank(a.get("rule.level")) >= floor]
+    return shown, [a for a in alerts if level_rank(a.get("rule.level")) < floor]
+
+
 def scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None) -> int:
     config = pipeline.config
     report = ScanReport()
@@ -120,14 +184,21 @@ def scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None
     report.print(sys.stderr)
     decision = pipeline.stage.conclude()
     report_held(decision)
-    alerts = decision.send
+    alerts, below = split_by_level(decision.send, args.min_level)
+    decision = dataclasses.replace(decision, send=alerts)
     delivery = None
     if outputs is not None:
         delivery = deliver_alerts(outputs, alerts)
     else:
         write_alerts(alerts, args.format, incidents=args.incidents)
+    unavailable, failing = sensor_states(report)
+    line = footer(alerts, unavailable, failing, hidden=len(below))
+    # under the table on stdout; beside JSON (which must stay parseable) on stderr
+    print(line, file=sys.stdout if outputs is None and args.format == "table" else sys.stderr)
     if store is not None:
         store_decision(store, decision, delivery)
+        store.insert_alerts(below, "below_min_level", f"below --min-level {args.min_level}")
+    check_required(args.require_sensor, report)
     threshold = level_rank(args.fail_on)
     return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
 

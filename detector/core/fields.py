@@ -310,6 +310,21 @@ ALERT_FIELDS: tuple[Field, ...] = (
         "alerts to triage together share it: same node and job, or same user and process "
         "without a job, or a correlation and its steps' alerts (docs/report.md)",
     ),
+    Field("rule.description", "keyword", "what the rule detects and why it matters"),
+    Field("rule.falsepositives", "list", "known benign causes, from the rule"),
+    Field("rule.references", "list", "links to background on the technique"),
+    Field(
+        "rule.response",
+        "keyword",
+        "the rule's `response` note: what to check and how to contain it",
+    ),
+    Field(
+        "rule.techniques",
+        "list",
+        "ATT&CK / ATLAS techniques of `rule.tags`: `{id, name}` (name null when not in the "
+        "bundled table)",
+    ),
+    Field("rule.tactics", "list", "ATT&CK / ATLAS tactics of `rule.tags`: `{id, name}`"),
 )
 ALERT_COPIED_PREFIXES = (
     "slurm.job.",

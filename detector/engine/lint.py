@@ -19,6 +19,7 @@ from sigma.validators.base import (
 )
 
 from hpcsec.detector.core import schema
+from hpcsec.detector.engine.context import RESPONSE_ATTRIBUTE, classify_tag, response_note
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.ruletests import coverage_gaps, tests_file_for
@@ -213,7 +214,45 @@ def tag_findings(rule: LoadedRule) -> list[Finding]:
         problem = tag_problem(str(tag))
         if problem:
             out.append(_at(rule, ERROR, problem, "attack-tag", "tags", i))
+            continue
+        found = classify_tag(str(tag))
+        if found is not None and found[1]["name"] is None:
+            message = f"tag {str(tag)!r} is not in the bundled technique table (shown without name)"
+            out.append(_at(rule, WARNING, message, "unknown-technique", "tags", i))
     return out
+
+
+def feeds_only(ruleset: RuleSet) -> set[str]:
+    """Ids of the rules that never alert themselves: every correlation naming them says
+    `generate: false` (Sigma's default), so only the correlation's alert reaches people."""
+    generating: set[str] = set()
+    referenced: set[str] = set()
+    for rule in ruleset.rules:
+        if not isinstance(rule.sigma, SigmaCorrelationRule):
+            continue
+        for ref in rule.sigma.rules or []:
+            source = ruleset.find(ref.reference)
+            if source is not None:
+                referenced.add(source.id)
+                if rule.sigma.generate:
+                    generating.add(source.id)
+    return referenced - generating
+
+
+def response_findings(ruleset: RuleSet) -> list[Finding]:
+    """An alert reaches an analyst with its rule's `response` note (what to check, how to
+    contain it); a rule that alerts without one leaves them to guess."""
+    silent = feeds_only(ruleset)
+    return [
+        _at(
+            rule,
+            WARNING,
+            f"rule has no {RESPONSE_ATTRIBUTE} note (triage and containment for the analyst)",
+            "missing-response",
+        )
+        for rule in ruleset.rules
+        if rule.kind != "filter" and rule.id not in silent and response_note(rule.sigma) is None
+    ]
 
 
 def metadata_findings(rule: LoadedRule) -> list[Finding]:
@@ -371,7 +410,7 @@ def lint(ruleset: RuleSet) -> list[Finding]:
     for rule in ruleset.rules:
         out += logsource_findings(rule) + field_findings(rule) + tag_findings(rule)
         out += metadata_findings(rule) + filter_findings(rule, ruleset)
-    out += validator_findings(ruleset) + test_findings(ruleset)
+    out += validator_findings(ruleset) + test_findings(ruleset) + response_findings(ruleset)
     return sorted(set(out), key=lambda f: (f.path, f.line or 0, f.severity, f.message))
 
 

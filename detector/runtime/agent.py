@@ -83,7 +83,9 @@ class Agent:
         self.gen = load_generation(settings)
         self._tap_rules()
         self.queue = EventQueue(QUEUE_MAX_EVENTS)
-        self.sink = AlertSink(_open_outputs(settings, self.gen), None, self.metrics)
+        self.sink = AlertSink(
+            _open_outputs(settings, self.gen), None, self.metrics, min_level=settings.min_level
+        )
         try:
             self.sink.store = _open_store(self.gen)
         except BaseException:
@@ -111,7 +113,7 @@ class Agent:
 
     def _on_run(self, run: SensorRun) -> None:
         self.metrics.events.labels(run.name).inc(len(run.events))
-        self.metrics.sensor_up.labels(run.name).set(1 if run.ok else 0)
+        self.metrics.sensor_ran(run.name, str(run.status.get("event.action")))
 
     def _tap_rules(self) -> None:
         if self.tap is not None:

@@ -37,6 +37,7 @@ class AgentSettings:
     once_for_s: float | None = None
     drain_timeout_s: float = 10.0
     host_name: str | None = None
+    min_level: str = "informational"  # alerts below it are stored, not sent
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ def parse_address(address: str) -> tuple[str, int]:
 MAX_CONNECTIONS = 32
 CONNECTION_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
+SENSOR_STATES = ("ok", "unavailable", "error")  # hpcsec_sensor_state{state}
 
 
 @dataclass
@@ -244,6 +245,15 @@ class AgentMetrics:
         self.sensor_up = Gauge(
             "hpcsec_sensor_up", "1 when the sensor ran in its last run", ["sensor"], registry=r
         )
+        # `sensor_up` 0 mixes "no such source on this node" with "broken": the state gauge
+        # tells them apart (the Prometheus enum idiom: 1 on the current state, 0 on the others)
+        self.sensor_state = Gauge(
+            "hpcsec_sensor_state",
+            "1 on the state of the sensor's last run: ok, unavailable (not applicable on this "
+            "node) or error (failing)",
+            ["sensor", "state"],
+            registry=r,
+        )
         self.reloads = Counter(
             "hpcsec_reloads_total", "Rule/config reloads, by outcome", ["outcome"], registry=r
         )
@@ -251,6 +261,14 @@ class AgentMetrics:
         self.rules_loaded = Gauge(
             "hpcsec_rules_loaded", "Rules in the running rule set", registry=r
         )
+
+    def sensor_ran(self, sensor: str, status: str) -> None:
+        """Record a sensor run's status (`ok`, `unavailable`, `error`) on both gauges; an
+        unknown status counts as `error`: something is wrong, whatever it is."""
+        state = status if status in SENSOR_STATES else "error"
+        self.sensor_up.labels(sensor).set(1 if state == "ok" else 0)
+        for name in SENSOR_STATES:
+            self.sensor_state.labels(sensor, name).set(1 if name == state else 0)
 
     def sampled(self, seconds: float) -> None:
         now = time.time()

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from hpcsec.detector.alerts.model import Alert
+from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.alerts.suppression import Decision, dispositions
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.runtime.endpoints import (
@@ -53,9 +53,14 @@ class AlertSink:
     """Store and outputs for the alerts of the running agent."""
 
     def __init__(
-        self, outputs: OutputSet | None, store: JournalWriter | None, metrics: AgentMetrics
+        self,
+        outputs: OutputSet | None,
+        store: JournalWriter | None,
+        metrics: AgentMetrics,
+        min_level: str = "informational",
     ):
         self.outputs = outputs
+        self.min_level = min_level  # alerts below it are stored only (`--min-level`)
         self.store = store
         self.metrics = metrics
         self._events: list[Event] = []
@@ -83,6 +88,12 @@ class AlertSink:
 
     def emit(self, decision: Decision) -> None:
         """Keep every alert of the decision for the store; send what is to be sent."""
+        floor = level_rank(self.min_level)
+        below = [a for a in decision.send if level_rank(a.get("rule.level")) < floor]
+        if below:
+            sent = [a for a in decision.send if level_rank(a.get("rule.level")) >= floor]
+            decision = Decision(sent, decision.silenced, decision.rate_limited, decision.summaries)
+            self._keep(below, "below_min_level", f"below --min-level {self.min_level}")
         for alerts, disposition, reason in dispositions(decision):
             self._keep(alerts, disposition, reason)
         for alert in decision.send:  # the detector's own blindness goes to the journal too

@@ -118,11 +118,42 @@ class AlertQuery:
     since: datetime | None = None
     job: str | None = None
     user: str | None = None
-    rule: str | None = None
+    rule: str | None = None  # an exact rule id, or a part of the title (any case)
     vector: str | None = None
     disposition: str | None = None
     incident: str | None = None
+    host: str | None = None
+    levels: tuple[str, ...] | None = None  # the rule levels wanted (e.g. high and above)
     limit: int = 1000
+
+    def conditions(self) -> tuple[list[str], list[object]]:
+        """SQL conditions (AND-ed) and their parameters; values are never SQL text."""
+        where: list[str] = ["TRUE"]
+        params: list[object] = []
+        if self.since is not None:
+            where.append("coalesce(last_seen, ts) >= ?")
+            params.append(self.since.astimezone(UTC).replace(tzinfo=None))
+        for column, value in (
+            ("job_id", self.job),
+            ("user_name", self.user),
+            ("disposition", self.disposition),
+            ("host", self.host),
+            ("incident_id", self.incident),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if self.rule is not None:
+            # contains() and not LIKE: `%` and `_` in what the user typed are plain text
+            where.append("(rule_id = ? OR contains(lower(rule_title), lower(?)))")
+            params += [self.rule, self.rule]
+        if self.vector is not None:
+            where.append("lower(rule_vector) = lower(?)")
+            params.append(self.vector)
+        if self.levels is not None:
+            where.append(f"rule_level IN ({', '.join('?' * len(self.levels)) or 'NULL'})")
+            params += list(self.levels)
+        return where, params
 
 
 class Store:
@@ -347,24 +378,7 @@ class Store:
         """Matching alerts by their time (first seen), oldest first (the newest `limit` of
         them), each the stored alert plus `hpcsec.disposition` and `hpcsec.deliveries`
         {destination: state}."""
-        where: list[str] = ["TRUE"]
-        params: list[object] = []
-        if q.since is not None:
-            where.append("coalesce(last_seen, ts) >= ?")
-            params.append(q.since.astimezone(UTC).replace(tzinfo=None))
-        for column, value in (
-            ("job_id", q.job),
-            ("user_name", q.user),
-            ("rule_id", q.rule),
-            ("disposition", q.disposition),
-            ("incident_id", q.incident),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if q.vector is not None:
-            where.append("lower(rule_vector) = lower(?)")
-            params.append(q.vector)
+        where, params = q.conditions()
         sql = (
             f"SELECT alert_id, doc, disposition, reason FROM alerts WHERE "
             f"{' AND '.join(where)} ORDER BY ts DESC, alert_id "

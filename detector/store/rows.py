@@ -14,7 +14,7 @@ from typing import Any
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import parse_time
 
-DISPOSITIONS = ("sent", "silenced", "rate_limited")
+DISPOSITIONS = ("sent", "silenced", "rate_limited", "below_min_level")
 logger = logging.getLogger(__name__)
 
 

@@ -92,35 +92,26 @@ def test_json_output_with_filters(tmp_path, capsys):
     assert [a["alert.id"] for a in json.loads(capsys.readouterr().out)] == ["old", "new"]
 
 
-def test_table_output(tmp_path, capsys):
+def test_table_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     path = make_store(tmp_path)
     assert main(["alerts", "--store", path, "--job", "77"]) == 0
-    header, row = capsys.readouterr().out.splitlines()
-    assert header.split() == [
-        "TIME",
-        "LEVEL",
-        "RULE",
-        "HOST",
-        "JOB",
-        "USER",
-        "COUNT",
-        "STATE",
-        "SUMMARY",
-    ]
-    assert row.split()[1:] == [
+    lines = capsys.readouterr().out.splitlines()
+    header = [c.strip() for c in lines[1].strip("┃").split("┃")]
+    assert header == ["time", "level", "vector", "rule", "host", "job", "user", "state", "summary"]
+    row = [c.strip() for c in lines[3].strip("│").split("│")]
+    assert row[1:] == [
         "high",
-        "r-gpu",
+        "gpu_hijack",
+        "GPU process outside any job",  # the title, not the rule's id
         "gpu-007",
         "77",
         "mallory",
-        "2",
-        "sent",
-        "miner",
-        "new",
+        "stored only (no output)",  # no output took it: not "sent"
+        "miner new (x2)",
     ]
-    assert main(["alerts", "--store", path, "--user", "nobody"]) == 0
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == "no alerts match\n"
+    assert row[0].endswith("Z")  # times say their zone
+    assert lines[-1] == "hpcsec: 1 alert(s): 1 high"
 
 
 def test_store_path_from_the_config_and_export(tmp_path, capsys):

@@ -198,7 +198,7 @@ def test_rules_list_names_where_each_rule_came_from(tmp_path: Path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[5] == "ORIGIN"
     (local_row,) = [line for line in table if line.startswith(LOCAL_ID)]
-    assert local_row.split()[-2:] == [str(local), f"{local}:1"]
+    assert local_row.split()[-3:-1] == [str(local), f"{local}:1"]  # then its techniques
     # PATH alone lists only that path (an author's command), as `check` and `test` do
     assert [r["id"] for r in _listed(capsys, str(local))] == [LOCAL_ID]
     assert main(["rules", "list", str(local), "--rules", str(local)]) == 2

@@ -236,5 +236,5 @@ def test_real_process_has_no_traceback():
         )
         assert done.returncode == 2
         assert "Traceback" not in done.stderr + done.stdout
-    assert done.stderr.strip().endswith("error(s), 5 warning(s)")
+    assert done.stderr.strip().endswith("error(s), 7 warning(s)")  # 2 missing-response
     assert done.stdout.count(": error: ") == len(CASES) + 1

@@ -30,14 +30,26 @@ def test_list_table(capsys):
     code, out, err = run(capsys, "list", str(VALID))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "TITLE", "LEVEL", "VECTOR", "STATUS", "ORIGIN", "FILE"]
+    assert lines[0].split() == [
+        "ID",
+        "TITLE",
+        "LEVEL",
+        "VECTOR",
+        "STATUS",
+        "ORIGIN",
+        "FILE",
+        "TECHNIQUES",
+    ]
     assert lines[1].split()[0] == "0b7e51a4-6d43-4a43-8f1a-6c2f3c3d8a01"
-    assert lines[1].split()[-5:] == [
+    assert lines[1].split()[-8:] == [
         "high",
         "sample",
         "test",
         str(VALID),
         f"{VALID / 'sample.yml'}:1",
+        "T1496",
+        "Resource",
+        "Hijacking",
     ]
     assert len(lines) == 5
 
@@ -55,7 +67,15 @@ def test_list_json(capsys):
         "kind": "correlation",
         "origin": str(VALID),
         "file": f"{VALID / 'sample.yml'}:65",
+        "description": rows[3]["description"],
+        "falsepositives": rows[3]["falsepositives"],
+        "references": [],
+        "response": "Kill the process and hold the job.",
+        "tags": ["attack.execution"],
+        "techniques": [],
+        "tactics": [{"id": "TA0002", "name": "Execution"}],
     }
+    assert rows[3]["description"].strip()
     assert [r["kind"] for r in rows] == ["detection", "detection", "filter", "correlation"]
 
 
@@ -69,6 +89,8 @@ def test_check_reports_our_findings_with_lines(capsys):
     assert code == 2
     assert out.splitlines() == [
         f"{rules}:1: warning: rule has no description [missing-description]",
+        f"{rules}:1: warning: rule has no response note (triage and containment for the "
+        "analyst) [missing-response]",
         f"{rules}:1: warning: rule has no test event that must not fire it [no-tests]",
         f"{rules}:6: error: malformed ATT&CK tag 'attack.t12' (attack.tNNNN, attack.tNNNN.NNN "
         "or attack.<tactic>) [attack-tag]",
@@ -77,6 +99,8 @@ def test_check_reports_our_findings_with_lines(capsys):
         f"{rules}:10: error: logsource product must be 'hpc', not 'linux' [logsource]",
         f"{rules}:14: warning: unknown field 'proc.nme' (not in docs/fields.md) [unknown-field]",
         f"{rules}:18: warning: rule has no level [missing-level]",
+        f"{rules}:18: warning: rule has no response note (triage and containment for the "
+        "analyst) [missing-response]",
         f"{rules}:18: warning: rule has no tags [missing-tags]",
         f"{rules}:18: warning: rule has no test events (tests/lintme.yaml) [no-tests]",
         f"{rules}:24: error: unknown logsource category 'gpus' (known: rdma_counters, rdma_qp, "
@@ -86,7 +110,7 @@ def test_check_reports_our_findings_with_lines(capsys):
         f"{tests}: error: name test events files *.yaml: Sigma tools read every *.yml as rules "
         "[tests-file-name]",
     ]
-    assert err == "5 error(s), 7 warning(s)\n"
+    assert err == "5 error(s), 9 warning(s)\n"
 
 
 def test_check_runs_pysigma_validators(tmp_path, capsys):

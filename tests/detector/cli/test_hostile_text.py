@@ -47,7 +47,7 @@ def test_scan_table_is_literal_with_bidi_and_invisible_characters():
         "alert.summary": f"Miner: {COMMAND}",
     }
     out = io.StringIO()
-    render.write_table([alert], out=out, title="[bold]1 alert\x1b[2J")
+    render.write_table([alert], out=out, title="[bold]1 alert\x1b[2J", width=400)
     text = out.getvalue()
     assert_inert(text)
     assert "[/x][black on black]hid[/][link=file:///etc/shadow]mallory\\u202egnp.exe" in text
@@ -180,8 +180,11 @@ def hostile_process():
 
 def test_live_scan_shows_a_hostile_command_line_literally(hostile_process, tmp_path):
     store = tmp_path / "alerts.duckdb"
+    wide = {**os.environ, "COLUMNS": "400"}  # each value on one line, for the asserts
     scan = subprocess.run(
-        [*HPCSEC, "scan", "--sensor", "process", "--store", str(store)], capture_output=True
+        [*HPCSEC, "scan", "--sensor", "process", "--store", str(store)],
+        capture_output=True,
+        env=wide,
     )
     out, err = scan.stdout.decode(), scan.stderr.decode()
     assert scan.returncode == 1, err  # alerts found: not a crash (3), not an error (2)
@@ -191,7 +194,9 @@ def test_live_scan_shows_a_hostile_command_line_literally(hostile_process, tmp_p
     for fragment in ("xmrig [/x] \\x1b[2J\\x1b]0;pwn\\x07", "[black on black]hid[/]", "\\u202eab"):
         assert fragment in out
     assert "alice" in out
-    listed = subprocess.run([*HPCSEC, "alerts", "--store", str(store)], capture_output=True)
+    listed = subprocess.run(
+        [*HPCSEC, "alerts", "--store", str(store)], capture_output=True, env=wide
+    )
     assert listed.returncode == 0, listed.stderr.decode()
     assert_inert(listed.stdout.decode())
     assert "xmrig [/x] \\x1b[2J\\x1b]0;pwn\\x07 [black on black]hid[/]" in listed.stdout.decode()

@@ -74,6 +74,7 @@ def test_agent_alerts_reload_metrics_and_sigterm(node: Node):
         rdma = metrics['hpcsec_events_total{sensor="rdma_counters"}']
         assert rdma >= 4 and rdma % 4 == 0
         assert metrics['hpcsec_sensor_up{sensor="rdma_counters"}'] == 1
+        assert metrics['hpcsec_sensor_state{sensor="rdma_counters",state="ok"}'] == 1
         assert metrics['hpcsec_alerts_total{disposition="sent",level="high",vector="test"}'] == 1
         shown = redact(receiver.url)  # metrics name no webhook path or token
         assert metrics[f'hpcsec_alerts_delivered_total{{destination="{shown}"}}'] == 1
