@@ -114,6 +114,7 @@ def test_replay_turns_each_record_into_one_event_per_action(tmp_path):
     assert read["file.path"] == "/lustre/models/llama/w.safetensors"
     assert read["file.name"] == "w.safetensors"
     assert read["file.extension"] == "safetensors"
+    assert read["file.directory"] == "/lustre/models/llama"
     assert read["file.access_count"] == 4096
     assert read["process.pid"] == 31337
     assert read["process.name"] == "scp"
