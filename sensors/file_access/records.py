@@ -226,6 +226,7 @@ class Drained:
     errors: int
     last_error: str | None
     timeouts: int = 0  # permission events the responder answered without waiting for us
+    restarts: int = 0  # responders started again after one died
 
 
 class AccessStream(Protocol):
