@@ -136,6 +136,20 @@ def _span(match: Match) -> tuple[tuple[float, str | None], tuple[float, str | No
     return min(times, key=lambda t: t[0]), max(times, key=lambda t: t[0])
 
 
+def trigger_event(match: Match) -> Event:
+    """The event an alert describes: a detection's only event, or the event that completed a
+    correlation (its time is `match.time`; the latest such event in the evidence, which the
+    engine appends in feeding order). "Dataset modified while a training job reads it" is then
+    about the writer, not about the reader whose event opened the chain."""
+    if match.time is None or len(match.events) < 2:
+        return match.events[0]
+    when = _epoch(match.time)
+    for event in reversed(match.events):
+        if _epoch(event.get("@timestamp")) == when:
+            return event
+    return match.events[-1]
+
+
 def correlation_note(sigma: Any, value: float | None) -> str:
     """What a correlation counted, e.g. ` (12 events in 1m)`; empty for detection rules."""
     kind = getattr(getattr(sigma, "type", None), "name", None)
@@ -275,7 +289,7 @@ class AlertBuilder:
     def _new_alert(self, ident: str, match: Match, key: tuple) -> Alert:
         rule = match.rule
         sigma = rule.sigma
-        first = match.events[0]
+        first = trigger_event(match)
         sigma_level = getattr(sigma, "level", None)  # correlation rules may have none
         level = sigma_level.name.lower() if sigma_level else "medium"
         alert: dict[str, Any] = {

@@ -107,6 +107,12 @@ FIELDS: tuple[Field, ...] = (
     # files
     _f("file.path", "keyword", "absolute path", "file_access"),
     _f("file.name", "keyword", "base name", "file_access"),
+    _f(
+        "file.directory",
+        "keyword",
+        "directory holding the file (`file.path` without its name)",
+        "file_access",
+    ),
     _f("file.extension", "keyword", "extension without the dot", "file_access"),
     _f("file.size", "long", "size in bytes", "file_access"),
     _f("file.target_path", "keyword", "new path of a rename", "file_access"),

@@ -19,6 +19,7 @@ from sigma.validators.base import (
 )
 
 from hpcsec.detector.core import schema
+from hpcsec.detector.engine.attributes import identity_problems
 from hpcsec.detector.engine.context import RESPONSE_ATTRIBUTE, classify_tag, response_note
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
@@ -410,6 +411,10 @@ def lint(ruleset: RuleSet) -> list[Finding]:
     for rule in ruleset.rules:
         out += logsource_findings(rule) + field_findings(rule) + tag_findings(rule)
         out += metadata_findings(rule) + filter_findings(rule, ruleset)
+        out += [
+            Finding(ERROR, rule.path, p.line, p.message, "alert-identity")
+            for p in identity_problems(rule)
+        ]
     out += validator_findings(ruleset) + test_findings(ruleset) + response_findings(ruleset)
     return sorted(set(out), key=lambda f: (f.path, f.line or 0, f.severity, f.message))
 

@@ -41,6 +41,7 @@ from hpcsec.sensors.file_access.records import (
     ProcInput,
     access_process_fields,
 )
+from hpcsec.sensors.file_access.restart import RestartPolicy
 from hpcsec.sensors.procinfo import Users
 
 CONTENT_MASK = (
@@ -97,6 +98,8 @@ class FanotifyWatch:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self.answered_by_timeout = 0  # permission events the responder answered unheld-for
+        self.restart_policy = RestartPolicy()
+        self.restarts = 0  # responders started again after one died, since the last drain
         self._errors = 0  # reads and events the reader could not handle, since the last drain
         self._last_error: str | None = None
 
@@ -215,14 +218,17 @@ class FanotifyWatch:
         for fd in (self.link.fileno, self.fid_fd, self._stop_r):
             if fd >= 0:
                 poller.register(fd, select.POLLIN)
+        link_fd = self.link.fileno
         while not self._stopping.is_set():
-            for fd, _ in poller.poll():
+            for fd, _ in poller.poll(self.restart_policy.wait_ms()):
                 if fd == self._stop_r:
                     return
                 when = rfc3339()  # one clock read per batch: formatting costs more than a read
-                if fd == self.link.fileno:
+                if fd == link_fd:
                     if not self._responder_frames(when):
                         poller.unregister(fd)
+                        link_fd = -1
+                        self.restart_policy.lost()
                     continue
                 try:
                     buf = os.read(fd, _READ_SIZE)
@@ -237,6 +243,32 @@ class FanotifyWatch:
                         self._fid_event(event, when)
                     except Exception as exc:  # one bad event must not stop the others
                         self._error(f"{type(exc).__name__}: {exc}")
+            if link_fd < 0 and self.restart_policy.take():
+                link_fd = self._restart_responder()
+                if link_fd >= 0:
+                    poller.register(link_fd, select.POLLIN)
+                else:
+                    self.restart_policy.lost()
+
+    def _restart_responder(self) -> int:
+        """A new responder with the marks of the watched roots: its socket, or -1. Until it
+        runs the node is not blocked (the dead one's marks went with it) but opens are not
+        seen, so it is started again at once, within restart.py's bounds."""
+        old, self.link = self.link, None
+        if old is not None:
+            old.stop()  # reaps the dead process and closes our end
+        try:
+            self.link = ResponderLink(self.hold_s)
+            self._file_marks = 0
+            for root in self.index.roots:
+                self._mark_tree(root)
+            self.link.sync(lambda frame: self._frame(frame, rfc3339()))
+        except OSError as exc:
+            self._error(f"the fanotify responder could not be restarted: {exc}")
+            return -1
+        with self._lock:
+            self.restarts += 1
+        return self.link.fileno
 
     def _responder_frames(self, when: str) -> bool:
         """Handle what the responder handed over; False once it is gone."""
@@ -371,7 +403,11 @@ class FanotifyWatch:
     def pending(self) -> bool:
         """Accesses, drops or reader errors waiting: lock-free, for the agent's cheap poll."""
         return bool(
-            self.folder.records or self.folder.dropped or self._errors or self.answered_by_timeout
+            self.folder.records
+            or self.folder.dropped
+            or self._errors
+            or self.answered_by_timeout
+            or self.restarts
         )
 
     def drain(self) -> Drained:
@@ -384,6 +420,7 @@ class FanotifyWatch:
                 None,
             )
             timeouts, self.answered_by_timeout = self.answered_by_timeout, 0
+            restarts, self.restarts = self.restarts, 0
         pids = {r.pid for r in records}
         processes = {pid: self._processes[pid] for pid in pids if pid in self._processes}
         proc_inputs = {pid: self._proc_inputs[pid] for pid in pids if pid in self._proc_inputs}
@@ -392,7 +429,9 @@ class FanotifyWatch:
         if len(self._processes) > _MAX_PROCESSES:
             self._processes, self._read_at, self._proc_inputs = {}, {}, {}
         self.index.rebuild_if_due()
-        return Drained(records, dropped, processes, proc_inputs, errors, last_error, timeouts)
+        return Drained(
+            records, dropped, processes, proc_inputs, errors, last_error, timeouts, restarts
+        )
 
     def stop(self) -> None:
         self._stopping.set()

@@ -165,11 +165,12 @@ def _record_problem(item: Any) -> str | None:
 
 
 def file_fields(rec: AccessRecord) -> dict[str, Any]:
-    name = rec.path.rsplit("/", 1)[-1]
+    directory, _, name = rec.path.rpartition("/")
     stem, dot, ext = name.rpartition(".")
     return {
         "file.path": rec.path,
         "file.name": name,
+        "file.directory": directory or "/",
         "file.extension": ext if dot and stem else None,
         "file.size": rec.size,
         "file.target_path": rec.target,
@@ -225,6 +226,7 @@ class Drained:
     errors: int
     last_error: str | None
     timeouts: int = 0  # permission events the responder answered without waiting for us
+    restarts: int = 0  # responders started again after one died
 
 
 class AccessStream(Protocol):

@@ -86,7 +86,7 @@ class FileAccessSensor:
     def __init__(self, max_records: int = DEFAULT_MAX_RECORDS):
         self.max_records = max_records
         self._watch: AccessStream | None = None  # started by the first streaming sample
-        self._dropped = self._timeouts = 0
+        self._dropped = self._timeouts = self._restarts = 0
         self._errors: tuple[int, str | None] = (0, None)
         self._notes: list[str] = []
 
@@ -97,6 +97,7 @@ class FileAccessSensor:
 
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
         self._dropped, self._timeouts, self._errors, self._notes = 0, 0, (0, None), []
+        self._restarts = 0
         roots: list[str] = [] if ctx.replaying else protected_roots(ctx)
         if not ctx.replaying and not roots:
             raise SensorUnavailable("no protected paths: give --watch PATH or assets in the config")
@@ -120,6 +121,14 @@ class FileAccessSensor:
                 "error",
                 f"{self._errors[0]} fanotify reads or events not handled (last: {self._errors[1]})",
                 **{"hpcsec.errors": self._errors[0]},
+            )
+        if self._restarts:
+            yield ctx.status(
+                self.name,
+                "responder_restarted",
+                f"the fanotify responder died and was started again ({self._restarts} times): "
+                "opens of protected files in between were not seen",
+                **{"hpcsec.restarts": self._restarts},
             )
         if self._timeouts:
             yield ctx.status(
@@ -151,6 +160,7 @@ class FileAccessSensor:
             time.sleep(float(duration))
         drained = self._watch.drain()
         self._dropped, self._timeouts = drained.dropped, drained.timeouts
+        self._restarts = drained.restarts
         self._errors = (drained.errors, drained.last_error)
         known.update(drained.processes)
         if ctx.recorder is not None:  # this sample keeps the /proc entries read at the access

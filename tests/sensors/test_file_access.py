@@ -114,6 +114,7 @@ def test_replay_turns_each_record_into_one_event_per_action(tmp_path):
     assert read["file.path"] == "/lustre/models/llama/w.safetensors"
     assert read["file.name"] == "w.safetensors"
     assert read["file.extension"] == "safetensors"
+    assert read["file.directory"] == "/lustre/models/llama"
     assert read["file.access_count"] == 4096
     assert read["process.pid"] == 31337
     assert read["process.name"] == "scp"
@@ -588,6 +589,7 @@ def test_pending_is_true_until_started_then_follows_the_queue():
     assert sensor.pending() is True  # the first streaming collect starts the stream
     watch = FanotifyWatch.__new__(FanotifyWatch)  # only the queue side is exercised
     watch.folder, watch._errors, watch.answered_by_timeout = Folder(), 0, 0
+    watch.restarts = 0
     sensor._watch = watch
     assert sensor.pending() is False
     watch.folder.add("2026-11-30T00:00:00Z", 7, "/m/w.bin", "open")
@@ -597,4 +599,6 @@ def test_pending_is_true_until_started_then_follows_the_queue():
     assert sensor.pending() is True
     watch.folder.drain()
     watch._errors = 1
+    assert sensor.pending() is True
+    watch._errors, watch.restarts = 0, 1  # a restarted responder is reported promptly
     assert sensor.pending() is True
