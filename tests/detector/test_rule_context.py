@@ -199,7 +199,7 @@ def test_rdma_bulk_transfer_summary_has_bytes_rate_source_and_destination():
 
 
 def test_rules_show_prints_one_rules_card(capsys):
-    assert main(["rules", "show", "miner PROCESS"]) == 0
+    assert main(["rules", "show", "cryptocurrency MINER"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(
         "Cryptocurrency miner process\n  id: 743946f7-19b5-40ca-97f8-197cf6f01537"

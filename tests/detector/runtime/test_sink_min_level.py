@@ -11,6 +11,7 @@ from hpcsec.detector.runtime.endpoints import open_alert_outputs
 from hpcsec.detector.runtime.metrics import AgentMetrics
 from hpcsec.detector.runtime.sink import AlertSink
 from hpcsec.detector.store.alert_store import AlertQuery, Store
+from hpcsec.detector.store.journal import JournalWriter
 
 
 def _alert(aid: str, level: str) -> Alert:
@@ -33,12 +34,13 @@ def test_alerts_below_min_level_are_stored_not_sent(tmp_path):
     outputs = open_alert_outputs(
         [f"file://{out}"], secret_file=None, spool_dir=None, config=load_config(None)
     )
-    store = Store(tmp_path / "s.duckdb")
-    sink = AlertSink(outputs, store, AgentMetrics(), min_level="high")
+    journal = JournalWriter(tmp_path / "s.duckdb")  # what the agent writes
+    sink = AlertSink(outputs, journal, AgentMetrics(), min_level="high")
     sink.emit(Decision([_alert("a", "critical"), _alert("b", "medium")], [], [], []))
     sink.flush_store()
     assert outputs is not None
     outputs.close()
+    store = Store(tmp_path / "s.duckdb")  # applies the journal
     assert [json.loads(line)["alert.id"] for line in out.read_text().splitlines()] == ["a"]
     below = store.query_alerts(AlertQuery(disposition="below_min_level"))
     assert [a["alert.id"] for a in below] == ["b"]
