@@ -1,0 +1,86 @@
+"""End to end `hpcsec scan --events`: events/s with 1 process vs 2, and where the time goes.
+
+    python -m bench scan [--events N] [--profile]
+
+One run, the bundled rules, bench/engine.py's workload (background events of every category,
+about 1% matching) written to a JSONL file, then `scan` itself (the CLI's code path, alerts to
+/dev/null as JSONL): once with `--jobs 1` (one core: parse, enrich, rules, correlations, alert
+stage) and once with `--jobs 2` (a worker process parses alternate chunks of the file). Figures
+are wall-clock events/s (the point of the second process is the user's wait), each after the
+same warm-up; both runs must produce the same alerts. `--profile` prints cProfile's top entries
+of the one-process run (cumulative, then own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hpcsec.detector.cli.main import main as hpcsec_main
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.engine.evaluate import Engine
+
+from .engine import load_ruleset, write_events
+
+
+def run_scan(path: Path, jobs: int, out: Path) -> float:
+    """Wall seconds of one `hpcsec scan --events PATH --jobs N`, alerts to `out`."""
+    argv = ["scan", "--events", str(path), "--jobs", str(jobs), "--format", "jsonl"]
+    start = time.perf_counter()
+    with out.open("w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(
+        io.StringIO()
+    ):
+        hpcsec_main(argv)
+    return time.perf_counter() - start
+
+
+def profile_scan(path: Path, out: Path, top: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.runcall(run_scan, path, 1, out)
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+        lines = text.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if "ncalls" in line)
+        print(f"profile, one process, by {order} time (cProfile adds overhead):")
+        print("\n".join(lines[start : start + top + 1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench scan")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true", help="also print the profile")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    ruleset, source = load_ruleset(None)
+    engine = Engine(ruleset, SiteConfig().placeholders())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        write_events(path, args.events, engine, ruleset)
+        size = path.stat().st_size / 2**20
+        print(f"rules: {source}; events: {args.events:,} ({size:.0f} MiB of JSONL)")
+        print(f"cpus: {os.cpu_count()}; wall-clock figures of the whole scan command")
+        run_scan(path, 1, Path(tmp) / "warm.jsonl")  # rule cache and imports warm for both
+        results = {}
+        for jobs in (1, 2):
+            out = Path(tmp) / f"alerts{jobs}.jsonl"
+            wall = run_scan(path, jobs, out)
+            results[jobs] = out.read_bytes()
+            print(f"--jobs {jobs}: {args.events / wall:12,.0f} events/s  ({wall:.2f} s)")
+        same = results[1] == results[2]
+        print(f"alerts: {results[1].count(b'\n')} ({'same' if same else 'DIFFERENT'} in both)")
+        if args.profile:
+            profile_scan(path, Path(tmp) / "profiled.jsonl", args.top)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
