@@ -35,8 +35,10 @@ def run_scan(path: Path, jobs: int, out: Path) -> float:
     """Wall seconds of one `hpcsec scan --events PATH --jobs N`, alerts to `out`."""
     argv = ["scan", "--events", str(path), "--jobs", str(jobs), "--format", "jsonl"]
     start = time.perf_counter()
-    with out.open("w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(
-        io.StringIO()
+    with (
+        out.open("w") as sink,
+        contextlib.redirect_stdout(sink),
+        contextlib.redirect_stderr(io.StringIO()),
     ):
         hpcsec_main(argv)
     return time.perf_counter() - start
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             results[jobs] = out.read_bytes()
             print(f"--jobs {jobs}: {args.events / wall:12,.0f} events/s  ({wall:.2f} s)")
         same = results[1] == results[2]
-        print(f"alerts: {results[1].count(b'\n')} ({'same' if same else 'DIFFERENT'} in both)")
+        alerts = results[1].count(b"\n")
+        print(f"alerts: {alerts} ({'same' if same else 'DIFFERENT'} in both)")
         if args.profile:
             profile_scan(path, Path(tmp) / "profiled.jsonl", args.top)
     return 0 if same else 1
