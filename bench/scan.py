@@ -3,14 +3,13 @@
     python -m bench scan [--events N] [--profile]
 
 One run, the bundled rules, bench/engine.py's workload (background events of every category,
-about 1% matching) written to a JSONL file, then `scan` itself (the CLI's code path, alerts to
-/dev/null as JSONL): once with `--jobs 1` (one core: parse, enrich, rules, correlations, alert
-stage) and once with `--jobs 2` (a worker process parses alternate chunks of the file). Figures
+about 1% matching) written to a JSONL file, then `scan` itself (the CLI's code path, alerts
+written as JSONL): once with `--jobs 1` (one core: parse, enrich, rules, correlations, alert
+stage) and once with `--jobs 2` (a worker process parses the file's chunks). Figures
 are events/s by the wall clock (the point of the second process is the user's wait) and, as
 busy machines blur that, by the longer of the two processes' CPU times (the wall time on free
-cores); each run after the same warm-up; both runs must produce the same alerts. `--profile`
-prints cProfile's top entries
-of the one-process run (cumulative, then own time).
+cores); each run after the same warm-up; both runs must produce the same alerts.
+`--profile` prints cProfile's top entries of the one-process run (cumulative, then own time).
 """
 
 from __future__ import annotations
