@@ -100,9 +100,17 @@ def test_parallel_scan_survives_a_killed_worker(tmp_path, capsys, small_chunks, 
 
     def kill_workers_after_first_chunk(*args: object) -> None:
         for child in multiprocessing.active_children():
-            os.kill(child.pid, signal.SIGKILL)
+            if child.pid is not None:
+                os.kill(child.pid, signal.SIGKILL)
         real_merge(*args)
 
     monkeypatch.setattr(chunked, "merge", kill_workers_after_first_chunk)
     assert scan(events, 2, capsys) == serial
     assert small_chunks  # the chunks after the kill were parsed here
+
+
+def test_jobs_must_be_at_least_one(tmp_path, capsys):
+    events = tmp_path / "events.jsonl"
+    events.write_text("{}\n")
+    assert main(["scan", "--events", str(events), "--jobs", "0"]) == 2
+    assert "--jobs 0: needs at least 1" in capsys.readouterr().err
