@@ -9,6 +9,7 @@ import sys
 # name -> module under bench/ with a `main(argv) -> int`
 BENCHES = {
     "engine": "bench.engine",
+    "scan": "bench.scan",
     "sensors": "bench.sensors",
     "file_access": "bench.file_access",
     "agent": "bench.agent",

@@ -23,6 +23,7 @@ from hpcsec.detector.core.timefmt import is_event_time
 
 MAX_REPORTED_LINES = 5
 ONE_VALUE_FIELDS = {f.name: f.type for f in FIELDS if f.type not in ("list", "object")}
+ONE_VALUE_NAMES = ONE_VALUE_FIELDS.keys()
 
 
 @dataclass
@@ -53,26 +54,39 @@ class InputReport:
 
 def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Iterator[Event]:
     """Events from JSONL lines; blank lines are ignored, anything else must be an object."""
-    for line_no, raw in enumerate(stream, 1):
-        report.lines = line_no
-        if not raw.strip():
-            continue
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            report.reject(line_no, f"not JSON ({exc.args[0].split(':')[0]})")
-            continue
-        if not isinstance(value, dict):
-            report.reject(line_no, f"not an object but {type(value).__name__}")
-            continue
-        event, problem = checked_event(value, from_orjson=True)
-        if problem is not None:
-            report.reject(line_no, problem)
-            continue
-        if "event.id" not in event:  # every event has one (alerts without dedup key on it)
-            event["event.id"] = event_id(event)
-        report.events += 1
-        yield event
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    line_no = report.lines
+    try:
+        for line_no, raw in enumerate(stream, 1):
+            try:
+                value = loads(raw)
+            except decode_error as exc:  # blank lines fail too: tested only here, off the path
+                if raw.strip():
+                    report.reject(line_no, f"not JSON ({exc.args[0].split(':')[0]})")
+                continue
+            if value.__class__ is not dict:
+                report.reject(line_no, f"not an object but {type(value).__name__}")
+                continue
+            # No `{` past the first and fewer `[` than MAX_DEPTH: no nested object, no list
+            # nested too deep (a bracket inside a string only costs the full check), so the
+            # time and lists in one-value fields are left, tested in C (map, set) not per field.
+            if raw.count(b"{") == 1 and raw.count(b"[") < MAX_DEPTH:
+                event, problem = value, _time_problem(value.get("@timestamp"))
+                if problem is None and list in set(
+                    map(type, map(value.__getitem__, value.keys() & ONE_VALUE_NAMES))
+                ):
+                    event, problem = checked_event(value, from_orjson=True)  # its exact message
+            else:
+                event, problem = checked_event(value, from_orjson=True)
+            if problem is not None:
+                report.reject(line_no, problem)
+                continue
+            if "event.id" not in event:  # every event has one (alerts without dedup key on it)
+                event["event.id"] = event_id(event)
+            report.events += 1
+            yield event
+    finally:
+        report.lines = line_no  # every line counts, blank or not, the last one too
 
 
 def flatten(value: dict, prefix: str, out: Event, depth: int = 0) -> str | None:
@@ -98,12 +112,9 @@ def checked_event(value: dict, from_orjson: bool = False) -> tuple[Event, str | 
     """The event (flattened when nested) and what is wrong with its shape, if anything.
     `from_orjson`: the values are exactly dict, list or scalars (orjson makes no subclasses),
     so a class test finds the containers, at half the cost of isinstance on every field."""
-    timestamp = value.get("@timestamp")
-    if timestamp is not None:
-        if not isinstance(timestamp, str):
-            return value, f"@timestamp must be RFC 3339 text, not {type(timestamp).__name__}"
-        if not is_event_time(timestamp):
-            return value, f"@timestamp {timestamp[:40]!r} is not an RFC 3339 time"
+    problem = _time_problem(value.get("@timestamp"))
+    if problem is not None:
+        return value, problem
     if from_orjson:
         containers = [k for k, v in value.items() if v.__class__ is list or v.__class__ is dict]
     else:
@@ -126,11 +137,22 @@ def checked_event(value: dict, from_orjson: bool = False) -> tuple[Event, str | 
     return event, None
 
 
-def _too_deep(value: object, levels: int) -> bool:
-    """Whether lists and objects in `value` nest deeper than `levels`."""
-    if not isinstance(value, list | dict):
-        return False
+def _time_problem(timestamp: object) -> str | None:
+    """What is wrong with an event's `@timestamp` (absent is fine: the engine stamps it)."""
+    if timestamp is None:
+        return None
+    if not isinstance(timestamp, str):
+        return f"@timestamp must be RFC 3339 text, not {type(timestamp).__name__}"
+    if not is_event_time(timestamp):
+        return f"@timestamp {timestamp[:40]!r} is not an RFC 3339 time"
+    return None
+
+
+def _too_deep(value: list | dict, levels: int) -> bool:
+    """Whether lists and objects in the container `value` nest deeper than `levels`.
+    Recurses only into the items that are containers: a list of scalars costs one pass."""
     if levels <= 0:
         return True
     items = value.values() if isinstance(value, dict) else value
-    return any(_too_deep(item, levels - 1) for item in items)
+    inner = [item for item in items if isinstance(item, list | dict)]
+    return any(_too_deep(item, levels - 1) for item in inner)

@@ -46,6 +46,15 @@ def is_event_time(text: str) -> bool:
     """
     if len(text) < 19 or text[4] != "-" or text[10] not in "Tt ":
         return False
+    if len(text) == 24 and text[23] == "Z" and text[19] == "." and text.isascii():
+        # The form every sensor writes (`rfc3339`): Python 3.11+ `fromisoformat` reads its
+        # `Z` as UTC itself, without the strip and `+00:00` rewrite of `parse_time`; text it
+        # refuses still goes the long way below.
+        try:
+            datetime.fromisoformat(text)
+            return True
+        except ValueError:
+            pass
     try:
         parse_time(text)
     except ValueError:

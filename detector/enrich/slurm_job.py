@@ -126,12 +126,14 @@ def mark_node_jobs(events: list[Event], view: NodeView | None) -> None:
     processes were seen in (a cgroup names a job even when the list lacks it). While Slurm
     does not answer, only the jobs seen count, and with none seen the field stays out.
     """
+    if view is None or view.slurm is None:  # events from a file: no pass over them
+        return
     node_events = [
         e
         for e in events
         if e.get("event.category") in NODE_CATEGORIES and "slurm.node.job_count" not in e
     ]
-    if view is None or view.slurm is None or not node_events:
+    if not node_events:
         return
     running = {str(e["slurm.job.id"]) for e in events if e.get("slurm.job.id") is not None}
     if view.slurm.reachable:
@@ -148,6 +150,8 @@ def mark_job_peers(events: list[Event], view: NodeView | None) -> None:
     Events with a job use that job's nodes; RoCE flows carry no pid, so they use the nodes of
     every job running on this node. A node with no job has no job peers at all.
     """
+    if view is None or view.slurm is None:  # events from a file: no pass over them
+        return
     peers = [
         e
         for e in events
@@ -155,7 +159,7 @@ def mark_job_peers(events: list[Event], view: NodeView | None) -> None:
         and e.get("destination.ip")
         and "destination.is_job_node" not in e
     ]
-    if view is None or view.slurm is None or not peers:
+    if not peers:
         return
     node_jobs = view.jobs_on_node()
     local = _addresses_of(view.hosts, (n for job in node_jobs for n in job.nodes))

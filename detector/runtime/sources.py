@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.policy import annotate_fleet_majority
 from hpcsec.detector.enrich.view import FILE_EVENTS_NOTE
-from hpcsec.detector.runtime import registry
+from hpcsec.detector.runtime import chunked, registry
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch, capture
 from hpcsec.detector.runtime.sensorset import SensorSet
@@ -155,7 +157,9 @@ class EventSources:
             self.report.events += len(batch)
             yield SourceBatch(batch, None)
 
-    def from_events_file(self, path: str, size: int) -> Iterator[SourceBatch]:
+    def from_events_file(self, path: str, size: int, jobs: int = 1) -> Iterator[SourceBatch]:
+        """`jobs` > 1: a regular file of at least chunked.PARALLEL_MIN_BYTES is parsed by
+        `jobs - 1` worker processes while this one evaluates (same events, same order)."""
         report = InputReport("stdin" if path == "-" else path)
         self.report.inputs.append(report)
         self.report.notes.append(FILE_EVENTS_NOTE)
@@ -169,7 +173,15 @@ class EventSources:
         with stream:
             majority = fleet_majority(stream)
             stream.seek(0)
-            events = read_jsonl(stream, report)
+            info = os.fstat(stream.fileno())
+            if (
+                jobs > 1
+                and stat.S_ISREG(info.st_mode)
+                and info.st_size >= chunked.PARALLEL_MIN_BYTES
+            ):
+                events = chunked.read_parallel(path, stream, report, jobs)
+            else:
+                events = read_jsonl(stream, report)
             if majority:
                 events = (annotate(e, majority) for e in events)
             yield from self._batches(events, size)

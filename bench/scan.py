@@ -1,0 +1,102 @@
+"""End to end `hpcsec scan --events`: events/s with 1 process vs 2, and where the time goes.
+
+    python -m bench scan [--events N] [--profile]
+
+One run, the bundled rules, bench/engine.py's workload (background events of every category,
+about 1% matching) written to a JSONL file, then `scan` itself (the CLI's code path, alerts
+written as JSONL): once with `--jobs 1` (one core: parse, enrich, rules, correlations, alert
+stage) and once with `--jobs 2` (a worker process parses the file's chunks). Figures
+are events/s by the wall clock (the point of the second process is the user's wait) and, as
+busy machines blur that, by the longer of the two processes' CPU times (the wall time on free
+cores); each run after the same warm-up; both runs must produce the same alerts.
+`--profile` prints cProfile's top entries of the one-process run (cumulative, then own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hpcsec.detector.cli.main import main as hpcsec_main
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.engine.evaluate import Engine
+
+from .engine import load_ruleset, write_events
+
+
+def run_scan(path: Path, jobs: int, out: Path) -> tuple[float, float, float]:
+    """(wall s, this process's CPU s, worker processes' CPU s) of one
+    `hpcsec scan --events PATH --jobs N`, alerts to `out`."""
+    argv = ["scan", "--events", str(path), "--jobs", str(jobs), "--format", "jsonl"]
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start, cpu = time.perf_counter(), time.process_time()
+    with (
+        out.open("w") as sink,
+        contextlib.redirect_stdout(sink),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        hpcsec_main(argv)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    return time.perf_counter() - start, time.process_time() - cpu, workers
+
+
+def profile_scan(path: Path, out: Path, top: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.runcall(run_scan, path, 1, out)
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+        lines = text.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if "ncalls" in line)
+        print(f"profile, one process, by {order} time (cProfile adds overhead):")
+        print("\n".join(lines[start : start + top + 1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench scan")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--profile", action="store_true", help="also print the profile")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    ruleset, source = load_ruleset(None)
+    engine = Engine(ruleset, SiteConfig().placeholders())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        write_events(path, args.events, engine, ruleset)
+        size = path.stat().st_size / 2**20
+        print(f"rules: {source}; events: {args.events:,} ({size:.0f} MiB of JSONL)")
+        print(f"cpus: {os.cpu_count()}; wall-clock figures of the whole scan command")
+        run_scan(path, 1, Path(tmp) / "warm.jsonl")  # rule cache and imports warm for both
+        results = {}
+        for jobs in (1, 2):
+            out = Path(tmp) / f"alerts{jobs}.jsonl"
+            wall, cpu, workers = run_scan(path, jobs, out)
+            results[jobs] = out.read_bytes()
+            # On a busy machine the wall clock counts other jobs' time; the longer of the two
+            # processes' CPU times is the wall time the scan needs on two free cores.
+            critical = max(cpu, workers)
+            print(
+                f"--jobs {jobs}: {args.events / wall:10,.0f} events/s wall ({wall:.2f} s); "
+                f"{args.events / critical:10,.0f} events/s on free cores "
+                f"(CPU: scan {cpu:.2f} s, worker {workers:.2f} s)"
+            )
+        same = results[1] == results[2]
+        alerts = results[1].count(b"\n")
+        print(f"alerts: {alerts} ({'same' if same else 'DIFFERENT'} in both)")
+        if args.profile:
+            profile_scan(path, Path(tmp) / "profiled.jsonl", args.top)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
