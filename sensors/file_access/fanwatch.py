@@ -27,21 +27,15 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from hpcsec.detector.core.schema import rfc3339
-from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.base import SensorContext
 from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.identity import AssetIndex
 from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
-from hpcsec.sensors.file_access.records import (
-    Drained,
-    ProcCapture,
-    ProcInput,
-    access_process_fields,
-)
-from hpcsec.sensors.procinfo import Users
+from hpcsec.sensors.file_access.openers import OpenerCache
+from hpcsec.sensors.file_access.records import Drained
 
 CONTENT_MASK = (
     fan.FAN_OPEN_PERM
@@ -52,10 +46,7 @@ CONTENT_MASK = (
 )
 FID_MASK = fan.FAN_CREATE | fan.FAN_DELETE | fan.FAN_ONDIR
 MAX_FILE_MARKS = 200_000  # past it, files are seen through their directory's mark only
-_NO_USERS = Users({})  # names are filled in at conversion, from the sample's passwd
 _READ_SIZE = 4096
-_MAX_PROCESSES = 16_384
-_REREAD_S = 1.0
 _ERROR_PAUSE_S = 0.01
 
 
@@ -68,17 +59,7 @@ class FanotifyWatch:
         hold_s: float = HOLD_S,
     ):
         self.ctx = ctx
-        # The reader reads /proc through its own root: when a snapshot is being recorded,
-        # what it read is kept per pid and written into the sample that gets the records.
-        self._capture = ProcCapture() if ctx.recorder is not None else None
-        self._proc_ctx = SensorContext(
-            ctx.host_name,
-            ctx.sys,
-            FsRoot("proc", ctx.proc.path, self._capture),
-            ctx.etc,
-            timestamp=ctx.timestamp,
-        )
-        self._proc_inputs: dict[int, tuple[ProcInput, ...]] = {}
+        self.openers = OpenerCache(ctx)
         self.protected = protected
         self.folder = folder
         self.hold_s = hold_s
@@ -90,8 +71,6 @@ class FanotifyWatch:
         self.fid_mask = 0
         self._file_marks = 0
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
-        self._processes: dict[int, dict[str, Any]] = {}
-        self._read_at: dict[int, float] = {}  # pid -> monotonic time of its /proc read
         self._lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
         self._stopping = threading.Event()
@@ -278,7 +257,8 @@ class FanotifyWatch:
             if asset is None:
                 return
             if permission:
-                self._remember(access.pid, fresh=True)  # the responder still holds the opener
+                # the responder still holds the opener: its /proc entry is there to read
+                self.openers.remember(access.pid, fresh=True)
             size = access.size if permission or access.mask & fan.FAN_CLOSE_WRITE else None
             seen = access.path or asset
             actions = fan.actions_of(access.mask)
@@ -316,7 +296,7 @@ class FanotifyWatch:
         if event.mask & fan.FAN_RENAME and old and new:
             if self.protected(old) or self.protected(new):
                 self._new_file(new)
-                self._remember(event.pid, fresh=False)
+                self.openers.remember(event.pid, fresh=False)
                 self.folder.add(when, event.pid, old, "rename", target=new, asset=old)
             return
         action = (
@@ -332,7 +312,7 @@ class FanotifyWatch:
         if action and path and self.protected(path):
             if action != "delete":
                 self._new_file(path)
-            self._remember(event.pid, fresh=False)
+            self.openers.remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, path, action, asset=path)
 
     def _new_file(self, path: str) -> None:
@@ -347,25 +327,6 @@ class FanotifyWatch:
         if directory is None:
             return None
         return os.path.join(directory, fid.name) if fid.name else directory
-
-    def _remember(self, pid: int, fresh: bool) -> None:
-        """Process fields of `pid` at the access (through ctx.proc, so snapshots keep them).
-
-        An open re-reads them unless this pid was read in the last `_REREAD_S` (a loader
-        opening shard after shard pays the /proc read once; an exec or a reused pid is
-        seen again within a second).
-        """
-        now = time.monotonic()
-        if pid in self._processes and (not fresh or now - self._read_at.get(pid, 0) < _REREAD_S):
-            return
-        if self._capture is not None:
-            self._capture.inputs = []
-        fields = access_process_fields(self._proc_ctx, pid, _NO_USERS)
-        if fields or pid not in self._processes:
-            self._processes[pid] = fields
-            self._read_at[pid] = now
-            if self._capture is not None:
-                self._proc_inputs[pid] = tuple(self._capture.inputs)
 
     # the sensor side
     def pending(self) -> bool:
@@ -384,13 +345,7 @@ class FanotifyWatch:
                 None,
             )
             timeouts, self.answered_by_timeout = self.answered_by_timeout, 0
-        pids = {r.pid for r in records}
-        processes = {pid: self._processes[pid] for pid in pids if pid in self._processes}
-        proc_inputs = {pid: self._proc_inputs[pid] for pid in pids if pid in self._proc_inputs}
-        # Kept across intervals (a dataloader opened its shard long before it reads it);
-        # every open refreshes its pid's entry, so only a bound is needed.
-        if len(self._processes) > _MAX_PROCESSES:
-            self._processes, self._read_at, self._proc_inputs = {}, {}, {}
+        processes, proc_inputs = self.openers.take({r.pid for r in records})
         self.index.rebuild_if_due()
         return Drained(records, dropped, processes, proc_inputs, errors, last_error, timeouts)
 
