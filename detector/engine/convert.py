@@ -347,14 +347,3 @@ def convert_ruleset(
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         # a -p pipeline with a well-formed shape but wrong values (`mapping: 5`) fails only here
         raise UsageError(f"{target}: cannot apply the processing pipelines: {exc}") from None
-
-
-def convert_rules(ruleset: RuleSet, target: str, **kwargs: Any) -> list[Any]:
-    """`convert_ruleset`'s queries; a rule the backend cannot convert is an error here."""
-    conversion = convert_ruleset(ruleset, target, **kwargs)
-    if conversion.skipped:
-        first = conversion.skipped[0]
-        raise RuleError(
-            f"cannot convert rule {first.title!r} to {target}: {first.reason}", first.where
-        )
-    return conversion.queries
