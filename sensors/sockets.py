@@ -86,12 +86,6 @@ def fd_count(proc: FsRoot, pid: int) -> int | None:
         return None
 
 
-def socket_owners(ctx: SensorContext, inodes: set[int]) -> dict[int, int]:
-    """socket inode -> pid of the first process holding it (lowest pid), reading every
-    descriptor of every process (what `SocketOwners` does on its first sample)."""
-    return SocketOwners().owners(ctx.proc, inodes)
-
-
 @dataclass(frozen=True)
 class _Walked:
     start: int  # /proc/<pid>/stat start time: a reused pid is another process

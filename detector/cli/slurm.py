@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from hpcsec.detector.core import log
 from hpcsec.detector.slurm.hooks import HookSettings, run_hook
 from hpcsec.detector.slurm.jobs import (
     DEFAULT_HOOK_STATE_DIR,
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     rest of the command line (Sigma, DuckDB) to import, for slurmd's time budget."""
     parser = argparse.ArgumentParser(prog="hpcsec-slurm-hook")
     register(parser.add_subparsers(dest="command", required=True))
+    log.setup()  # as `hpcsec slurm` has it: under slurmd, records go to the journal
     try:
         args = parser.parse_args(["slurm", *(sys.argv[1:] if argv is None else argv)])
     except SystemExit:

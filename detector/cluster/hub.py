@@ -11,8 +11,8 @@ their events are still unacknowledged, so the next start rebuilds them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
-import sys
 import time
 from dataclasses import dataclass
 
@@ -46,8 +46,7 @@ REPORT_EVERY_S = 60.0
 SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
 
 
-def log(message: str) -> None:
-    print(f"hpcsec hub: {message}", file=sys.stderr, flush=True)
+logger = logging.getLogger(__name__)
 
 
 class DeliveredAlerts:
@@ -82,7 +81,7 @@ class DeliveredAlerts:
         try:
             await self.kv.put(alert_id, str(time.time()).encode())
         except (NatsError, APIError) as exc:  # the alert went out; a replay may resend it
-            log(f"could not record alert {alert_id} as delivered: {exc}")
+            logger.warning("hub: could not record alert %s as delivered: %s", alert_id, exc)
 
 
 @dataclass
@@ -125,9 +124,12 @@ class Hub:
             raise ClusterError(f"cannot set up the hub's consumers: {exc}") from None
         index, count = self.setup.member
         resumed = sum(1 for s in starts if s)
-        log(
-            f"member {index}/{count}: partitions {[f.partition for f in self.feeds]}, "
-            f"{resumed} resumed from their last acknowledged event"
+        logger.info(
+            "hub: member %d/%d: partitions %s, %d resumed from their last acknowledged event",
+            index,
+            count,
+            [f.partition for f in self.feeds],
+            resumed,
         )
         queue: asyncio.Queue[tuple[PartitionFeed, list[Msg]]] = asyncio.Queue(QUEUE_BATCHES)
         pumps = [asyncio.create_task(self._pump(feed, queue)) for feed in self.feeds]
@@ -142,7 +144,7 @@ class Hub:
             self.sink.emit(Decision(summaries, [], [], summaries))
             left = self.sink.drain(DRAIN_TIMEOUT_S)
             if left:
-                log(f"{left} alert(s) left in the spool for the next start")
+                logger.warning("hub: %d alert(s) left in the spool for the next start", left)
             for feed in self.feeds:
                 await feed.close()
             self.report()
@@ -153,7 +155,7 @@ class Hub:
             try:
                 msgs = await feed.fetch()
             except NatsError as exc:  # a server of the cluster went away: retry through another
-                log(f"partition {feed.partition}: fetch failed: {exc}")
+                logger.warning("hub: partition %d: fetch failed: %s", feed.partition, exc)
                 await asyncio.sleep(0.5)
                 continue
             # an empty fetch too, in turn with the batches: the partition is caught up and no
@@ -229,7 +231,7 @@ class Hub:
                 self.sink.emit(self.evaluator.stage.due_summaries())
         self.sink.tick(now)
         for component, _action, message, _extra in self.sink.take_health():
-            log(f"{component}: {message}")
+            logger.warning("hub: %s: %s", component, message)
 
     async def _ack(self) -> None:
         cutoff = self.evaluator.ack_cutoff()
@@ -241,8 +243,8 @@ class Hub:
         c = self.evaluator.counters
         self.reported_events = c.events
         problem = f" (last: {c.last_problem})" if c.malformed else ""
-        log(
-            f"{c.events} events, {c.alerts} alerts sent, {c.replayed_alerts} replayed alerts "
+        logger.info(
+            f"hub: {c.events} events, {c.alerts} alerts sent, {c.replayed_alerts} replayed alerts "
             f"not resent, {c.malformed} malformed messages skipped{problem}, "
             f"{c.late} late events not correlated (later than the lateness allowance), "
             f"{c.host_rewritten} host names taken from the subject"

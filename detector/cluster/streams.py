@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from dataclasses import dataclass
 
@@ -41,6 +40,7 @@ JETSTREAM_WAIT_S = 20.0
 # The client logs a traceback for every failed connection attempt; connect() reports
 # failures itself, once.
 logging.getLogger("nats.aio.client").setLevel(logging.CRITICAL)
+logger = logging.getLogger(__name__)
 API_TIMEOUT_S = 10.0
 
 
@@ -96,10 +96,10 @@ async def connect(urls: list[str], *, reconnect: bool = True) -> Client:
 
     async def disconnected() -> None:
         if not client.is_closed:  # not our own close()
-            print("hpcsec: NATS connection lost, reconnecting", file=sys.stderr, flush=True)
+            logger.warning("NATS connection lost, reconnecting")
 
     async def reconnected() -> None:
-        print("hpcsec: NATS connection re-established", file=sys.stderr, flush=True)
+        logger.info("NATS connection re-established")
 
     client = NATS()
     try:

@@ -43,16 +43,6 @@ def clean(value: Any) -> Any:
     return value
 
 
-def cleaned(value: Any) -> Any:
-    """`value` itself when JSON can hold it as it is (the usual case, checked at orjson's
-    speed), else `clean(value)`."""
-    try:
-        orjson.dumps(value, default=str)
-        return value
-    except orjson.JSONEncodeError:
-        return clean(value)
-
-
 def dumps(value: Any, option: int | None = None) -> bytes:
     """orjson's output, or, when orjson refuses the value, the output for `clean(value)`."""
     try:

@@ -82,7 +82,7 @@ class _JournalFormatter(_VisibleFormatter):
 
 # Commands that run as services: their progress (started, reloaded, stopping) is what an
 # operator reads in their log, so it is shown from INFO even outside systemd.
-SERVICE_COMMANDS = frozenset({"agent"})
+SERVICE_COMMANDS = frozenset({"agent", "hub"})
 
 
 def setup(

@@ -18,12 +18,6 @@ def rfc3339(moment: datetime | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def rfc3339_from_epoch(seconds: float) -> str:
-    """Seconds since the epoch as RFC 3339 UTC; OverflowError/OSError/ValueError when the
-    number is out of the range a datetime holds."""
-    return rfc3339(datetime.fromtimestamp(seconds, UTC))
-
-
 def parse_time(value: str) -> datetime:
     """RFC 3339 (with `Z`, `z` or an offset) to an aware UTC datetime; ValueError if not one.
 

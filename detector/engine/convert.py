@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pySigma's conversion, processing and plugin modules (jinja2
     # quickly (tests/detector/cli/test_startup_imports.py)
     from sigma.conversion.base import Backend
     from sigma.plugins import InstalledSigmaPlugins
-    from sigma.processing.pipeline import ProcessingPipeline
+    from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
 
 from hpcsec.detector.core.errors import RuleError, SourceLocation, UsageError, location
 from hpcsec.detector.core.schema import CATEGORIES, PRODUCT
@@ -71,23 +71,13 @@ def placeholder_values(values: dict[str, list[Any]]) -> dict[str, list[str | int
     return out
 
 
-def hpcsec_pipeline(
-    placeholders: dict[str, list[Any]] | None = None,
-    placeholder_expression: str | None = None,
-    fields: FieldMap = HPCSEC,
-) -> ProcessingPipeline:
-    """Log source -> category condition, fields renamed to `fields`, placeholders filled.
-
-    `placeholder_expression` (pySigma's QueryExpressionPlaceholderTransformation, with `{field}`
-    and `{id}`) replaces the placeholders that have no value; without it they are an error.
-    """
+def _field_items(fields: FieldMap) -> list[ProcessingItem]:
+    """The renaming to `fields`, then one log source -> category condition per category."""
     from sigma.processing.conditions import LogsourceCondition
-    from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
+    from sigma.processing.pipeline import ProcessingItem
     from sigma.processing.transformations import (
         AddConditionTransformation,
         FieldMappingTransformation,
-        QueryExpressionPlaceholderTransformation,
-        ValueListPlaceholderTransformation,
     )
 
     items = []
@@ -111,6 +101,26 @@ def hpcsec_pipeline(
         )
         for category in CATEGORIES
     ]
+    return items
+
+
+def hpcsec_pipeline(
+    placeholders: dict[str, list[Any]] | None = None,
+    placeholder_expression: str | None = None,
+    fields: FieldMap = HPCSEC,
+) -> ProcessingPipeline:
+    """Log source -> category condition, fields renamed to `fields`, placeholders filled.
+
+    `placeholder_expression` (pySigma's QueryExpressionPlaceholderTransformation, with `{field}`
+    and `{id}`) replaces the placeholders that have no value; without it they are an error.
+    """
+    from sigma.processing.pipeline import ProcessingItem, ProcessingPipeline
+    from sigma.processing.transformations import (
+        QueryExpressionPlaceholderTransformation,
+        ValueListPlaceholderTransformation,
+    )
+
+    items = _field_items(fields)
     values = placeholder_values(placeholders or {})
     if values:
         items.append(
@@ -337,14 +347,3 @@ def convert_ruleset(
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         # a -p pipeline with a well-formed shape but wrong values (`mapping: 5`) fails only here
         raise UsageError(f"{target}: cannot apply the processing pipelines: {exc}") from None
-
-
-def convert_rules(ruleset: RuleSet, target: str, **kwargs: Any) -> list[Any]:
-    """`convert_ruleset`'s queries; a rule the backend cannot convert is an error here."""
-    conversion = convert_ruleset(ruleset, target, **kwargs)
-    if conversion.skipped:
-        first = conversion.skipped[0]
-        raise RuleError(
-            f"cannot convert rule {first.title!r} to {target}: {first.reason}", first.where
-        )
-    return conversion.queries

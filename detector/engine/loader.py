@@ -63,11 +63,6 @@ def rule_sources(paths: Sequence[str | Path], errors: list[RuleError]) -> dict[P
     return dict(sources.values())
 
 
-def rule_files(paths: Sequence[str | Path], errors: list[RuleError]) -> list[Path]:
-    """Files named by `paths`; directories give their *.yml/*.yaml, recursively, minus tests/."""
-    return list(rule_sources(paths, errors))
-
-
 def load_file(
     path: Path,
     ruleset: RuleSet,

@@ -258,11 +258,6 @@ def policy_for(config: SiteConfig) -> Policy:
     return entry[1]
 
 
-def apply_policy(event: Event, config: SiteConfig, host: str | None = None) -> None:
-    """Add the site-policy fields to `event` in place (see the module docstring)."""
-    policy_for(config).apply(event, host)
-
-
 def annotate_fleet_majority(events: Iterable[Event]) -> int:
     """Set `firmware.fleet_majority_version` on firmware events, in place.
 

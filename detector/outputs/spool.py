@@ -29,10 +29,7 @@ count against the bound and is rewritten in place while it waits), and returned 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,16 +38,11 @@ from typing import Any
 
 import orjson
 
-from hpcsec.detector.core.errors import HpcsecError
-from hpcsec.detector.core.private_fs import (
-    PrivatePathError,
-    make_private_dir,
-    open_private,
-    write_private_file,
-)
+from hpcsec.detector.core.private_fs import write_private_file
 from hpcsec.detector.core.schema import LEVELS, rfc3339
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.protocol import Alert
+from hpcsec.detector.outputs.spool_dir import SpoolError, claim_spool_dir
 from hpcsec.detector.outputs.spool_files import (
     NOTICE_NAME,
     PENDING,
@@ -64,23 +56,12 @@ from hpcsec.detector.outputs.spool_files import (
 )
 from hpcsec.detector.outputs.spool_notice import new_notice, with_drops
 
-SUBDIRS = ("tmp", "pending", "failed")
 
-
-class SpoolError(HpcsecError):
-    """The spool directory cannot be used (permissions, in use by another process)."""
-
-
-def level_rank(alert: Alert) -> int:
+def eviction_rank(alert: Alert) -> int:
     try:
         return LEVELS.index(str(alert.get("rule.level")))
     except ValueError:
         return LEVELS.index("medium")  # an unknown level is neither thrown away first nor last
-
-
-def destination_key(destination: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9.]+", "_", destination).strip("_")[:48]
-    return f"{slug}-{hashlib.sha256(destination.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -105,23 +86,6 @@ class _Meta:
     notice: bool = False
 
 
-def _note_destination(path: Path, destination: str) -> None:
-    """Write the spool's `destination` file unless it already says so: rewriting it takes
-    disk space, and a spool must open on a full disk to hand over what it holds."""
-    want = (destination + "\n").encode()
-    try:
-        fd = open_private(path, os.O_RDONLY)
-    except FileNotFoundError:
-        fd = -1
-    if fd >= 0:
-        try:
-            if os.read(fd, len(want) + 1) == want:
-                return
-        finally:
-            os.close(fd)
-    write_private_file(path, want)
-
-
 class Spool:
     def __init__(self, path: Path, destination: str, max_bytes: int, lock_fd: int):
         self.path, self.destination, self.max_bytes = path, destination, max_bytes
@@ -138,28 +102,7 @@ class Spool:
 
     @classmethod
     def open(cls, root: Path, destination: str, *, max_bytes: int) -> Spool:
-        path = Path(root) / destination_key(destination)
-        try:
-            # Ours and private, or refused: a spool directory another user made (or can write)
-            # would let them read the alerts and plant ones we would sign and deliver.
-            for directory in (Path(root), path, *(path / sub for sub in SUBDIRS)):
-                make_private_dir(directory)
-            _note_destination(path / "destination", destination)
-            fd = open_private(path / "lock", os.O_RDWR)
-        except PrivatePathError as exc:
-            raise SpoolError(f"cannot use spool directory {root}: {exc.message}") from None
-        except OSError as exc:
-            raise SpoolError(f"cannot use spool directory {root}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise SpoolError(
-                f"spool {path} ({destination}) is in use by another hpcsec process (pid {holder})"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        path, fd = claim_spool_dir(Path(root), destination)
         spool = cls(path, destination, max_bytes, fd)
         spool._load()
         return spool
@@ -198,7 +141,7 @@ class Spool:
                     except ValueError as exc:
                         self._quarantine_line(name, number, line, f"unreadable spool line: {exc}")
                     else:
-                        self._index[(name, number)] = _Meta(level_rank(alert), offset, size)
+                        self._index[(name, number)] = _Meta(eviction_rank(alert), offset, size)
                         self._live[name] = self._live.get(name, 0) + 1
                         self._used += size
                 offset += size
@@ -334,7 +277,7 @@ class Spool:
         reserved = 0
         for alert in alerts:
             line = alert_bytes(alert) + b"\n"
-            level = level_rank(alert)
+            level = eviction_rank(alert)
             self._used += reserved  # count this batch's lines while choosing victims
             try:
                 victims = self._evict_for(level, len(line))

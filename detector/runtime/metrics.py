@@ -141,9 +141,6 @@ class MetricsServer:
         self._selector.unregister(conn.sock)
         conn.sock.close()
 
-    def open_connections(self) -> int:
-        return len(self._clients)
-
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

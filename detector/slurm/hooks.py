@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
@@ -29,6 +30,8 @@ from hpcsec.detector.slurm.jobs import HOOK_EVENTS_FILE, SlurmCommands, SlurmUnr
 from hpcsec.detector.slurm.parse import PidJob, job_from_cgroup, job_from_environ, parse_listpids
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.procinfo import Users, process_fields, read_environ, status_fields
+
+logger = logging.getLogger(__name__)
 
 GPU_MEMORY_SLACK = 64 << 20  # bytes above the prolog's reading that still count as released
 
@@ -57,10 +60,13 @@ def run_hook(settings: HookSettings, env: dict[str, str]) -> None:
         hook.prolog() if settings.hook == "prolog" else hook.epilog()
     except (HookUsage, HpcsecError) as exc:
         print(f"hpcsec slurm {settings.hook}: {exc}", file=sys.stderr)
-    except Exception as exc:  # never drain the node because of us
-        print(
-            f"hpcsec slurm {settings.hook}: internal error: {type(exc).__name__}: {exc}",
-            file=sys.stderr,
+    except Exception as exc:  # never drain the node because of us; the traceback is a bug
+        logger.error(
+            "slurm %s: internal error: %s: %s",
+            settings.hook,
+            type(exc).__name__,
+            exc,
+            exc_info=True,
         )
 
 

@@ -21,10 +21,8 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,8 +31,6 @@ import duckdb
 import orjson
 
 from hpcsec.detector.alerts.suppression import Decision, dispositions
-from hpcsec.detector.core.errors import UsageError
-from hpcsec.detector.core.schema import parse_time
 from hpcsec.detector.store.journal import (
     StoreError,
     journal_dir,
@@ -43,6 +39,7 @@ from hpcsec.detector.store.journal import (
     read_segment,
 )
 from hpcsec.detector.store.private_files import StoreFileError, create_private_db, export_privately
+from hpcsec.detector.store.query import AlertQuery, parse_since
 from hpcsec.detector.store.rows import DISPOSITIONS, Rows, alert_row, event_row
 
 __all__ = ["DISPOSITIONS", "AlertQuery", "Store", "StoreError", "parse_since"]
@@ -68,8 +65,6 @@ _DDL = (
     "CREATE INDEX IF NOT EXISTS events_ts ON events (ts)",
 )
 _ROWS_PER_INSERT = 400  # multi-row VALUES: far faster than executemany in DuckDB
-_DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None) -> int:
@@ -97,63 +92,6 @@ class DeliveryRecord(Protocol):
     def state(self) -> str: ...
     @property
     def error(self) -> str: ...
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """`90s`, `15m`, `1h`, `7d`, `2w` before now, or an RFC 3339 time; aware UTC."""
-    now = now or datetime.now(UTC)
-    m = _DURATION.match(text.strip())
-    if m:
-        return now - timedelta(seconds=int(m[1]) * _UNITS[m[2]])
-    try:
-        return parse_time(text)
-    except ValueError:
-        raise UsageError(
-            f"--since {text!r}: expected a duration (30m, 1h, 7d) or an RFC 3339 time"
-        ) from None
-
-
-@dataclass(frozen=True)
-class AlertQuery:
-    since: datetime | None = None
-    job: str | None = None
-    user: str | None = None
-    rule: str | None = None  # an exact rule id, or a part of the title (any case)
-    vector: str | None = None
-    disposition: str | None = None
-    incident: str | None = None
-    host: str | None = None
-    levels: tuple[str, ...] | None = None  # the rule levels wanted (e.g. high and above)
-    limit: int = 1000
-
-    def conditions(self) -> tuple[list[str], list[object]]:
-        """SQL conditions (AND-ed) and their parameters; values are never SQL text."""
-        where: list[str] = ["TRUE"]
-        params: list[object] = []
-        if self.since is not None:
-            where.append("coalesce(last_seen, ts) >= ?")
-            params.append(self.since.astimezone(UTC).replace(tzinfo=None))
-        for column, value in (
-            ("job_id", self.job),
-            ("user_name", self.user),
-            ("disposition", self.disposition),
-            ("host", self.host),
-            ("incident_id", self.incident),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if self.rule is not None:
-            # contains() and not LIKE: `%` and `_` in what the user typed are plain text
-            where.append("(rule_id = ? OR contains(lower(rule_title), lower(?)))")
-            params += [self.rule, self.rule]
-        if self.vector is not None:
-            where.append("lower(rule_vector) = lower(?)")
-            params.append(self.vector)
-        if self.levels is not None:
-            where.append(f"rule_level IN ({', '.join('?' * len(self.levels)) or 'NULL'})")
-            params += list(self.levels)
-        return where, params
 
 
 class Store:
@@ -378,12 +316,7 @@ class Store:
         """Matching alerts by their time (first seen), oldest first (the newest `limit` of
         them), each the stored alert plus `hpcsec.disposition` and `hpcsec.deliveries`
         {destination: state}."""
-        where, params = q.conditions()
-        sql = (
-            f"SELECT alert_id, doc, disposition, reason FROM alerts WHERE "
-            f"{' AND '.join(where)} ORDER BY ts DESC, alert_id "
-            f"LIMIT {int(q.limit)}"
-        )
+        sql, params = q.select_sql()
         with self._connect() as con:
             if q.incident is not None and not _has_incident_column(con):
                 return []  # a store no writer opened since incidents came: none has one

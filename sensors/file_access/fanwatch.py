@@ -7,11 +7,10 @@ the responder still holds it (so a `cat` that exits right after its open is stil
 and tells the responder it may let the opener go.
 
 Marks cover only the protected files: each directory of a protected tree gets an inode mark
-with FAN_EVENT_ON_CHILD, and each regular file one of its own, so an open is seen through
-any path that reaches the file: a bind mount (also in a user namespace), another mount of
-the filesystem, a hard link elsewhere, a symlink. The access is then recognised by identity
-(identity.py), not by the path string. Never a mark on `/` or /proc: this process reads
-/proc, and its reads must never wait on an answer.
+with FAN_EVENT_ON_CHILD, and each regular file one of its own, so an open is seen through any
+path that reaches the file (a bind mount, also in a user namespace; another mount; a hard
+link; a symlink) and recognised by identity (identity.py), not by the path string. Never a
+mark on `/` or /proc: this process reads /proc, and its reads must never wait on an answer.
 
 A second group in FID mode (FAN_REPORT_DFID_NAME), here, notifications only, reports
 create, delete and rename, where the kernel supports it; otherwise the stream runs without
@@ -27,36 +26,22 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from hpcsec.detector.core.schema import rfc3339
-from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.base import SensorContext
 from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.identity import AssetIndex
 from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
-from hpcsec.sensors.file_access.records import (
-    Drained,
-    ProcCapture,
-    ProcInput,
-    access_process_fields,
-)
+from hpcsec.sensors.file_access.openers import OpenerCache
+from hpcsec.sensors.file_access.records import Drained
 from hpcsec.sensors.file_access.restart import RestartPolicy
-from hpcsec.sensors.procinfo import Users
 
-CONTENT_MASK = (
-    fan.FAN_OPEN_PERM
-    | fan.FAN_OPEN_EXEC_PERM
-    | fan.FAN_ACCESS
-    | fan.FAN_MODIFY
-    | fan.FAN_CLOSE_WRITE
-)
+CONTENT_MASK = fan.FAN_OPEN_PERM | fan.FAN_OPEN_EXEC_PERM | fan.FAN_ACCESS  # and writes:
+CONTENT_MASK |= fan.FAN_MODIFY | fan.FAN_CLOSE_WRITE
 FID_MASK = fan.FAN_CREATE | fan.FAN_DELETE | fan.FAN_ONDIR
 MAX_FILE_MARKS = 200_000  # past it, files are seen through their directory's mark only
-_NO_USERS = Users({})  # names are filled in at conversion, from the sample's passwd
 _READ_SIZE = 4096
-_MAX_PROCESSES = 16_384
-_REREAD_S = 1.0
 _ERROR_PAUSE_S = 0.01
 
 
@@ -69,17 +54,7 @@ class FanotifyWatch:
         hold_s: float = HOLD_S,
     ):
         self.ctx = ctx
-        # The reader reads /proc through its own root: when a snapshot is being recorded,
-        # what it read is kept per pid and written into the sample that gets the records.
-        self._capture = ProcCapture() if ctx.recorder is not None else None
-        self._proc_ctx = SensorContext(
-            ctx.host_name,
-            ctx.sys,
-            FsRoot("proc", ctx.proc.path, self._capture),
-            ctx.etc,
-            timestamp=ctx.timestamp,
-        )
-        self._proc_inputs: dict[int, tuple[ProcInput, ...]] = {}
+        self.openers = OpenerCache(ctx)
         self.protected = protected
         self.folder = folder
         self.hold_s = hold_s
@@ -91,8 +66,6 @@ class FanotifyWatch:
         self.fid_mask = 0
         self._file_marks = 0
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
-        self._processes: dict[int, dict[str, Any]] = {}
-        self._read_at: dict[int, float] = {}  # pid -> monotonic time of its /proc read
         self._lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
         self._stopping = threading.Event()
@@ -310,7 +283,8 @@ class FanotifyWatch:
             if asset is None:
                 return
             if permission:
-                self._remember(access.pid, fresh=True)  # the responder still holds the opener
+                # the responder still holds the opener: its /proc entry is there to read
+                self.openers.remember(access.pid, fresh=True)
             size = access.size if permission or access.mask & fan.FAN_CLOSE_WRITE else None
             seen = access.path or asset
             actions = fan.actions_of(access.mask)
@@ -348,7 +322,7 @@ class FanotifyWatch:
         if event.mask & fan.FAN_RENAME and old and new:
             if self.protected(old) or self.protected(new):
                 self._new_file(new)
-                self._remember(event.pid, fresh=False)
+                self.openers.remember(event.pid, fresh=False)
                 self.folder.add(when, event.pid, old, "rename", target=new, asset=old)
             return
         action = (
@@ -364,7 +338,7 @@ class FanotifyWatch:
         if action and path and self.protected(path):
             if action != "delete":
                 self._new_file(path)
-            self._remember(event.pid, fresh=False)
+            self.openers.remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, path, action, asset=path)
 
     def _new_file(self, path: str) -> None:
@@ -379,25 +353,6 @@ class FanotifyWatch:
         if directory is None:
             return None
         return os.path.join(directory, fid.name) if fid.name else directory
-
-    def _remember(self, pid: int, fresh: bool) -> None:
-        """Process fields of `pid` at the access (through ctx.proc, so snapshots keep them).
-
-        An open re-reads them unless this pid was read in the last `_REREAD_S` (a loader
-        opening shard after shard pays the /proc read once; an exec or a reused pid is
-        seen again within a second).
-        """
-        now = time.monotonic()
-        if pid in self._processes and (not fresh or now - self._read_at.get(pid, 0) < _REREAD_S):
-            return
-        if self._capture is not None:
-            self._capture.inputs = []
-        fields = access_process_fields(self._proc_ctx, pid, _NO_USERS)
-        if fields or pid not in self._processes:
-            self._processes[pid] = fields
-            self._read_at[pid] = now
-            if self._capture is not None:
-                self._proc_inputs[pid] = tuple(self._capture.inputs)
 
     # the sensor side
     def pending(self) -> bool:
@@ -421,13 +376,7 @@ class FanotifyWatch:
             )
             timeouts, self.answered_by_timeout = self.answered_by_timeout, 0
             restarts, self.restarts = self.restarts, 0
-        pids = {r.pid for r in records}
-        processes = {pid: self._processes[pid] for pid in pids if pid in self._processes}
-        proc_inputs = {pid: self._proc_inputs[pid] for pid in pids if pid in self._proc_inputs}
-        # Kept across intervals (a dataloader opened its shard long before it reads it);
-        # every open refreshes its pid's entry, so only a bound is needed.
-        if len(self._processes) > _MAX_PROCESSES:
-            self._processes, self._read_at, self._proc_inputs = {}, {}, {}
+        processes, proc_inputs = self.openers.take({r.pid for r in records})
         self.index.rebuild_if_due()
         return Drained(
             records, dropped, processes, proc_inputs, errors, last_error, timeouts, restarts

@@ -41,7 +41,9 @@ def publish_behind(url: str, hub: HubProcess, tmp_path: Path) -> None:
     for part in (first, behind, later):
         assert main(["publish", "--nats", url, "--events", str(part)]) == 0
         read += len(part.read_bytes().splitlines())
-        hub.wait_log(f"hpcsec hub: {read} events", 30)
+        hub.wait_log(f"hub: {read} events,", 30)
+    # through the `hpcsec` logger, at INFO, as a service's progress is
+    assert f"hpcsec: INFO: hub: {read} events," in hub.log.read_text()
 
 
 async def _stream_exists(url: str) -> bool:

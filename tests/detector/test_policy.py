@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.enrich.policy import annotate_fleet_majority, apply_policy, policy_for
+from hpcsec.detector.enrich.policy import annotate_fleet_majority, policy_for
 
 CONFIG = """\
 node_class: h100-8x
@@ -56,8 +56,8 @@ def file_event(path, user, account=None, action="open", ts="2026-11-30T10:00:00Z
 def test_asset_read_allowed_by_job_account_not_by_user(config):
     allowed = file_event("/lustre/models/llama-70b/model-00001.safetensors", "alice", "llm-core")
     denied = file_event("/lustre/models/llama-70b/model-00001.safetensors", "mallory", "vision")
-    apply_policy(allowed, config)
-    apply_policy(denied, config)
+    policy_for(config).apply(allowed)
+    policy_for(config).apply(denied)
     assert allowed["hpcsec.asset.name"] == "llama-70b"
     assert allowed["hpcsec.asset.kind"] == "model"
     assert allowed["hpcsec.asset.read_allowed"] is True
@@ -70,7 +70,7 @@ def test_an_asset_read_through_another_path_is_decided_by_its_own_path(config):
     """A bind mount or hard link: file.path is what the opener used, the asset path decides."""
     event = file_event("/home/mallory/view/model-00001.safetensors", "mallory", "vision")
     event["hpcsec.asset.path"] = "/lustre/models/llama-70b/model-00001.safetensors"
-    apply_policy(event, config)
+    policy_for(config).apply(event)
     assert (event["hpcsec.asset.name"], event["hpcsec.asset.read_allowed"]) == (
         "llama-70b",
         False,
@@ -83,7 +83,7 @@ def test_writers_may_write_and_read(config):
     reader = file_event("/lustre/datasets/imagenet/train/a.JPEG", "bob", action="write")
     reader["slurm.node.user_has_job"] = True  # Slurm answered: bob's process is in no job
     for e in (by_user, by_account, reader):
-        apply_policy(e, config)
+        policy_for(config).apply(e)
     assert (by_user["hpcsec.asset.read_allowed"], by_user["hpcsec.asset.write_allowed"]) == (
         True,
         True,
@@ -103,8 +103,8 @@ def test_path_outside_assets_and_non_file_events_get_no_asset_fields(config):
         "host.name": "gpu-017",
         "file.path": "/lustre/models/llama-70b/w.bin",
     }
-    apply_policy(outside, config)
-    apply_policy(process, config)
+    policy_for(config).apply(outside)
+    policy_for(config).apply(process)
     assert not any(k.startswith("hpcsec.asset.") for k in outside)
     assert not any(k.startswith("hpcsec.asset.") for k in process)
 
@@ -132,7 +132,7 @@ def test_users_admins_system_and_gpu_services(config):
         "@timestamp": "2026-11-30T10:00:00Z",
     }
     for e in (admin, system, regular):
-        apply_policy(e, config, host="gpu-017")
+        policy_for(config).apply(e, "gpu-017")
     assert (admin["user.is_admin"], admin["user.is_system"]) == (True, False)
     assert (system["user.is_admin"], system["user.is_system"]) == (False, True)
     assert (regular["user.is_admin"], regular["user.is_system"]) == (False, False)
@@ -143,7 +143,7 @@ def test_users_admins_system_and_gpu_services(config):
 
 def test_no_user_fields_invented():
     event = {"event.category": "rdma_counters", "@timestamp": "2026-11-30T10:00:00Z"}
-    apply_policy(event, load_config(None))
+    policy_for(load_config(None)).apply(event)
     assert event == {
         "event.category": "rdma_counters",
         "@timestamp": "2026-11-30T10:00:00Z",
@@ -165,13 +165,13 @@ def test_no_user_fields_invented():
 )
 def test_maintenance_window_by_host_and_time(config, host, ts, expected):
     event = {"event.category": "firmware", "host.name": host, "@timestamp": ts}
-    apply_policy(event, config)
+    policy_for(config).apply(event)
     assert event["hpcsec.in_maintenance"] is expected
 
 
 def test_host_argument_overrides_missing_host_name(config):
     event = {"event.category": "process", "@timestamp": "2026-12-01T03:00:00Z"}
-    apply_policy(event, config, host="gpu-010")
+    policy_for(config).apply(event, "gpu-010")
     assert event["hpcsec.in_maintenance"] is True
 
 
@@ -194,7 +194,7 @@ def test_firmware_baseline_drift_and_vulnerable(config):
         firmware("bios", "2.1.7"),
     )
     for e in (same, drift, vulnerable, unknown):
-        apply_policy(e, config)
+        policy_for(config).apply(e)
     assert (same["firmware.baseline_version"], same["firmware.drift"]) == ("96.00.99.00.01", False)
     assert same["firmware.known_vulnerable"] is False
     assert (drift["firmware.drift"], drift["firmware.known_vulnerable"]) == (True, False)
@@ -214,7 +214,7 @@ def test_firmware_fields_from_the_sensor_are_kept(config):
             "firmware.known_vulnerable": True,
         },
     )
-    apply_policy(event, config)
+    policy_for(config).apply(event)
     assert (
         event["firmware.baseline_version"],
         event["firmware.drift"],

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.enrich.policy import apply_policy, preload_allowed
+from hpcsec.detector.enrich.policy import policy_for, preload_allowed
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.process import ProcessSensor
 from tests.hostile_fs import as_root
@@ -74,13 +74,13 @@ def process(uid: int, name: str, exe: str | None, **more) -> dict:
     ],
 )
 def test_gpu_services_by_executable_and_owner(config, event, service):
-    apply_policy(event, config, host="gpu-017")
+    policy_for(config).apply(event, "gpu-017")
     assert event["process.is_gpu_service"] is service
 
 
 def test_the_executable_name_is_set_for_long_names(config):
     event = process(1001, "nvidia-smi-flas", "/usr/bin/nvidia-smi-flash")
-    apply_policy(event, config, host="gpu-017")
+    policy_for(config).apply(event, "gpu-017")
     assert event["process.executable_name"] == "nvidia-smi-flash"
 
 
@@ -88,7 +88,7 @@ def test_ld_preload_allowed_is_set_from_the_default_list(config):
     ok = process(1001, "python3", None, **{"process.env.LD_PRELOAD": f"{LIB}/libtcmalloc.so.4"})
     bad = process(1001, "python3", None, **{"process.env.LD_PRELOAD": "/tmp/libjemalloc.so"})
     for event in (ok, bad):
-        apply_policy(event, config, host="gpu-017")
+        policy_for(config).apply(event, "gpu-017")
     assert (ok["process.ld_preload_allowed"], bad["process.ld_preload_allowed"]) == (True, False)
 
 
@@ -111,7 +111,7 @@ def test_a_users_own_copy_named_like_a_gpu_service_is_not_exempt(config, tmp_pat
                 break
             time.sleep(0.05)
         assert mine and mine[0]["process.name"] == "nv-hostengine"
-        apply_policy(mine[0], config, host="h")
+        policy_for(config).apply(mine[0], "h")
         assert mine[0]["process.is_gpu_service"] is False
     finally:
         proc.kill()

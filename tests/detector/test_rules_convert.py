@@ -10,7 +10,7 @@ import pytest
 
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import load_config
-from hpcsec.detector.engine.convert import convert_rules
+from hpcsec.detector.engine.convert import convert_ruleset
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import RuleSet
@@ -125,12 +125,14 @@ def test_site_pipeline_file_runs_after_ours(capsys):
 
 def test_backend_option_and_api():
     ruleset = load_rules([COPY_TOOLS])
-    (query,) = convert_rules(
+    conversion = convert_ruleset(
         ruleset,
         "sqlite",
         placeholders={"model_copy_tools": ["rsync"]},
         backend_options={"table": "hpc_events"},
     )
+    assert conversion.skipped == []
+    (query,) = conversion.queries
     assert query.startswith("SELECT * FROM hpc_events WHERE ")
     assert "(`process.name`='rsync' AND" in query
     # conversion works on copies: the loaded rule keeps its placeholder for the engine
@@ -246,7 +248,9 @@ def test_bundled_rules_as_sql_select_what_the_engine_fires_on():
         events = [{**e, "event.id": f"e{i}"} for i, e in enumerate(test.match + test.nomatch)]
         values = {**defaults, **test.placeholders}
         subset = RuleSet(rules=[rule, *filters])
-        queries = convert_rules(subset, "sqlite", placeholders=values)
+        conversion = convert_ruleset(subset, "sqlite", placeholders=values)
+        assert conversion.skipped == [], rule.title
+        queries = conversion.queries
         if not queries:  # the base of a `generate: false` correlation has no query of its own
             continue
         (query,) = queries

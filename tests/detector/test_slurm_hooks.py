@@ -205,6 +205,20 @@ def test_always_exit_zero(tmp_path, monkeypatch, capsys):
     assert hook_cli.main(["nonsense"]) == 0
 
 
+def test_an_internal_error_is_logged_with_its_traceback_and_still_exits_zero(
+    tmp_path, monkeypatch, capsys
+):
+    def bug(self):  # a bug in the hook: what the log must show is where it happened
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(hooks.Hook, "prolog", bug)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    assert hook_cli.main(["prolog", "--state-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "hpcsec: ERROR: slurm prolog: internal error: RuntimeError: boom" in err
+    assert "Traceback (most recent call last)" in err and "in bug" in err
+
+
 def test_epilog_findings_survive_a_process_with_a_hostile_name(tmp_path):
     setup_node(tmp_path)
     make_proc(tmp_path, 105, 1001)  # a second lingering process of alice's, named in bytes

@@ -343,7 +343,7 @@ def test_refuses_to_watch_its_own_snapshot_directory(shared_dir):
 @contextlib.contextmanager
 def _watch_with_a_stalled_proc_read(shared_dir, monkeypatch):
     """A watch whose /proc read of the opener hangs: only the responder's deadline answers."""
-    from hpcsec.sensors.file_access import fanwatch
+    from hpcsec.sensors.file_access import fanwatch, openers
 
     (shared_dir / "w.bin").write_text("w")
     release = threading.Event()
@@ -352,7 +352,7 @@ def _watch_with_a_stalled_proc_read(shared_dir, monkeypatch):
         release.wait(10)
         return {}
 
-    monkeypatch.setattr(fanwatch, "access_process_fields", stalled_proc_read)
+    monkeypatch.setattr(openers, "access_process_fields", stalled_proc_read)
     ctx = NodeTree(shared_dir / "ctx").context()
     watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder(), 0.2)
     try:

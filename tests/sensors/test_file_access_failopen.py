@@ -45,7 +45,7 @@ else:
 # open events (one per opener) and the opens they fold (access_count counts every action
 # of the record: only the open-only test reads it)
 open_events = opens = dropped = timeouts = 0
-deadline = time.monotonic() + 20
+deadline = time.monotonic() + 90  # a bound for a loaded machine, not a speed
 while max(open_events, opens) + dropped < wanted and time.monotonic() < deadline:
     for e in sensor.collect(ctx):
         if e.get("event.action") == "open":
@@ -98,7 +98,7 @@ def opens_by_alice(path: Path, count: int) -> None:
 
 
 def summary(agent: subprocess.Popen) -> dict:
-    out, _ = agent.communicate(timeout=60)
+    out, _ = agent.communicate(timeout=150)
     return json.loads(out.strip().splitlines()[-1])
 
 

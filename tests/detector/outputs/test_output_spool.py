@@ -10,7 +10,8 @@ import pytest
 from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.outputs.delivery import OutputSet
 from hpcsec.detector.outputs.protocol import DeliveryFailed
-from hpcsec.detector.outputs.spool import Spool, SpoolError, destination_key
+from hpcsec.detector.outputs.spool import Spool, SpoolError
+from hpcsec.detector.outputs.spool_dir import destination_key
 from hpcsec.detector.outputs.spool_notice import SPOOL_FULL_RULE_ID
 
 DEST = "https://siem.example/hook"

@@ -13,7 +13,8 @@ import pytest
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.outputs.registry import open_outputs
-from hpcsec.detector.outputs.spool import Spool, destination_key
+from hpcsec.detector.outputs.spool import Spool
+from hpcsec.detector.outputs.spool_dir import destination_key
 from tests.detector.outputs.test_output_webhook import SECRET, Receiver, alert
 from tests.rule_texts import MINER_RULE
 from tests.tinydisk import TinyDisk, tiny_disk
