@@ -26,15 +26,10 @@ CORPUS: dict[str, bytes] = {
 }
 IDS = list(CORPUS)
 
-# Characters no human-facing output or SIEM body may carry raw (newline and tab are the
-# renderers' own layout; node text with them is escaped, checked by `literal_in`).
-RAW = tuple(chr(c) for c in (*range(0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))) + (
-    "\u200b",
-    "\u200e",
-    "\u202e",
-    "\u2066",
-    "\ufeff",
-)
+# Characters no human-facing output or SIEM body may carry raw (newline is the renderers'
+# own layout; node text with a newline is checked to arrive escaped).
+_CONTROLS = (*range(0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))
+RAW = (*(chr(c) for c in _CONTROLS), "\u200b", "\u200e", "\u202e", "\u2066", "\ufeff")
 
 
 def as_text(raw: bytes) -> str:
