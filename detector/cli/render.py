@@ -61,7 +61,8 @@ def write_table(
         table.add_column(column, no_wrap=True)
     table.add_column("rule", overflow="fold", max_width=40)
     for column in ("host", "job", "user"):
-        table.add_column(column, no_wrap=True)
+        # bounded: a node's user or host name of any length must not squeeze the rule away
+        table.add_column(column, no_wrap=True, max_width=80, overflow="ellipsis")
     table.add_column("summary", overflow="fold")
     for a in alerts:
         count = f" (x{a['count']})" if a.get("count", 1) > 1 else ""

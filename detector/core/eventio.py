@@ -10,15 +10,16 @@ it (a hash of its fields), so a replayed file keeps its ids.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import orjson
 
 from hpcsec.detector.core.fields import FIELDS
 from hpcsec.detector.core.schema import Event, event_id
-from hpcsec.detector.core.text import MAX_DEPTH
+from hpcsec.detector.core.text import MAX_DEPTH, escape_value
 from hpcsec.detector.core.timefmt import is_event_time
 
 MAX_REPORTED_LINES = 5
@@ -58,7 +59,7 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
         if not raw.strip():
             continue
         try:
-            value = orjson.loads(raw)
+            value = _loads(raw)
         except orjson.JSONDecodeError as exc:
             report.reject(line_no, f"not JSON ({exc.args[0].split(':')[0]})")
             continue
@@ -73,6 +74,26 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
             event["event.id"] = event_id(event)
         report.events += 1
         yield event
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(raw: bytes) -> Any:
+    """One JSON value. orjson refuses a lone surrogate escape (`"\\udcff"`, what Python's
+    json module writes for a name read with surrogateescape): such a line is read by the
+    standard library instead and its strings escaped as sensors escape node bytes (`\\xff`),
+    so one odd name does not cost its event."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if b"\\u" not in raw:
+            raise
+        try:
+            return escape_value(json.loads(raw, parse_constant=_not_a_number))
+        except (ValueError, RecursionError):
+            raise exc from None
 
 
 def flatten(value: dict, prefix: str, out: Event, depth: int = 0) -> str | None:
