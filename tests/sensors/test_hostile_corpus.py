@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from snapshot_builder import NodeTree
@@ -135,3 +138,45 @@ def test_slurm_squeue_json_and_listpids(raw):
     step = as_text(file_name(raw).replace(b" ", b"_").replace(b"\n", b"_")[:64])
     pids = parse_listpids(f"PID JOBID STEPID\n10 1 {step}\n11 2 batch\n").pids
     assert pids[11].step == "batch"
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+@ITEMS
+def test_firmware_versions_from_sysfs_and_dmi(tmp_path, raw):
+    from tests.sensors.test_firmware import CannedEthtool, firmware_events, inventory_run, node_ctx
+
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "sysfs-node", sysfs, symlinks=True)
+    (sysfs / "class/infiniband/mlx5_0/fw_ver").write_bytes(raw[:200] + b"\n")
+    (sysfs / "class/dmi/id/bios_version").write_bytes(raw[:200] + b"\n")
+    clean = firmware_events(inventory_run(ctx=node_ctx(sysfs=FIXTURES / "sysfs-node")))
+    hostile = firmware_events(inventory_run(ctx=node_ctx(sysfs=sysfs), query=CannedEthtool()))
+    devices = [(e["firmware.component"], e["firmware.device"]) for e in hostile]
+    assert devices == [(e["firmware.component"], e["firmware.device"]) for e in clean]
+    for event in hostile:  # every version is text a JSON encoder takes as is
+        json.dumps(event, ensure_ascii=False).encode("utf-8")
+
+
+@ITEMS
+def test_gpu_processes_through_the_nvml_fake(tmp_path, raw):
+    from hpcsec.sensors.base import SensorSpec, run_sensor
+    from hpcsec.sensors.gpu.nvml import GpuSensor
+    from tests.fakes.nvml import FakeProcess, h100_node, installed
+
+    node = hostile_node(tmp_path, raw)
+    fake = h100_node()
+    fake.gpus[0] = replace(
+        fake.gpus[0],
+        vbios=raw[:24],  # NVML's buffer is 32 bytes
+        compute=(FakeProcess(500, 1 << 30), FakeProcess(600, 1 << 30)),
+    )
+    with installed(fake):
+        run = run_sensor(SensorSpec("gpu", GpuSensor, "gpu"), GpuSensor(), node.context())
+    procs = [e for e in run.events if e["event.category"] == "gpu_process"]
+    on_gpu0 = {e["process.pid"]: e for e in procs if e["gpu.index"] == 0}
+    assert sorted(on_gpu0) == [500, 600]
+    assert on_gpu0[500]["user.name"] == "alice"
+    assert on_gpu0[600]["process.command_line"] == " ".join(MINER)
+    assert len([e for e in run.events if e["event.category"] == "gpu_device"]) == 8
