@@ -6,14 +6,21 @@ SIEM would obey arrives raw."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import uuid
 from pathlib import Path
 
 import pytest
 from snapshot_builder import sample_tree, write_meta
 
+from hpcsec.detector.cli import collect as collect_command
 from hpcsec.detector.cli.main import main
+from hpcsec.detector.core import log
+from hpcsec.detector.core.schema import status_event
+from hpcsec.detector.runtime.sources import ScanReport
+from hpcsec.sensors.base import SensorRun
 from tests.detector.outputs.test_output_syslog import RSYSLOGD, Rsyslog, complete_lines
 from tests.detector.outputs.test_output_webhook import SECRET, Receiver
 from tests.hostile_corpus import CORPUS, IDS, as_text, assert_inert, escaped
@@ -205,3 +212,21 @@ def test_snapshot_replay_scan_and_collect(tmp_path, capsys, raw):
     captured = capsys.readouterr()
     assert_inert(captured.out + captured.err)
     assert "xmrig" in captured.out
+
+
+@ITEMS
+def test_log_records_and_stderr_reports(capsys, raw):
+    text = as_text(raw)
+    log.setup(service=True, env={})
+    logging.getLogger("hpcsec.test").error("delivery failed: %s", text)
+    status = status_event("process", "malformed", f"/proc/1/cmdline: {text}", "h", "t")
+    collect_command.print_status(SensorRun("process", [], status))
+    report = ScanReport(sensor_runs=[SensorRun("process", [], status)])
+    report.skipped_samples.append(f"sample 2: {text}")
+    out = io.StringIO()
+    report.print(out)
+    err = capsys.readouterr().err
+    for shown in (err, out.getvalue()):
+        assert_inert(shown)
+        assert "\n<13>1" not in shown
+    assert "delivery failed: " in err
