@@ -14,11 +14,15 @@ import pytest
 from snapshot_builder import NodeTree
 
 from hpcsec.detector.slurm.parse import parse_jobs_json, parse_listpids
+from hpcsec.sensors.base import SensorSpec, run_sensor
 from hpcsec.sensors.file_access.sensor import FileAccessSensor
+from hpcsec.sensors.gpu.nvml import GpuSensor
 from hpcsec.sensors.process import ProcessSensor
 from hpcsec.sensors.rdma.qp import INPUT_NAME, RdmaQpSensor
 from hpcsec.sensors.sockets import SocketSensor
+from tests.fakes.nvml import FakeProcess, h100_node, installed
 from tests.hostile_corpus import CORPUS, IDS, as_text, escaped, file_name
+from tests.sensors.test_firmware import CannedEthtool, firmware_events, inventory_run, node_ctx
 
 ITEMS = pytest.mark.parametrize("raw", CORPUS.values(), ids=IDS)
 MINER = ["./xmrig", "--url", "stratum+tcp://pool:3333"]
@@ -145,7 +149,6 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 @ITEMS
 def test_firmware_versions_from_sysfs_and_dmi(tmp_path, raw):
-    from tests.sensors.test_firmware import CannedEthtool, firmware_events, inventory_run, node_ctx
 
     sysfs = tmp_path / "sys"
     shutil.copytree(FIXTURES / "sysfs-node", sysfs, symlinks=True)
@@ -161,9 +164,6 @@ def test_firmware_versions_from_sysfs_and_dmi(tmp_path, raw):
 
 @ITEMS
 def test_gpu_processes_through_the_nvml_fake(tmp_path, raw):
-    from hpcsec.sensors.base import SensorSpec, run_sensor
-    from hpcsec.sensors.gpu.nvml import GpuSensor
-    from tests.fakes.nvml import FakeProcess, h100_node, installed
 
     node = hostile_node(tmp_path, raw)
     fake = h100_node()
