@@ -103,8 +103,15 @@ class Column:
     max_width: int | None = None
 
 
+# A node's user or host name of any length must not fill the screen or squeeze the rule away.
+NAME_CAP = 80
+
+
 def _dash(value: Any) -> str:
-    return "-" if value is None or value == "" else str(value)
+    if value is None or value == "":
+        return "-"
+    text = str(value)
+    return text if len(text) <= NAME_CAP else text[: NAME_CAP - 1] + "…"
 
 
 def _user(alert: Mapping[str, Any]) -> str:

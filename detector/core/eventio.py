@@ -10,15 +10,16 @@ it (a hash of its fields), so a replayed file keeps its ids.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import orjson
 
 from hpcsec.detector.core.fields import FIELDS
 from hpcsec.detector.core.schema import Event, event_id
-from hpcsec.detector.core.text import MAX_DEPTH
+from hpcsec.detector.core.text import MAX_DEPTH, escape_value
 from hpcsec.detector.core.timefmt import is_event_time
 
 MAX_REPORTED_LINES = 5
@@ -54,7 +55,7 @@ class InputReport:
 
 def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Iterator[Event]:
     """Events from JSONL lines; blank lines are ignored, anything else must be an object."""
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    loads, decode_error = _loads, orjson.JSONDecodeError
     line_no = report.lines
     try:
         for line_no, raw in enumerate(stream, 1):
@@ -87,6 +88,26 @@ def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Itera
             yield event
     finally:
         report.lines = line_no  # every line counts, blank or not, the last one too
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(raw: bytes) -> Any:
+    """One JSON value. orjson refuses a lone surrogate escape (`"\\udcff"`, what Python's
+    json module writes for a name read with surrogateescape): such a line is read by the
+    standard library instead and its strings escaped as sensors escape node bytes (`\\xff`),
+    so one odd name does not cost its event."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if b"\\u" not in raw:
+            raise
+        try:
+            return escape_value(json.loads(raw, parse_constant=_not_a_number))
+        except (ValueError, RecursionError):
+            raise exc from None
 
 
 def flatten(value: dict, prefix: str, out: Event, depth: int = 0) -> str | None:

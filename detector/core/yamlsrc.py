@@ -163,7 +163,12 @@ def iter_documents(text: str, source: str) -> Iterator[YamlDocument]:
 
 def python_documents(text: str, source: str) -> Iterator[YamlDocument]:
     """PyYAML's pure-Python composer: aliases refused where they stand, every error placed."""
-    loader = _NoAliasComposer(text)
+    try:
+        # the reader checks every character of a str when it is built: a raw ESC or NUL in a
+        # rule file is an error in that file at its line, not a crash
+        loader = _NoAliasComposer(text)
+    except yaml.reader.ReaderError as exc:
+        raise _reader_error(exc, text, source) from None
     loader.name = source
     try:
         while loader.check_node():
@@ -188,6 +193,17 @@ def python_documents(text: str, source: str) -> Iterator[YamlDocument]:
         raise SourceError("YAML nesting is too deep", location(source, line)) from None
     finally:
         loader.dispose()
+
+
+def _reader_error(exc: yaml.reader.ReaderError, text: str, source: str) -> SourceError:
+    """A character YAML does not allow, named by its code (never written raw) and placed."""
+    before = text[: exc.position]
+    line = before.count("\n") + 1
+    column = exc.position - (before.rfind("\n") + 1) + 1
+    return SourceError(
+        f"YAML syntax error: character U+{exc.character:04X} is not allowed in YAML",
+        location(source, line, column),
+    )
 
 
 def load_documents(path: str | Path) -> list[YamlDocument]:

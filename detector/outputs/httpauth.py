@@ -89,7 +89,15 @@ def transport_failure(exc: httpx.TransportError, url: str, name: str) -> Deliver
     """A connection error, its message without the URL's path and query (they may hold tokens)."""
     message = f"{type(exc).__name__}: {exc}"
     parts = urlsplit(url)
-    for secret in (url, parts.path + ("?" + parts.query if parts.query else "")):
+    # longest first, so a part of a longer secret is not left behind by a shorter one
+    secrets = (
+        url,
+        parts.path + ("?" + parts.query if parts.query else ""),
+        parts.path,
+        parts.query,
+        parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "",
+    )
+    for secret in sorted(secrets, key=len, reverse=True):
         if len(secret) > 1:
             message = message.replace(secret, name)
     return DeliveryFailed(message)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
+from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.core.private_fs import PrivatePathError, open_private
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed, OutputError
@@ -65,7 +66,7 @@ class JsonlOutput:
         return cls(path)
 
     def _write(self, alert: Alert) -> None:
-        line = alert_bytes(alert) + b"\n"
+        line = visible_json(alert_bytes(alert)) + b"\n"  # the same JSON, no raw C1 or bidi
         try:
             if self._fd < 0:
                 self._open()

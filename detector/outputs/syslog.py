@@ -162,7 +162,7 @@ def _query(url: str, query_text: str) -> dict[str, str]:
     unknown = sorted(set(raw) - set(QUERY_KEYS))
     if unknown:
         raise OutputError(
-            f"output {url!r}: unknown option(s) {', '.join(unknown)} "
+            f"output {redact(url)}: unknown option(s) {', '.join(unknown)} "
             f"(expected: {', '.join(QUERY_KEYS)})"
         )
     return {k: v[-1] for k, v in raw.items()}
@@ -171,19 +171,19 @@ def _query(url: str, query_text: str) -> dict[str, str]:
 def _message_settings(url: str, query: dict[str, str], default_format: str) -> _MessageSettings:
     body_format = query.get("format", default_format)
     if body_format not in ("json", "cef"):
-        raise OutputError(f"output {url!r}: format must be json or cef")
+        raise OutputError(f"output {redact(url)}: format must be json or cef")
     facility_name = query.get("facility", "authpriv")
     facility = (
         int(facility_name) if facility_name.isdigit() else FACILITIES.get(facility_name.lower(), -1)
     )
     if not 0 <= facility <= 23:
-        raise OutputError(f"output {url!r}: unknown facility {facility_name!r}")
+        raise OutputError(f"output {redact(url)}: unknown facility {facility_name!r}")
     try:
         max_bytes = int(query.get("max_bytes", str(DEFAULT_MAX_BYTES)))
     except ValueError:
-        raise OutputError(f"output {url!r}: max_bytes must be a number") from None
+        raise OutputError(f"output {redact(url)}: max_bytes must be a number") from None
     if max_bytes < MIN_MAX_BYTES:
-        raise OutputError(f"output {url!r}: max_bytes must be at least {MIN_MAX_BYTES}")
+        raise OutputError(f"output {redact(url)}: max_bytes must be at least {MIN_MAX_BYTES}")
     return _MessageSettings(facility, body_format, max_bytes)
 
 
@@ -211,14 +211,14 @@ class SyslogOutput:
         try:
             port = parts.port or DEFAULT_PORTS[kind]
         except ValueError:
-            raise OutputError(f"output {url!r}: bad port") from None
+            raise OutputError(f"output {redact(url)}: bad port") from None
         host = parts.hostname
         if not host or parts.path not in ("", "/") or parts.fragment:
-            raise OutputError(f"output {url!r}: expected syslog+{kind}://HOST:PORT")
+            raise OutputError(f"output {redact(url)}: expected syslog+{kind}://HOST:PORT")
         query = _query(url, parts.query)
         settings = _message_settings(url, query, options.syslog_format)
         if kind != "tls" and {"ca", "cert", "key"} & set(query):
-            raise OutputError(f"output {url!r}: ca/cert/key only apply to syslog+tls")
+            raise OutputError(f"output {redact(url)}: ca/cert/key only apply to syslog+tls")
         transport: _Stream | _Datagram
         if kind == "udp":
             transport = _Datagram(host, port)

@@ -175,3 +175,16 @@ def test_a_time_that_is_not_rfc3339_makes_the_line_malformed():
     assert [e["@timestamp"] for e in events] == ["2026-11-30T01:00:00+01:00"]
     assert [n for n, _ in report.malformed_lines] == [1, 2]
     assert "@timestamp 'garbage' is not an RFC 3339 time" in report.describe()
+
+
+def test_a_lone_surrogate_escape_is_read_as_escaped_bytes_not_lost():
+    # what Python's json writes for a name read with surrogateescape; orjson refuses it
+    lines = [
+        b'{"@timestamp": "2026-11-30T01:00:00Z", "user.name": "x\\udcff\\udcfey"}\n',
+        b'{"@timestamp": "2026-11-30T01:00:00Z", "user.name": "bob"}\n',
+        b'{"@timestamp": "2026-11-30T01:00:00Z", "n": NaN, "user.name": "\\udcff"}\n',
+    ]
+    report = InputReport("f")
+    events = list(read_jsonl(lines, report))
+    assert [e["user.name"] for e in events] == ["x\\xff\\xfey", "bob"]
+    assert report.malformed == 1 and report.malformed_lines[0][0] == 3  # NaN stays refused

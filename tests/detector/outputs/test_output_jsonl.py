@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from hpcsec.detector.core.errors import HpcsecError
-from hpcsec.detector.outputs.protocol import OutputError
+from hpcsec.detector.outputs.protocol import OutputError, redact
 from hpcsec.detector.outputs.registry import open_outputs
 from tests.hostile_fs import as_root, as_user, mode, umask
 from tests.rule_texts import MINER_RULE
@@ -140,7 +140,10 @@ RULE = MINER_RULE
             ],
             "cannot read webhook secret file /nonexistent/secret: No such file or directory",
         ),
-        (["--output", "syslog+tcp://siem:tcp"], "output 'syslog+tcp://siem:tcp': bad port"),
+        (
+            ["--output", "syslog+tcp://siem:tcp"],
+            f"output {redact('syslog+tcp://siem:tcp')}: bad port",
+        ),
         (["--config", "{config}"], "{config}:1: output 'syslog://siem:514#"),
     ],
 )

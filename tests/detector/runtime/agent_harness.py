@@ -147,7 +147,14 @@ class Node:
 
 
 class AgentProcess:
-    def __init__(self, node: Node, *args: str, sensor: str = "process", procfs: str | None = None):
+    def __init__(
+        self,
+        node: Node,
+        *args: str,
+        sensor: str = "process",
+        procfs: str | None = None,
+        file_output: bool = True,  # False: the outputs are the config's (`outputs:`)
+    ):
         self.log = node.root / f"agent-{time.monotonic_ns()}.log"
         argv = [
             sys.executable,
@@ -173,8 +180,7 @@ class AgentProcess:
             str(node.spool),
             "--webhook-secret-file",
             str(node.secret),
-            "--output",
-            f"file://{node.alerts_file}",
+            *(["--output", f"file://{node.alerts_file}"] if file_output else []),
             *args,
         ]
         with open(self.log, "wb") as out:
