@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
 
 from hpcsec.detector.core.schema import status_event
-from hpcsec.detector.core.timefmt import rfc3339_from_epoch
+from hpcsec.detector.core.timefmt import rfc3339
 from hpcsec.detector.engine.loader import bundled_rules_dir
 from hpcsec.detector.runtime.agent import Agent, AgentSettings
 from hpcsec.detector.runtime.pipeline import SourceBatch
@@ -20,7 +20,7 @@ LATE_RULE = "0c5e8b27-4d1a-4f93-b6e2-9a7d3f1c5b48"  # Events arrived too late to
 
 def _sensor_error(hours_ago: float):
     # a failed sample feeds the bundled "Sensor down for several samples" correlation
-    when = rfc3339_from_epoch(time.time() - hours_ago * 3600)
+    when = rfc3339(datetime.now(UTC) - timedelta(hours=hours_ago))
     return status_event("gpu", "error", "NVMLError: Unknown Error", "n1", when)
 
 
