@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.client import Client as NATS
@@ -147,12 +148,25 @@ async def require_jetstream(nc: Client, url: str) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _stream_info(js: JetStreamContext, name: str) -> Any:
+    """The stream's info, None when it does not exist; a cluster electing a new leader (a
+    server just died) is waited for up to JETSTREAM_WAIT_S, as `require_jetstream` does."""
+    deadline = time.monotonic() + JETSTREAM_WAIT_S
+    while True:
+        try:
+            return await js.stream_info(name)
+        except NotFoundError:
+            return None
+        except (NoRespondersError, ServiceUnavailableError, TimeoutError) as exc:
+            problem = str(exc) or type(exc).__name__
+        if time.monotonic() >= deadline:
+            raise ClusterError(f"JetStream does not answer for stream {name}: {problem}")
+        await asyncio.sleep(0.5)
+
+
 async def ensure_events_stream(js: JetStreamContext, settings: StreamSettings) -> int:
     """Create the events stream or bring its limits up to date; returns its replica count."""
-    try:
-        info = await js.stream_info(EVENTS_STREAM)
-    except NotFoundError:
-        info = None
+    info = await _stream_info(js, EVENTS_STREAM)
     if info is not None:
         replicas = info.config.num_replicas or 1  # changing replicas is an operator's move
         wanted = events_config(settings, replicas)
@@ -179,11 +193,8 @@ async def ensure_events_stream(js: JetStreamContext, settings: StreamSettings) -
 
 async def ensure_alerts_stream(js: JetStreamContext, settings: StreamSettings) -> None:
     """Create the node alerts stream where it is missing (same replicas as the events)."""
-    try:
-        await js.stream_info(NODE_ALERTS_STREAM)
+    if await _stream_info(js, NODE_ALERTS_STREAM) is not None:
         return
-    except NotFoundError:
-        pass
     for replicas in dict.fromkeys((settings.replicas, 1)):
         try:
             await js.add_stream(node_alerts_config(settings, replicas))
