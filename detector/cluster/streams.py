@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,32 +179,37 @@ async def ensure_events_stream(js: JetStreamContext, settings: StreamSettings) -
         ):
             await _api(js.update_stream(wanted), "update stream")
         return replicas
-    for replicas in dict.fromkeys((settings.replicas, 1)):
-        try:
-            await js.add_stream(events_config(settings, replicas))
-            return replicas
-        except APIError as exc:
-            if "already in use" in str(exc).lower():  # another node created it meanwhile
-                return await ensure_events_stream(js, settings)
-            if replicas == 1:
-                raise ClusterError(f"cannot create stream {EVENTS_STREAM}: {exc}") from None
-            # a server outside a JetStream cluster refuses replicas: store one copy
-    raise ClusterError(f"cannot create stream {EVENTS_STREAM}")  # not reached: replicas 1 raises
+    created = await _add_stream(js, EVENTS_STREAM, lambda n: events_config(settings, n), settings)
+    # another node created it meanwhile: take its replicas and bring its limits up to date
+    return created if created is not None else await ensure_events_stream(js, settings)
 
 
 async def ensure_alerts_stream(js: JetStreamContext, settings: StreamSettings) -> None:
     """Create the node alerts stream where it is missing (same replicas as the events)."""
     if await _stream_info(js, NODE_ALERTS_STREAM) is not None:
         return
+    await _add_stream(js, NODE_ALERTS_STREAM, lambda n: node_alerts_config(settings, n), settings)
+
+
+async def _add_stream(
+    js: JetStreamContext,
+    name: str,
+    config: Callable[[int], StreamConfig],
+    settings: StreamSettings,
+) -> int | None:
+    """Create stream `name` with the configured replicas, or one copy on a server outside a
+    JetStream cluster (it refuses replicas); the replica count, or None when another node
+    created the stream meanwhile."""
     for replicas in dict.fromkeys((settings.replicas, 1)):
         try:
-            await js.add_stream(node_alerts_config(settings, replicas))
-            return
+            await js.add_stream(config(replicas))
+            return replicas
         except APIError as exc:
             if "already in use" in str(exc).lower():
-                return
+                return None
             if replicas == 1:
-                raise ClusterError(f"cannot create stream {NODE_ALERTS_STREAM}: {exc}") from None
+                raise ClusterError(f"cannot create stream {name}: {exc}") from None
+    raise ClusterError(f"cannot create stream {name}")  # not reached: replicas 1 raises
 
 
 async def _api(call: object, what: str) -> object:
