@@ -47,6 +47,18 @@ class HubCounters:
     alerts: int = 0
     replayed_alerts: int = 0  # raised again after a restart, already delivered: not resent
     last_problem: str = ""
+    # when the member evaluated its first and (so far) last message, wall clock and CPU
+    # time (what `bench.cluster` reads: the member's own span, not its start-up)
+    first_at: float = 0.0
+    last_at: float = 0.0
+    first_cpu: float = 0.0
+    last_cpu: float = 0.0
+
+    def busy(self, began: float, began_cpu: float) -> None:
+        """A batch that arrived at `began` (wall) and `began_cpu` was evaluated just now."""
+        if not self.first_at:
+            self.first_at, self.first_cpu = began, began_cpu
+        self.last_at, self.last_cpu = time.time(), time.process_time()
 
 
 class HubClock:

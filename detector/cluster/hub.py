@@ -15,6 +15,7 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -26,7 +27,7 @@ from nats.js.kv import KeyValue
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.suppression import Decision
 from hpcsec.detector.cluster.consumer import PartitionFeed
-from hpcsec.detector.cluster.evaluation import HubEvaluation
+from hpcsec.detector.cluster.evaluation import HubCounters, HubEvaluation
 from hpcsec.detector.cluster.partition import host_of_subject, member_partitions
 from hpcsec.detector.cluster.streams import (
     ALERTS_BUCKET,
@@ -37,6 +38,7 @@ from hpcsec.detector.cluster.streams import (
     require_jetstream,
 )
 from hpcsec.detector.core.schema import Event
+from hpcsec.detector.core.timefmt import rfc3339
 from hpcsec.detector.runtime.sink import AlertSink
 
 QUEUE_BATCHES = 64  # fetched batches waiting for the evaluator; fetchers pause beyond it
@@ -187,6 +189,7 @@ class Hub:
         self, fetched: list[tuple[PartitionFeed, list[Msg]]], delivered: DeliveredAlerts
     ) -> None:
         """Every batch that is waiting, evaluated as one (in time order, see evaluate)."""
+        began, began_cpu = time.time(), time.process_time()
         events: list[Event] = []
         sources: list[int] = []
         for feed, msgs in fetched:
@@ -207,6 +210,8 @@ class Hub:
             await self._emit(alerts, delivered)
         self.sink.keep_events(events)
         await self._ack()
+        if any(msgs for _, msgs in fetched):
+            self.evaluator.counters.busy(began, began_cpu)
 
     async def _emit(self, alerts: list[Alert], delivered: DeliveredAlerts) -> None:
         fresh = []
@@ -247,5 +252,15 @@ class Hub:
             f"hub: {c.events} events, {c.alerts} alerts sent, {c.replayed_alerts} replayed alerts "
             f"not resent, {c.malformed} malformed messages skipped{problem}, "
             f"{c.late} late events not correlated (later than the lateness allowance), "
-            f"{c.host_rewritten} host names taken from the subject"
+            f"{c.host_rewritten} host names taken from the subject{busy_span(c)}"
         )
+
+
+def busy_span(c: HubCounters) -> str:
+    """When the member evaluated messages, from the first to the latest, and the CPU time
+    that took (`bench.cluster` reads it: the member's own span, not its start-up)."""
+    if not c.first_at:
+        return ""
+    first = rfc3339(datetime.fromtimestamp(c.first_at, UTC))
+    last = rfc3339(datetime.fromtimestamp(c.last_at, UTC))
+    return f"; messages evaluated from {first} to {last}, {c.last_cpu - c.first_cpu:.3f} s CPU"

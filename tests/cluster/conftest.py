@@ -67,6 +67,12 @@ class HubProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> HubProcess:
+        self.launch()
+        self.wait_log("partitions", 60)
+        return self
+
+    def launch(self) -> HubProcess:
+        """The process started, not yet waited for (`wait_log("partitions", ...)`)."""
         args = [sys.executable, "-m", "hpcsec.detector.cli.main", "hub", "--member", self.member]
         for url in self.urls:
             args += ["--nats", url]
@@ -76,7 +82,6 @@ class HubProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        self.wait_log("partitions", 60)
         return self
 
     def wait_log(self, text: str, timeout_s: float) -> None:
