@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -25,7 +24,9 @@ from nats.js.errors import NotFoundError
 from hpcsec.detector.cluster.partition import partition_subject
 from hpcsec.detector.cluster.streams import EVENTS_STREAM
 
-FETCH_BATCH = 256
+# Messages per pull request: a fetch costs a request and a reply on top of its messages, and
+# returns at once with what there is, so a big batch costs no latency.
+FETCH_BATCH = 1024
 FETCH_WAIT_S = 0.5
 # Longer than any window the hub keeps open: a live consumer never gets its own held
 # messages redelivered (they are skipped by sequence if it happens anyway).
@@ -36,11 +37,31 @@ def durable_name(partition: int) -> str:
     return f"hpcsec-hub-p{partition:02d}"
 
 
-@dataclass
-class Held:
-    seq: int
-    time: float  # event time (epoch); -inf for messages nothing waits for
-    msg: Msg
+# (stream sequence, event time (epoch; -inf for messages nothing waits for), message)
+Held = tuple[int, float, Msg]
+_V1_TOKENS, _V2_MIN_TOKENS = 9, 11  # `$JS.ACK.` reply subjects without and with a domain
+
+
+def stream_sequence(reply: str | None) -> int | None:
+    """The stream sequence in a JetStream message's reply subject, None when it is not one.
+
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
+    or with `<domain>.<account hash>.` after `$JS.ACK.` (servers 2.9+). nats-py's
+    `Msg.metadata` builds a datetime and three objects per message for the same number.
+    """
+    if not reply:
+        return None
+    tokens = reply.split(".")
+    count = len(tokens)
+    if count == _V1_TOKENS:
+        index = 5
+    elif count >= _V2_MIN_TOKENS:
+        index = 7
+    else:
+        return None
+    if tokens[0] != "$JS" or tokens[1] != "ACK" or not tokens[index].isdigit():
+        return None
+    return int(tokens[index])
 
 
 class PartitionFeed:
@@ -86,34 +107,37 @@ class PartitionFeed:
         except (TimeoutError, NatsTimeoutError):
             return []
 
-    def fresh(self, msg: Msg) -> bool:
-        """False for a redelivery of a message this member already evaluated."""
-        try:
-            seq = msg.metadata.sequence.stream
-        except (AttributeError, ValueError, IndexError):
-            return False  # not a JetStream message at all
-        if seq <= self.last_seq:
-            return False
+    def fresh(self, msg: Msg) -> int | None:
+        """The message's stream sequence; None for a redelivery of a message this member
+        already evaluated, or for one that is not a JetStream message at all."""
+        seq = stream_sequence(msg.reply)
+        if seq is None or seq <= self.last_seq:
+            return None
         self.last_seq = seq
-        return True
+        return seq
 
-    def hold(self, msg: Msg, event_time: float | None) -> None:
-        seq = msg.metadata.sequence.stream
-        self.held.append(Held(seq, -math.inf if event_time is None else event_time, msg))
+    def hold(self, seq: int, msg: Msg, event_time: float | None) -> None:
+        self.held.append((seq, -math.inf if event_time is None else event_time, msg))
 
     async def ack_before(self, cutoff: float) -> int:
-        """Ack the longest run of held messages whose events are older than `cutoff`."""
-        last: Held | None = None
-        while self.held and self.held[0].time < cutoff:
-            last = self.held.popleft()
-        if last is None:
+        """Ack the longest run of held messages whose events are older than `cutoff`: one
+        ack for the run (AckPolicy.ALL)."""
+        held = self.held
+        if not held or held[0][1] >= cutoff:
             return 0
+        if cutoff == math.inf:  # nothing waits for any message (no correlation)
+            last = held[-1]
+            held.clear()
+        else:
+            last = held.popleft()
+            while held and held[0][1] < cutoff:
+                last = held.popleft()
         try:
-            await last.msg.ack()
+            await last[2].ack()
         except NatsError:
-            self.held.appendleft(last)  # acked later; a restart replays a little more
+            held.appendleft(last)  # acked later; a restart replays a little more
             return 0
-        return last.seq
+        return last[0]
 
     async def close(self) -> None:
         if self.sub is not None:

@@ -217,16 +217,22 @@ class HubEvaluation:
     def event_time(event: Event | None) -> float | None:
         return None if event is None else epoch_seconds(event.get("@timestamp"))
 
-    def evaluate(self, events: list[Event], sources: Sequence[object] = ()) -> list[Alert]:
+    def evaluate(
+        self,
+        events: list[Event],
+        sources: Sequence[object] = (),
+        times: Sequence[float | None] | None = None,
+    ) -> list[Alert]:
         """New alerts for a batch, in any arrival order (the engine puts correlations' input
         in event-time order within the lateness allowance); alerts dedup folded into
-        earlier ones are not repeated. `sources`: the source (partition) of each event."""
+        earlier ones are not repeated. `sources`: the source (partition) of each event;
+        `times`: each event's `event_time`, where the caller has it already."""
         self.counters.events += len(events)
+        if times is None:
+            times = [self.event_time(event) for event in events]
+        self._observe(times, sources)
         batch: list[Event] = []
-        for i, event in enumerate(events):
-            t = self.event_time(event)
-            if t is not None:
-                self.clock.observe(t, sources[i] if sources else None)
+        for event in events:
             if event.get("event.category") == "firmware":
                 batch.extend(self.fleet.observe(event))
             else:
@@ -235,6 +241,24 @@ class HubEvaluation:
         step = self.pipeline.process([SourceBatch(batch, None)])
         self.counters.late += self.pipeline.engine.take_late()
         return [with_hosts(alert) for alert in step.alerts]
+
+    def _observe(self, times: Sequence[float | None], sources: Sequence[object]) -> None:
+        """The clock learns the event times, one call per run of events of one source (a
+        fetched batch): within a run only the source's newest time moves and the clock's
+        value only rises, so the newest of the run gives the clock that one call per event
+        would."""
+        run_source: object = None
+        run_newest = -math.inf
+        for i, t in enumerate(times):
+            source = sources[i] if sources else None
+            if source != run_source and run_newest != -math.inf:
+                self.clock.observe(run_newest, run_source)
+                run_newest = -math.inf
+            run_source = source
+            if t is not None and t > run_newest:
+                run_newest = t
+        if run_newest != -math.inf:
+            self.clock.observe(run_newest, run_source)
 
     def finish(self) -> list[Alert]:
         """The end of a finite input (a replay, the benchmark): correlate what is held, close

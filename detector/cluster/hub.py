@@ -41,7 +41,7 @@ from hpcsec.detector.core.schema import Event
 from hpcsec.detector.core.timefmt import rfc3339
 from hpcsec.detector.runtime.sink import AlertSink
 
-QUEUE_BATCHES = 64  # fetched batches waiting for the evaluator; fetchers pause beyond it
+QUEUE_BATCHES = 24  # fetched batches (FETCH_BATCH each) waiting; fetchers pause beyond it
 COALESCE_BATCHES = 16  # waiting batches evaluated together
 DRAIN_TIMEOUT_S = 10.0
 REPORT_EVERY_S = 60.0
@@ -192,20 +192,25 @@ class Hub:
         began, began_cpu = time.time(), time.process_time()
         events: list[Event] = []
         sources: list[int] = []
+        times: list[float | None] = []
+        decode, event_time = self.evaluator.decode, self.evaluator.event_time
         for feed, msgs in fetched:
             if not msgs:
                 self.evaluator.clock.idle(feed.partition)
             for msg in msgs:
-                if not feed.fresh(msg):
+                seq = feed.fresh(msg)
+                if seq is None:
                     continue
-                event = self.evaluator.decode(msg.data, host_of_subject(msg.subject))
-                feed.hold(msg, self.evaluator.event_time(event))
+                event = decode(msg.data, host_of_subject(msg.subject))
+                t = event_time(event)
+                feed.hold(seq, msg, t)
                 if event is not None:
                     events.append(event)
                     sources.append(feed.partition)
+                    times.append(t)
         stage = self.evaluator.stage
         self.sink.restore_counts(stage.rotate())  # a dedup window ended (event time)
-        alerts = self.evaluator.evaluate(events, sources)
+        alerts = self.evaluator.evaluate(events, sources, times)
         if alerts:
             await self._emit(alerts, delivered)
         self.sink.keep_events(events)

@@ -11,6 +11,7 @@ import orjson
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.cluster.partition import subject_for
 from hpcsec.detector.cluster.streams import EVENTS_STREAM, connect
+from hpcsec.detector.core.timefmt import parse_time
 from tests.cluster.conftest import HubProcess, wait_for
 from tests.cluster.harness import NatsServer
 from tests.cluster.scenario import (
@@ -44,6 +45,11 @@ def publish_behind(url: str, hub: HubProcess, tmp_path: Path) -> None:
         hub.wait_log(f"hub: {read} events,", 30)
     # through the `hpcsec` logger, at INFO, as a service's progress is
     assert f"hpcsec: INFO: hub: {read} events," in hub.log.read_text()
+    # with the member's own span of work (bench.cluster reads it)
+    span = re.findall(
+        r"messages evaluated from (\S+) to (\S+), ([\d.]+) s CPU", hub.log.read_text()
+    )
+    assert span and parse_time(span[-1][0]) <= parse_time(span[-1][1])
 
 
 async def _stream_exists(url: str) -> bool:

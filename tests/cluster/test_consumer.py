@@ -1,0 +1,155 @@
+"""A hub member's per-message path: stream sequences from reply subjects, acks in runs
+(against a real nats-server), and batched evaluation giving what one event at a time gives."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from hpcsec.detector.cluster.consumer import PartitionFeed, stream_sequence
+from hpcsec.detector.cluster.evaluation import HubClock, HubEvaluation
+from hpcsec.detector.cluster.partition import subject_for
+from hpcsec.detector.cluster.streams import (
+    EVENTS_STREAM,
+    StreamSettings,
+    connect,
+    ensure_events_stream,
+)
+from hpcsec.detector.config.site import SiteConfig
+from tests.cluster.harness import NatsServer
+
+V1 = "$JS.ACK.HPCSEC_EVENTS.hpcsec-hub-p03.1.{seq}.17.1733000000000000000.4"
+V2 = "$JS.ACK.hub.ACCHASH.HPCSEC_EVENTS.hpcsec-hub-p03.2.{seq}.17.1733000000000000000.4.rnd"
+
+
+@pytest.mark.parametrize("form", [V1, V2, V2.removesuffix(".rnd")])
+@pytest.mark.parametrize("seq", [1, 42, 2**40 + 3])
+def test_stream_sequence_agrees_with_nats_metadata(form: str, seq: int) -> None:
+    reply = form.format(seq=seq)
+    assert stream_sequence(reply) == Msg.Metadata._from_reply(reply).sequence.stream == seq
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,
+        "",
+        "_INBOX.abc.def",
+        "$JS.ACK.S.C",
+        "$JS.ACK.S.C.1.x.17.1733000000000000000.4",  # sequence not a number
+        "$JS.ACK.S.C.1.-5.17.1733000000000000000.4",
+        "$JS.NAK.S.C.1.5.17.1733000000000000000.4",
+        "$JS.ACK.S.C.1.5.17.1733000000000000000",  # a token short of either form
+    ],
+)
+def test_a_reply_that_is_not_a_jetstream_ack_has_no_sequence(reply: str | None) -> None:
+    assert stream_sequence(reply) is None
+
+
+async def _ack_floor(js: JetStreamContext, durable: str, expected: int) -> int:
+    """The consumer's ack floor once it is `expected` (the server applies an ack a moment
+    after it arrives), or what it is after two seconds."""
+    for _ in range(40):
+        info = await js.consumer_info(EVENTS_STREAM, durable)
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        if floor == expected:
+            break
+        await asyncio.sleep(0.05)
+    return floor
+
+
+async def _feed_round(url: str) -> tuple[list[int | None], list[int], int]:
+    """Ten messages through a partition's feed: the sequences `fresh` gives (a redelivered
+    one again at the end), the ack floor after each `ack_before`, and the feed's resume
+    point once it is opened again."""
+    nc = await connect([url], reconnect=False)
+    try:
+        js = nc.jetstream()
+        await ensure_events_stream(js, StreamSettings(replicas=1))
+        for _ in range(10):
+            await js.publish(subject_for(3, "gpu-1"), b"{}", stream=EVENTS_STREAM)
+        feed = PartitionFeed(js, 3)
+        await feed.open()
+        msgs = await feed.fetch()
+        seqs = [feed.fresh(m) for m in msgs] + [feed.fresh(msgs[4])]
+        for seq, msg in zip(seqs, msgs, strict=False):
+            assert seq is not None
+            feed.hold(seq, msg, 100.0 + seq if seq != 3 else None)  # 3: nothing waits for it
+        floors = []
+        for cutoff, expected in ((100.0, 0), (104.5, 4), (106.0, 5), (math.inf, 10)):
+            await feed.ack_before(cutoff)
+            floors.append(await _ack_floor(js, feed.durable, expected))
+        await feed.close()
+        return seqs, floors, await PartitionFeed(js, 3).open()
+    finally:
+        await nc.close()
+
+
+def test_fresh_sequences_and_acks_in_runs_on_a_real_server(nats_server: NatsServer) -> None:
+    seqs, floors, resume = asyncio.run(_feed_round(nats_server.url))
+    # one ack per run: up to the first event not older than the cutoff (3 waits for none)
+    assert seqs == [*range(1, 11), None]  # the redelivery of 5 is skipped
+    assert floors == [0, 4, 5, 10]
+    assert resume == 11  # a restart resumes after the ack floor
+
+
+def _reference_clock(events: list[dict], sources: list[int], idle_before: set[int]) -> HubClock:
+    """The clock as one observation per event gives it."""
+    clock = HubClock(lambda: 2e9, lambda: 0.0, sources=range(3))
+    for source in idle_before:
+        clock.idle(source)
+    for event, source in zip(events, sources, strict=True):
+        t = HubEvaluation.event_time(event)
+        if t is not None:
+            clock.observe(t, source)
+    return clock
+
+
+def _stamp(at: int) -> str:
+    """RFC 3339 of `at`, for times within the hour after 2001-09-09T01:00:00Z."""
+    base = 1_000_000_000 - 6400  # 2001-09-09T00:00:00Z
+    return f"2001-09-09T{(at - base) // 3600:02d}:{(at - base) // 60 % 60:02d}:{at % 60:02d}Z"
+
+
+def _check_batched_clock(runs: list[tuple[int, list[int | None]]], idle_before: set[int]) -> None:
+    events = [
+        {"event.category": "sensor_status"} | ({"@timestamp": _stamp(at)} if at else {})
+        for _, times in runs
+        for at in times
+    ]
+    sources = [source for source, times in runs for _ in times]
+    reference = _reference_clock(events, sources, idle_before)
+    clock = HubClock(lambda: 2e9, lambda: 0.0, sources=range(3))
+    for source in idle_before:
+        clock.idle(source)
+    evaluation = HubEvaluation.load(SiteConfig(), lateness_s=60.0, clock=clock)
+    times = [evaluation.event_time(e) for e in events]
+    evaluation.evaluate([dict(e) for e in events], sources, times)
+    assert clock() == reference()
+    assert clock.quiet == reference.quiet
+
+
+def test_batched_clock_observations_equal_one_per_event() -> None:
+    """Runs of events of one source (fetched batches): the hub's clock after evaluating the
+    batch is the clock one observation per event gives. Not the newest per source over the
+    whole batch: source 1, caught up before, comes back with older events between two runs
+    of source 0, and the clock has already moved on to source 0's first run."""
+    t = 1_000_000_000
+    _check_batched_clock([(0, [t + 105]), (1, [t + 60]), (0, [t + 110])], idle_before={1, 2})
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batched_clock_observations_equal_one_per_event_random(seed: int) -> None:
+    """Random runs, sources taking turns, some caught up before, some events without time."""
+    rng = random.Random(seed)
+    runs: list[tuple[int, list[int | None]]] = []
+    for _ in range(rng.randrange(2, 8)):
+        start = 1_000_000_000 + rng.randrange(600)
+        times = [start + i * rng.randrange(0, 30) for i in range(rng.randrange(1, 6))]
+        runs.append((rng.randrange(3), [None if rng.random() < 0.1 else at for at in times]))
+    _check_batched_clock(runs, idle_before={s for s in range(3) if rng.random() < 0.5})
