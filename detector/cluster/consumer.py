@@ -10,13 +10,18 @@ JetStream would otherwise hold the unacked messages until their ack wait expired
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
+import time
 from collections import deque
+from dataclasses import dataclass
 
+import orjson
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -28,6 +33,8 @@ from hpcsec.detector.cluster.streams import EVENTS_STREAM
 # returns at once with what there is, so a big batch costs no latency.
 FETCH_BATCH = 1024
 FETCH_WAIT_S = 0.5
+REPLY_GRACE_S = 0.5  # a pull request's expiry reply may come a little after it expired
+JS_API = "$JS.API"  # the JetStream API prefix of nc.jetstream()
 # Longer than any window the hub keeps open: a live consumer never gets its own held
 # messages redelivered (they are skipped by sequence if it happens anyway).
 ACK_WAIT_S = 6 * 3600.0
@@ -35,6 +42,15 @@ ACK_WAIT_S = 6 * 3600.0
 
 def durable_name(partition: int) -> str:
     return f"hpcsec-hub-p{partition:02d}"
+
+
+@dataclass
+class PullRequest:
+    subject: str  # its reply subject: what it delivers, and its status, come there
+    number: int
+    until: float  # monotonic: past its expiry and the reply's grace, it is given up on
+    left: int = FETCH_BATCH  # messages it may still deliver
+    ended: bool = False  # the server's status said it is over and found nothing more
 
 
 # (stream sequence, event time (epoch; -inf for messages nothing waits for), message)
@@ -65,13 +81,23 @@ def stream_sequence(reply: str | None) -> int | None:
 
 
 class PartitionFeed:
+    """The partition's messages through pull requests of our own on a callback subscription
+    (nats-py's `fetch` awaits each message of a batch with a timeout of its own: several
+    times the CPU of everything else it does per message). Each request has its own reply
+    subject, so a status reply is known to be about the request it ends."""
+
     def __init__(self, js: JetStreamContext, partition: int):
         self.js = js
+        self.nc: Client = js._nc  # nats-py keeps the context's connection private
         self.partition = partition
         self.durable = durable_name(partition)
         self.held: deque[Held] = deque()
         self.last_seq = 0
-        self.sub: JetStreamContext.PullSubscription | None = None
+        self.sub: Subscription | None = None
+        self._inbox = ""
+        self._arrived: list[Msg] = []
+        self._signal = asyncio.Event()
+        self._request = PullRequest("", 0, 0.0)
 
     async def open(self) -> int:
         """Bind to the partition's durable consumer, resuming after its ack floor; returns
@@ -96,16 +122,51 @@ class PartitionFeed:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = floor + 1
         await self.js.add_consumer(EVENTS_STREAM, config)
-        self.sub = await self.js.pull_subscribe_bind(durable=self.durable, stream=EVENTS_STREAM)
+        self._inbox = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._deliver)
         self.last_seq = floor
         return floor + 1 if floor else 0
 
+    async def _deliver(self, msg: Msg) -> None:
+        request = self._request
+        if msg.reply:  # a stored message (its ack subject); the server's replies have none
+            self._arrived.append(msg)
+            if msg.subject == request.subject:
+                request.left -= 1
+        elif msg.subject == request.subject:  # no messages (404), expired (408), ended (409)
+            request.left, request.ended = 0, True
+        self._signal.set()
+
+    async def _ask(self) -> None:
+        self._request = PullRequest(
+            f"{self._inbox}.{self._request.number + 1}",
+            self._request.number + 1,
+            time.monotonic() + FETCH_WAIT_S + REPLY_GRACE_S,
+        )
+        body = orjson.dumps({"batch": FETCH_BATCH, "expires": int(FETCH_WAIT_S * 1e9)})
+        subject = f"{JS_API}.CONSUMER.MSG.NEXT.{EVENTS_STREAM}.{self.durable}"
+        await self.nc.publish(subject, body, reply=self._request.subject)
+
     async def fetch(self) -> list[Msg]:
-        assert self.sub is not None
-        try:
-            return await self.sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
-        except (TimeoutError, NatsTimeoutError):
-            return []
+        """The messages that arrived; [] only once the server said a request of ours found
+        nothing (the partition is caught up), not on a timeout of ours: a loop busy
+        evaluating must not make a partition with messages waiting look caught up. A
+        request stays open until it has its batch or expires: messages published meanwhile
+        arrive at once."""
+        while not self._arrived:
+            request = self._request
+            if request.ended:
+                request.ended = False  # reported once; the next call asks again
+                return []
+            self._signal.clear()
+            if request.left <= 0 or time.monotonic() >= request.until:
+                await self._ask()
+            if not self._arrived and not self._request.ended:
+                wait = max(self._request.until - time.monotonic(), 0.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._signal.wait(), wait)
+        msgs, self._arrived = self._arrived, []
+        return msgs
 
     def fresh(self, msg: Msg) -> int | None:
         """The message's stream sequence; None for a redelivery of a message this member

@@ -42,7 +42,10 @@ from hpcsec.detector.core.timefmt import rfc3339
 from hpcsec.detector.runtime.sink import AlertSink
 
 QUEUE_BATCHES = 24  # fetched batches (FETCH_BATCH each) waiting; fetchers pause beyond it
-COALESCE_BATCHES = 16  # waiting batches evaluated together
+# Waiting batches are evaluated together up to this many messages: the loop reads the
+# socket only between evaluations, and a server cuts a client that stops reading for
+# seconds (a slow consumer), losing what it had sent.
+COALESCE_MESSAGES = 4096
 DRAIN_TIMEOUT_S = 10.0
 REPORT_EVERY_S = 60.0
 SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
@@ -171,8 +174,10 @@ class Hub:
                 fetched = [await asyncio.wait_for(queue.get(), timeout=0.5)]
             except TimeoutError:
                 fetched = []
-            while not queue.empty() and len(fetched) < COALESCE_BATCHES:
+            messages = sum(len(msgs) for _, msgs in fetched)
+            while not queue.empty() and messages < COALESCE_MESSAGES:
                 fetched.append(queue.get_nowait())
+                messages += len(fetched[-1][1])
             # with nothing new, time still moves on (HubClock): held matches and windows settle
             await self._handle(fetched, delivered)
             self._housekeeping()

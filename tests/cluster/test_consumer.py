@@ -6,12 +6,18 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 
 import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from hpcsec.detector.cluster.consumer import PartitionFeed, stream_sequence
+from hpcsec.detector.cluster.consumer import (
+    FETCH_WAIT_S,
+    REPLY_GRACE_S,
+    PartitionFeed,
+    stream_sequence,
+)
 from hpcsec.detector.cluster.evaluation import HubClock, HubEvaluation
 from hpcsec.detector.cluster.partition import subject_for
 from hpcsec.detector.cluster.streams import (
@@ -153,3 +159,38 @@ def test_batched_clock_observations_equal_one_per_event_random(seed: int) -> Non
         times = [start + i * rng.randrange(0, 30) for i in range(rng.randrange(1, 6))]
         runs.append((rng.randrange(3), [None if rng.random() < 0.1 else at for at in times]))
     _check_batched_clock(runs, idle_before={s for s in range(3) if rng.random() < 0.5})
+
+
+async def _fetch_while_busy(url: str) -> tuple[list[int], list[int], list[int]]:
+    """A caught-up partition's fetch, then five messages fetched while the event loop is
+    busy (evaluating) past the pull request's expiry, then the caught-up fetch again."""
+    nc = await connect([url], reconnect=False)
+    try:
+        js = nc.jetstream()
+        await ensure_events_stream(js, StreamSettings(replicas=1))
+        feed = PartitionFeed(js, 5)
+        await feed.open()
+        empty = await feed.fetch()
+        for _ in range(5):
+            await js.publish(subject_for(5, "gpu-2"), b"{}", stream=EVENTS_STREAM)
+        fetching = asyncio.ensure_future(feed.fetch())
+        await asyncio.sleep(0.05)  # its pull request is out
+        time.sleep(FETCH_WAIT_S + REPLY_GRACE_S + 0.3)  # the loop busy evaluating
+        busy = await fetching
+        after = await feed.fetch()
+        await feed.close()
+        return [len(empty)], [m.metadata.sequence.stream for m in busy], [len(after)]
+    finally:
+        await nc.close()
+
+
+def test_a_busy_loop_does_not_make_a_partition_look_caught_up(
+    nats_server: NatsServer,
+) -> None:
+    """[] (the partition is caught up, the hub's clock may move on) only when the server
+    says a request found nothing, never because a timeout of ours ran out while the loop
+    was busy: the events then waiting would be late."""
+    empty, busy, after = asyncio.run(_fetch_while_busy(nats_server.url))
+    assert empty == [0]
+    assert busy == [1, 2, 3, 4, 5]
+    assert after == [0]
