@@ -46,7 +46,7 @@ def durable_name(partition: int) -> str:
 
 @dataclass
 class PullRequest:
-    subject: str  # its reply subject: what it delivers, and its status, come there
+    subject: str  # its reply subject, where its status comes
     number: int
     until: float  # monotonic: past its expiry and the reply's grace, it is given up on
     left: int = FETCH_BATCH  # messages it may still deliver
@@ -130,9 +130,8 @@ class PartitionFeed:
     async def _deliver(self, msg: Msg) -> None:
         request = self._request
         if msg.reply:  # a stored message (its ack subject); the server's replies have none
-            self._arrived.append(msg)
-            if msg.subject == request.subject:
-                request.left -= 1
+            self._arrived.append(msg)  # under its own subject: counted against the open request
+            request.left -= 1
         elif msg.subject == request.subject:  # no messages (404), expired (408), ended (409)
             request.left, request.ended = 0, True
         self._signal.set()

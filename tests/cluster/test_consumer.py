@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from hpcsec.detector.cluster.consumer import (
+    FETCH_BATCH,
     FETCH_WAIT_S,
     REPLY_GRACE_S,
     PartitionFeed,
@@ -194,3 +195,31 @@ def test_a_busy_loop_does_not_make_a_partition_look_caught_up(
     assert empty == [0]
     assert busy == [1, 2, 3, 4, 5]
     assert after == [0]
+
+
+async def _drain_past_one_batch(url: str) -> tuple[int, int, int]:
+    nc = await connect([url], reconnect=False)
+    try:
+        js = nc.jetstream()
+        await ensure_events_stream(js, StreamSettings(replicas=1))
+        for _ in range(FETCH_BATCH + 5):
+            await js.publish(subject_for(7, "gpu-3"), b"{}", stream=EVENTS_STREAM)
+        feed = PartitionFeed(js, 7)
+        await feed.open()
+        got = 0
+        while got < FETCH_BATCH + 5:
+            got += len(await feed.fetch())
+        await feed.close()
+        return got, feed._request.number, feed._request.left
+    finally:
+        await nc.close()
+
+
+def test_a_request_that_delivered_its_batch_is_followed_at_once(
+    nats_server: NatsServer,
+) -> None:
+    """Stored messages arrive under their own subjects, not the request's: every one counts
+    against the open request, so the next request goes out once a batch is in (not when the
+    spent request would have expired, a pause per batch)."""
+    got, requests, left = asyncio.run(_drain_past_one_batch(nats_server.url))
+    assert (got, requests, left) == (FETCH_BATCH + 5, 2, FETCH_BATCH - 5)
