@@ -29,9 +29,11 @@ from nats.js.errors import NotFoundError
 from hpcsec.detector.cluster.partition import partition_subject
 from hpcsec.detector.cluster.streams import EVENTS_STREAM
 
-# Messages per pull request: a fetch costs a request and a reply on top of its messages, and
-# returns at once with what there is, so a big batch costs no latency.
-FETCH_BATCH = 1024
+# Messages per pull request. The next request goes out as soon as a batch is in, so a small
+# batch costs little; what is requested is on its way to the member, and a member whose
+# loop stalls (an overloaded machine) must not have megabytes queued at the server for it:
+# a server cuts a client that leaves its writes blocked for seconds (a slow consumer).
+FETCH_BATCH = 256
 FETCH_WAIT_S = 0.5
 REPLY_GRACE_S = 0.5  # a pull request's expiry reply may come a little after it expired
 JS_API = "$JS.API"  # the JetStream API prefix of nc.jetstream()
