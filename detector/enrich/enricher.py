@@ -67,26 +67,30 @@ def fill_process_fields(events: list[Event], view: NodeView | None) -> None:
 
 
 def fill_gpu_users(events: list[Event]) -> None:
-    """`gpu.process_users` / `gpu.process_user_count` on each gpu_device, from gpu_process."""
+    """`gpu.process_users` / `gpu.process_user_count` on each gpu_device, from gpu_process
+    (one pass over the events to find both kinds: it runs on every batch)."""
     users: dict[object, set[str]] = defaultdict(set)
+    devices: list[Event] = []
     for e in events:
-        if e.get("event.category") == "gpu_process":
+        category = e.get("event.category")
+        if category == "gpu_process":
             name = e.get("user.name") or (str(e["user.id"]) if "user.id" in e else None)
             if name is not None:
                 users[(e.get("host.name"), e.get("gpu.uuid") or e.get("gpu.index"))].add(name)
-    for e in events:
-        if e.get("event.category") == "gpu_device":
-            found = users.get((e.get("host.name"), e.get("gpu.uuid") or e.get("gpu.index")))
-            if found is None and e.get("gpu.process_users"):
-                continue  # the sensor (or a replayed event) already said who
-            e["gpu.process_users"] = sorted(found or ())
-            e["gpu.process_user_count"] = len(found or ())
+        elif category == "gpu_device":
+            devices.append(e)
+    for e in devices:
+        found = users.get((e.get("host.name"), e.get("gpu.uuid") or e.get("gpu.index")))
+        if found is None and e.get("gpu.process_users"):
+            continue  # the sensor (or a replayed event) already said who
+        e["gpu.process_users"] = sorted(found or ())
+        e["gpu.process_user_count"] = len(found or ())
 
 
 def _apply_policy(events: list[Event], _view: NodeView | None, config: SiteConfig) -> None:
-    policy = policy_for(config)
+    apply = policy_for(config).apply
     for event in events:
-        policy.apply(event)
+        apply(event)
 
 
 STEPS: tuple[EnrichStep, ...] = (

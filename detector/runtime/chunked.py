@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 import orjson
 
-from hpcsec.detector.core.eventio import InputReport, read_jsonl
+from hpcsec.detector.core.eventio import InputReport, read_jsonl_blocks
 from hpcsec.detector.core.schema import Event
 
 PARALLEL_MIN_BYTES = 8 * 2**20  # below this, starting a worker costs more than it saves
@@ -61,7 +61,7 @@ def parse_chunk(path: str, start: int, end: int) -> ParsedChunk:
         stream.seek(start)
         data = stream.read(end - start)
     report = InputReport(path)
-    events = list(read_jsonl(io.BytesIO(data), report))
+    events = [e for block in read_jsonl_blocks(io.BytesIO(data), report) for e in block]
     arrays = [
         orjson.dumps(events[at : at + PARSE_BATCH]) for at in range(0, len(events), PARSE_BATCH)
     ]
@@ -97,10 +97,12 @@ def parse_in_caller(path: str, start: int, end: int) -> ParsedChunk:
     return parse_chunk(path, start, end)
 
 
-def read_parallel(path: str, stream: BinaryIO, report: InputReport, jobs: int) -> Iterator[Event]:
+def read_parallel(
+    path: str, stream: BinaryIO, report: InputReport, jobs: int
+) -> Iterator[list[Event]]:
     """The events of the regular file `stream` (opened from `path`), parsed by `jobs - 1`
-    worker processes while the caller uses them; the same events, in the same order, and the
-    same report as `read_jsonl(stream, report)`."""
+    worker processes while the caller uses them, in lists of up to PARSE_BATCH; the same
+    events, in the same order, and the same report as `read_jsonl(stream, report)`."""
     path = os.path.abspath(path)
     size = os.fstat(stream.fileno()).st_size
     bounds = chunk_bounds(stream, size, CHUNK_BYTES)
@@ -131,4 +133,4 @@ def read_parallel(path: str, stream: BinaryIO, report: InputReport, jobs: int) -
             merge(report, parsed, lines_before)
             lines_before = report.lines
             for array in parsed.events_json:
-                yield from orjson.loads(array)
+                yield orjson.loads(array)
