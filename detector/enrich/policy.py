@@ -303,3 +303,15 @@ def annotate_fleet_majority(events: Iterable[Event]) -> int:
             e["firmware.fleet_majority_version"] = fleet_version
             annotated += 1
     return annotated
+
+
+def apply_fleet_majority(events: list[Event], majority: dict[str, str]) -> list[Event]:
+    """`firmware.fleet_majority_version` from `majority` (per component, as
+    `annotate_fleet_majority` found it over a whole file) on its firmware events, in place;
+    a version an event already gives stays."""
+    for event in events:
+        if event.get("event.category") == "firmware":
+            version = majority.get(str(event.get("firmware.component")))
+            if version is not None:
+                event.setdefault("firmware.fleet_majority_version", version)
+    return events

@@ -34,10 +34,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SourceBatch:
     """Events read together, and what enrichment needs about the node they were read on
-    (None: events from a file, with no node to look at)."""
+    (None: events from a file, with no node to look at). `enriched`: the enrichment steps
+    the source already applied (a worker process that parsed the events gave them site
+    policy: see runtime/chunked.py); the pipeline runs only the others."""
 
     events: list[Event]
     node: NodeView | None
+    enriched: frozenset[str] = frozenset()
 
 
 def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Event]]:
@@ -64,7 +67,7 @@ def rule_paths_for(
 
 def enrich(enricher: Enricher, batch: SourceBatch) -> list[Event]:
     """Slurm job and site-policy fields for a batch's events (the one place that enriches)."""
-    return enricher.enrich(batch.events, batch.node)
+    return enricher.enrich(batch.events, batch.node, skip=batch.enriched)
 
 
 def coalesce(batches: Sequence[SourceBatch]) -> list[SourceBatch]:
@@ -72,10 +75,10 @@ def coalesce(batches: Sequence[SourceBatch]) -> list[SourceBatch]:
     different sensors read at the same time, so a sample is enriched as a whole."""
     merged: list[SourceBatch] = []
     for batch in batches:
-        if merged and merged[-1].node is batch.node:
+        if merged and merged[-1].node is batch.node and merged[-1].enriched == batch.enriched:
             merged[-1].events.extend(batch.events)
         else:
-            merged.append(SourceBatch(list(batch.events), batch.node))
+            merged.append(SourceBatch(list(batch.events), batch.node, batch.enriched))
     return merged
 
 

@@ -18,7 +18,8 @@ from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import SourceError, UsageError
 from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl_blocks
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.enrich.policy import annotate_fleet_majority
+from hpcsec.detector.enrich.enricher import POLICY_STEP
+from hpcsec.detector.enrich.policy import annotate_fleet_majority, apply_fleet_majority
 from hpcsec.detector.enrich.view import FILE_EVENTS_NOTE
 from hpcsec.detector.runtime import chunked, registry
 from hpcsec.detector.runtime.node import live_context
@@ -135,16 +136,6 @@ def lines_containing(stream: BinaryIO, needle: bytes, block: int = SEARCH_BLOCK)
         yield tail
 
 
-def annotate(events: list[Event], majority: dict[str, str]) -> list[Event]:
-    """`firmware.fleet_majority_version` on the firmware events (a version one gives stays)."""
-    for event in events:
-        if event.get("event.category") == "firmware":
-            version = majority.get(str(event.get("firmware.component")))
-            if version is not None:
-                event.setdefault("firmware.fleet_majority_version", version)
-    return events
-
-
 def snapshot_samples(
     snapshot: Snapshot,
     config: SiteConfig,
@@ -171,22 +162,24 @@ class EventSources:
         self.config = config
         self.report = report
 
-    def _batches(self, blocks: Iterator[list[Event]], size: int) -> Iterator[SourceBatch]:
+    def _batches(
+        self, blocks: Iterator[list[Event]], size: int, enriched: frozenset[str] = frozenset()
+    ) -> Iterator[SourceBatch]:
         """Batches of exactly `size` events (the last one smaller) from lists of any size."""
         batch: list[Event] = []
         for events in blocks:
             if not batch and len(events) == size:  # the common case: a block is a batch
                 self.report.events += size
-                yield SourceBatch(events, None)
+                yield SourceBatch(events, None, enriched)
                 continue
             batch.extend(events)
             while len(batch) >= size:
                 self.report.events += size
-                yield SourceBatch(batch[:size], None)
+                yield SourceBatch(batch[:size], None, enriched)
                 batch = batch[size:]
         if batch:
             self.report.events += len(batch)
-            yield SourceBatch(batch, None)
+            yield SourceBatch(batch, None, enriched)
 
     def from_events_file(self, path: str, size: int, jobs: int = 1) -> Iterator[SourceBatch]:
         """`jobs` > 1: a regular file of at least chunked.PARALLEL_MIN_BYTES is parsed by
@@ -206,17 +199,20 @@ class EventSources:
             stream.seek(0)
             info = os.fstat(stream.fileno())
             blocks: Iterator[list[Event]]
+            enriched: frozenset[str] = frozenset()
             if (
                 jobs > 1
                 and stat.S_ISREG(info.st_mode)
                 and info.st_size >= chunked.PARALLEL_MIN_BYTES
             ):
-                blocks = chunked.read_parallel(path, stream, report, jobs)
+                prepare = chunked.Prepare(self.config, majority)
+                blocks = chunked.read_parallel(path, stream, report, jobs, prepare)
+                enriched = POLICY_STEP  # the workers applied the majority and the site policy
             else:
                 blocks = read_jsonl_blocks(stream, report, size)
-            if majority:
-                blocks = (annotate(events, majority) for events in blocks)
-            yield from self._batches(blocks, size)
+                if majority:
+                    blocks = (apply_fleet_majority(events, majority) for events in blocks)
+            yield from self._batches(blocks, size, enriched)
 
     def _sampled(self, ctx: SensorContext, runs: list[SensorRun]) -> SourceBatch:
         self.report.sensor_runs.extend(runs)

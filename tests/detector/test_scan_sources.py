@@ -10,6 +10,7 @@ import pytest
 
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import InputReport, read_jsonl
+from hpcsec.detector.runtime import chunked
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, lines_containing
 
 
@@ -35,13 +36,19 @@ def test_lines_containing_finds_lines_across_block_edges(block):
     ]
 
 
-def test_the_fleet_majority_is_set_on_the_events_of_a_file(tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_fleet_majority_is_set_on_the_events_of_a_file(tmp_path, monkeypatch, jobs):
+    """With two jobs the worker sets it (and the site policy: the batches say so)."""
+    monkeypatch.setattr(chunked, "PARALLEL_MIN_BYTES", 0)
     path = tmp_path / "events.jsonl"
     events = [firmware(f"gpu{i:03d}", "2.0" if i else "1.0") for i in range(4)]
     path.write_bytes(b"\n".join(json.dumps(e).encode() for e in events))  # no last newline
     sources = EventSources(SiteConfig(), ScanReport())
-    read = [e for batch in sources.from_events_file(str(path), 256) for e in batch.events]
+    batches = list(sources.from_events_file(str(path), 256, jobs))
+    read = [e for batch in batches for e in batch.events]
     assert [e.get("firmware.fleet_majority_version") for e in read] == ["2.0"] * 4
+    assert [b.enriched for b in batches] == [frozenset({"policy"}) if jobs == 2 else frozenset()]
+    assert all(("hpcsec.in_maintenance" in e) == (jobs == 2) for e in read)
 
 
 def test_batches_hold_exactly_size_events_when_lines_are_skipped(tmp_path):
