@@ -72,16 +72,16 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def parse_chunk(path: str, start: int, end: int, config: Prepare | None) -> ParsedChunk:
+def parse_chunk(path: str, start: int, end: int, prepare: Prepare | None) -> ParsedChunk:
     """The events of bytes [start, end) of `path`, checked as `read_jsonl` checks them, then
-    prepared as `config` says when it is given (see `read_parallel`)."""
+    given what `prepare` says when it is given (see `read_parallel`)."""
     with open(path, "rb") as stream:
         stream.seek(start)
         data = stream.read(end - start)
     report = InputReport(path)
     events = [e for block in read_jsonl_blocks(io.BytesIO(data), report) for e in block]
-    if config is not None:
-        config.apply(events)
+    if prepare is not None:
+        prepare.apply(events)
     arrays = [
         orjson.dumps(events[at : at + PARSE_BATCH]) for at in range(0, len(events), PARSE_BATCH)
     ]
@@ -112,19 +112,19 @@ def merge(report: InputReport, chunk: ParsedChunk, lines_before: int) -> None:
         report.lines = lines_before + chunk.lines
 
 
-def parse_in_caller(path: str, start: int, end: int, config: Prepare | None) -> ParsedChunk:
+def parse_in_caller(path: str, start: int, end: int, prepare: Prepare | None) -> ParsedChunk:
     """A chunk no worker could parse (the pool broke), parsed here."""
-    return parse_chunk(path, start, end, config)
+    return parse_chunk(path, start, end, prepare)
 
 
 def read_parallel(
-    path: str, stream: BinaryIO, report: InputReport, jobs: int, config: Prepare | None = None
+    path: str, stream: BinaryIO, report: InputReport, jobs: int, prepare: Prepare | None = None
 ) -> Iterator[list[Event]]:
     """The events of the regular file `stream` (opened from `path`), parsed by `jobs - 1`
     worker processes while the caller uses them, in lists of up to PARSE_BATCH; the same
     events, in the same order, and the same report as `read_jsonl(stream, report)`.
 
-    `config`: the workers also give the events the fleet's firmware majority and apply the
+    `prepare`: the workers also give the events the fleet's firmware majority and apply the
     site policy (`enricher.apply_policy`), the one enrichment step that needs no node view
     and no other event: that moves a fifth of the caller's work to them, so the caller that
     evaluates keeps up with the parsing."""
@@ -138,7 +138,7 @@ def read_parallel(
 
         def submit(start: int, end: int) -> None:
             try:
-                pending.append((start, end, pool.submit(parse_chunk, path, start, end, config)))
+                pending.append((start, end, pool.submit(parse_chunk, path, start, end, prepare)))
             except BrokenProcessPool:
                 pending.append((start, end, None))
 
@@ -152,7 +152,7 @@ def read_parallel(
             except BrokenProcessPool:
                 parsed = None
             if parsed is None:
-                parsed = parse_in_caller(path, start, end, config)
+                parsed = parse_in_caller(path, start, end, prepare)
             for start, end in islice(bounds, 1):
                 submit(start, end)
             merge(report, parsed, lines_before)

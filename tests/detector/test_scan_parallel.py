@@ -72,10 +72,10 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     parse_here = chunked.parse_in_caller
 
     def counted(
-        path: str, start: int, end: int, config: chunked.Prepare | None
+        path: str, start: int, end: int, prepare: chunked.Prepare | None
     ) -> chunked.ParsedChunk:
         in_caller.append((start, end))
-        return parse_here(path, start, end, config)
+        return parse_here(path, start, end, prepare)
 
     monkeypatch.setattr(chunked, "parse_in_caller", counted)
     return in_caller
