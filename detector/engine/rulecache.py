@@ -11,12 +11,19 @@ Entries are pickles, so only the user who runs hpcsec may be able to write them:
 real directory (not a symlink) owned by this user with no access for others, and every entry
 is opened relative to that directory's descriptor with O_NOFOLLOW, so a path swapped after the
 check is not followed. An entry that cannot be read or unpickled is removed and rebuilt.
+
+An entry holds, per rule, its header (ruleset.RuleHeader: plain values) and its pySigma object
+pickled on its own, unpickled only when the rule is first used (LoadedRule.sigma): reading an
+entry costs the headers, and `rules list` or `config check` never import pySigma's parser. So
+that damage found late cannot pass for a rule, the entry carries a SHA-256 of its contents,
+checked before anything in it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import importlib.metadata
 import os
 import pickle
@@ -26,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsec.detector.engine.ruleset import RuleSet
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleHeader, RuleSet
 
-FORMAT = b"hpcsec-rulecache-1"
+FORMAT = b"hpcsec-rulecache-2"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
 
@@ -95,15 +102,42 @@ def read(directory: Path, key: str) -> RuleSet | None:
                 return None
             data = f.read()
         try:
-            ruleset = pickle.loads(data)
-        except Exception:  # a corrupt entry: any unpickling error; rebuilt by the caller
+            ruleset = decode(data)
+        except Exception:  # a corrupt entry: any unpickling or shape error; rebuilt by the caller
             ruleset = None
-        if not isinstance(ruleset, RuleSet):
+        if ruleset is None:
             _remove(key, fd)
-            return None
         return ruleset
     finally:
         os.close(fd)
+
+
+def encode(ruleset: RuleSet) -> bytes:
+    rules = [(tuple(r.header), r.blob(), r.path, r.line, r.vector, r.origin) for r in ruleset.rules]
+    payload = pickle.dumps((rules, ruleset.tests, ruleset.files), protocol=pickle.HIGHEST_PROTOCOL)
+    digest = hashlib.sha256(payload).digest()
+    return pickle.dumps((FORMAT, digest, payload), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> RuleSet | None:
+    """The rule set of an entry; None when it is not one (wrong format, checksum or shape)."""
+    outer = pickle.loads(data)
+    if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == FORMAT):
+        return None
+    _, digest, payload = outer
+    if not isinstance(payload, bytes) or not hmac.compare_digest(
+        hashlib.sha256(payload).digest(), digest
+    ):
+        return None
+    rules, tests, files = pickle.loads(payload)
+    ruleset = RuleSet(tests=list(tests), files=list(files))
+    for header, blob, path, line, vector, origin in rules:
+        if len(header) != len(RuleHeader._fields) or not isinstance(blob, bytes):
+            return None
+        ruleset.rules.append(
+            LoadedRule.cached(RuleHeader(*header), blob, path, line, vector, origin)
+        )
+    return ruleset
 
 
 def write(directory: Path, key: str, ruleset: RuleSet) -> None:
@@ -114,7 +148,7 @@ def write(directory: Path, key: str, ruleset: RuleSet) -> None:
         return
     temporary = f".{key}.{os.getpid()}"
     try:
-        data = pickle.dumps(ruleset, protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode(ruleset)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=fd), "wb") as f:
             f.write(data)
