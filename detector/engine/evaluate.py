@@ -29,6 +29,7 @@ Correlations see their events in event-time order, whatever the arrival order (r
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from collections.abc import Iterable
@@ -57,6 +58,17 @@ from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.values import UnsupportedValue
 
 logger = logging.getLogger(__name__)
+
+
+def return_freed_memory() -> None:
+    """Hand the heap that compiling freed back to the system. Compiling a category allocates
+    far more (the generated source, its syntax tree, the compiler's own) than the function
+    keeps, and glibc keeps freed memory in the process unless told: SigmaHQ's 3,754 rules
+    would stay at some 190 MB resident instead of 145. Where there is no malloc_trim (not
+    glibc) the memory stays with the process's allocator. Costs well under a millisecond."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,7 @@ class Engine:
                 logger.error("%s (the rule is not evaluated)", e)
                 continue
             compiled.append(rule)
+            rule.release()  # the match function does not need it (a cached rule re-reads it)
         try:
             function = builder.build()
         except (SyntaxError, RecursionError, MemoryError) as e:  # pathological rule sizes
@@ -208,6 +221,7 @@ class Engine:
                 f"the rules of category {category} are too large to compile: {e}",
                 location(rules[0].path, rules[0].line),
             ) from e
+        return_freed_memory()
         feeds, silenced = self._feeds, self._silenced
         slots = tuple(
             Slot(r, r.id not in silenced, self._ordered(feeds.get(r.id, []))) for r in compiled

@@ -89,28 +89,23 @@ class LoadedRule:
         return rule
 
     # -- the pySigma object and the key lines, unpickled on first use -------------------------
-    def _load(self) -> None:
+    def _load(self) -> tuple[SigmaItem, KeyLines]:
         with _LOADING:
-            if self._sigma is not None:
-                return
-            try:
-                sigma, key_lines = pickle.loads(self._blob or b"")
-            except Exception as e:  # an entry damaged after its checksum was verified
-                raise RuleError(
-                    f"rule {self.id}: its rule cache entry cannot be read ({type(e).__name__});"
-                    " remove the cache directory to rebuild it",
-                    location(self.path, self.line),
-                ) from e
-            self._key_lines = key_lines
-            self._sigma = sigma
-            self._blob = None
+            if self._sigma is None or self._key_lines is None:
+                try:
+                    self._sigma, self._key_lines = pickle.loads(self._blob or b"")
+                except Exception as e:  # an entry damaged after its checksum was verified
+                    raise RuleError(
+                        f"rule {self.id}: its rule cache entry cannot be read "
+                        f"({type(e).__name__}); remove the cache directory to rebuild it",
+                        location(self.path, self.line),
+                    ) from e
+            return self._sigma, self._key_lines
 
     @property
     def sigma(self) -> SigmaItem:
-        if self._sigma is None:
-            self._load()
-        assert self._sigma is not None
-        return self._sigma
+        sigma = self._sigma
+        return sigma if sigma is not None else self._load()[0]
 
     @property
     def sigma_loaded(self) -> bool:
@@ -119,10 +114,15 @@ class LoadedRule:
 
     @property
     def key_lines(self) -> KeyLines:
-        if self._key_lines is None:
-            self._load()
-        assert self._key_lines is not None
-        return self._key_lines
+        key_lines = self._key_lines
+        return key_lines if key_lines is not None else self._load()[1]
+
+    def release(self) -> None:
+        """Drop a cached rule's pySigma object once it is compiled: it is read again from its
+        bytes if something needs it (an alert's title, say). A parsed rule keeps its own."""
+        with _LOADING:
+            if self._blob is not None:
+                self._sigma = self._key_lines = None
 
     def blob(self) -> bytes:
         """The pickled (sigma, key_lines), what the rule cache stores."""

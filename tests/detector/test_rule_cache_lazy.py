@@ -198,20 +198,37 @@ def test_a_lazy_engine_builds_a_category_at_its_first_event_and_matches_like_an_
     tmp_path, rules_file
 ):
     cache = tmp_path / "hpcsec"
-    load_rules([rules_file], with_tests=False, cache=cache)
+    cold = load_rules([rules_file], with_tests=False, cache=cache)
     cached = load_rules([rules_file], with_tests=False, cache=cache)
     lazy = Engine(cached, lazy=True)
     assert lazy.built_categories == set()
     assert not any(r.sigma_loaded for r in cached.rules)
-    lazy.evaluate(EVENTS[2:3])
+    assert [m.rule.id for m in lazy.evaluate(EVENTS[2:3])] == [cached.rules[1].id]
     assert lazy.built_categories == {"network"}
-    # only the network rule's object was read
-    assert [r.sigma_loaded for r in cached.rules] == [False, True, False]
     lazy.evaluate(EVENTS[3:])  # a category without rules builds nothing
     assert lazy.built_categories == {"network"}
     eager = Engine(load_rules([rules_file], with_tests=False))
     assert eager.built_categories == {"process", "network"}
     assert matched(Engine(cached, lazy=True)) == matched(eager)
+    # the process rules' objects are never read until a process event: unreadable ones
+    # do not stop the network category
+    broken = forged(forged(cold, 0), 2)
+    lazy = Engine(broken, lazy=True)
+    assert [m.rule.id for m in lazy.evaluate(EVENTS[2:3])] == [cached.rules[1].id]
+
+
+def test_a_compiled_cached_rule_drops_its_pysigma_object_and_reads_it_again_on_demand(
+    tmp_path, rules_file
+):
+    cache = tmp_path / "hpcsec"
+    cold = load_rules([rules_file], with_tests=False, cache=cache)
+    cached = load_rules([rules_file], with_tests=False, cache=cache)
+    engine = Engine(cached)
+    assert not any(r.sigma_loaded for r in cached.rules)  # the match functions need none
+    assert all(r.sigma_loaded for r in cold.rules)  # a parsed rule keeps its own
+    (match,) = engine.evaluate(EVENTS[:1])
+    assert match.rule.sigma == cold.rules[0].sigma and match.rule.sigma_loaded
+    assert matched(engine) == matched(Engine(cold))
 
 
 def test_the_bundled_rules_match_alike_lazily_from_the_cache_and_eagerly_cold(tmp_path):
