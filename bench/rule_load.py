@@ -55,7 +55,6 @@ def cached_figures(files: list[str], cache: str, events_file: str) -> dict[str, 
     events = [orjson.loads(line) for line in Path(events_file).read_bytes().splitlines()]
     before = rss_mb()
     start = time.process_time()
-    from hpcsec.detector.engine.evaluate import Engine
     from hpcsec.detector.engine.loader import load_rules
 
     imported = time.process_time() - start
@@ -64,6 +63,8 @@ def cached_figures(files: list[str], cache: str, events_file: str) -> dict[str, 
     read = time.process_time() - start
     pysigma_imported = "sigma.rule" in sys.modules
     after_load = rss_mb()
+    from hpcsec.detector.engine.evaluate import Engine  # the compiler needs pySigma's types
+
     route(ruleset)
     start = time.process_time()
     engine = Engine(ruleset, lazy=True)

@@ -263,3 +263,19 @@ def test_two_threads_building_one_category_share_one_function(rules_file):
     for t in threads:
         t.join()
     assert len({id(entry) for entry in built}) == 1 and built[0] is not None
+
+
+def test_a_file_named_twice_through_a_link_loads_once_and_tests_dirs_are_skipped(
+    tmp_path, rules_file
+):
+    other = tmp_path / "other"
+    (other / "tests").mkdir(parents=True)
+    (other / ".hidden").mkdir()
+    os.link(rules_file, other / "same.yml")  # a hard link: one file, two names
+    (other / "tests" / "x.yml").write_text("not a rule: [")
+    (other / ".hidden" / "x.yml").write_text("not a rule: [")
+    (other / "linked").symlink_to(tmp_path / "nowhere")  # dangling: not a rule file
+    loaded = load_rules([rules_file, other], with_tests=False)
+    assert [r.path for r in loaded.rules] == [str(rules_file)] * 3 and loaded.files == [
+        str(rules_file)
+    ]
