@@ -130,5 +130,7 @@ def load_rules(
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
     if cache is not None and key is not None and not ruleset.errors:
-        rulecache.write(cache, key, ruleset)
+        # the rules as the entry holds them: a first start keeps, like the next ones, only
+        # the pySigma objects of the rules it compiles
+        return rulecache.write(cache, key, ruleset) or ruleset
     return ruleset

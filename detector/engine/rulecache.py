@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import importlib.metadata
 import os
 import pickle
+import re
 import stat
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,16 +45,42 @@ def default_dir() -> Path:
     return Path(base) / "hpcsec"
 
 
+def installed_version(distribution: str) -> str:
+    """importlib.metadata.version(distribution), read from the `NAME-VERSION.dist-info`
+    directory on sys.path: importing importlib.metadata (email, zipfile, csv...) would cost a
+    cached `rules list` more than reading its rules does. Falls back to it when no such
+    directory names the distribution (an egg, say); "-" when it is not installed."""
+    wanted = _normalized(distribution)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip, a path hook, a directory gone
+            continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                found, _, version = name[: -len(".dist-info")].rpartition("-")
+                if _normalized(found) == wanted:
+                    return version
+    import importlib.metadata  # rare: only where no dist-info directory was found
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def _normalized(name: str) -> str:
+    """A distribution's name as packaging compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def cache_key(
     files: Sequence[Path], threshold_values: Mapping[str, Any] | None, with_tests: bool
 ) -> str | None:
     """The entry name for these inputs; None when a file cannot be read (no caching)."""
     digest = hashlib.sha256(FORMAT)
     for name in ("hpcsec", "pySigma"):
-        try:
-            digest.update(f"{name} {importlib.metadata.version(name)}\n".encode())
-        except importlib.metadata.PackageNotFoundError:
-            digest.update(f"{name} -\n".encode())
+        digest.update(f"{name} {installed_version(name)}\n".encode())
     digest.update(sys.version.encode())
     digest.update(repr(sorted((threshold_values or {}).items())).encode())
     digest.update(b"tests" if with_tests else b"no tests")
@@ -140,12 +166,13 @@ def decode(data: bytes) -> RuleSet | None:
     return ruleset
 
 
-def write(directory: Path, key: str, ruleset: RuleSet) -> None:
+def write(directory: Path, key: str, ruleset: RuleSet) -> RuleSet | None:
     """Store the entry (atomically: a reader sees the old state or the whole entry); a cache
-    that cannot be written only costs the next load its time."""
+    that cannot be written only costs the next load its time. Returns the rule set as the
+    entry holds it (lazy rules, see the module's docstring), None when it was not written."""
     fd = _open_private(directory, create=True)
     if fd is None:
-        return
+        return None
     temporary = f".{key}.{os.getpid()}"
     try:
         data = encode(ruleset)
@@ -155,8 +182,10 @@ def write(directory: Path, key: str, ruleset: RuleSet) -> None:
         os.replace(temporary, key, src_dir_fd=fd, dst_dir_fd=fd)
     except (OSError, pickle.PicklingError, RecursionError, TypeError, AttributeError):
         _remove(temporary, fd)
+        return None
     finally:
         os.close(fd)
+    return decode(data)
 
 
 def _remove(name: str, fd: int) -> None:

@@ -191,10 +191,26 @@ class LoadedRule:
         return f"LoadedRule(id={self.id!r}, path={self.path!r}, line={self.line})"
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self._blob is not None:  # a cached rule travels as it came: header and bytes
+            header = tuple(self.header)
+            return _cached_rule, (
+                header,
+                self._blob,
+                self.path,
+                self.line,
+                self.vector,
+                self.origin,
+            )
         return (
             LoadedRule,
             (self.sigma, self.path, self.line, self.vector, self.key_lines, self.origin),
         )
+
+
+def _cached_rule(
+    header: tuple[Any, ...], blob: bytes, path: str, line: int, vector: str, origin: str
+) -> LoadedRule:
+    return LoadedRule.cached(RuleHeader(*header), blob, path, line, vector, origin)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,9 @@ def test_a_cached_rule_reads_its_pysigma_object_on_first_use_equal_to_the_parsed
     assert first.sigma_loaded and not cached.rules[1].sigma_loaded
     assert first.sigma is first.sigma  # one object, whoever reads it
     assert cached.rules == cold.rules  # headers, sources and pySigma objects alike
-    assert pickle.loads(pickle.dumps(cached.rules[2])) == cold.rules[2]
+    sent = pickle.loads(pickle.dumps(cached.rules[2]))  # e.g. to a worker process
+    assert not sent.sigma_loaded and sent == cold.rules[2]
+    assert pickle.loads(pickle.dumps(cold.rules[2])) == cold.rules[2]
 
 
 def test_the_short_commands_import_no_pysigma_with_a_warm_cache(tmp_path, rules_file):
@@ -221,10 +223,13 @@ def test_a_compiled_cached_rule_drops_its_pysigma_object_and_reads_it_again_on_d
     tmp_path, rules_file
 ):
     cache = tmp_path / "hpcsec"
-    cold = load_rules([rules_file], with_tests=False, cache=cache)
+    first = load_rules([rules_file], with_tests=False, cache=cache)  # parsed, then cached
+    assert not any(r.sigma_loaded for r in first.rules)  # returned as the cache holds them
     cached = load_rules([rules_file], with_tests=False, cache=cache)
     engine = Engine(cached)
     assert not any(r.sigma_loaded for r in cached.rules)  # the match functions need none
+    cold = load_rules([rules_file], with_tests=False)
+    Engine(cold)
     assert all(r.sigma_loaded for r in cold.rules)  # a parsed rule keeps its own
     (match,) = engine.evaluate(EVENTS[:1])
     assert match.rule.sigma == cold.rules[0].sigma and match.rule.sigma_loaded
@@ -279,3 +284,14 @@ def test_a_file_named_twice_through_a_link_loads_once_and_tests_dirs_are_skipped
     assert [r.path for r in loaded.rules] == [str(rules_file)] * 3 and loaded.files == [
         str(rules_file)
     ]
+
+
+@pytest.mark.parametrize("name", ["pySigma", "hpcsec", "PyYAML", "no-such-distribution-here"])
+def test_the_cache_key_reads_versions_as_importlib_metadata_does(name):
+    import importlib.metadata
+
+    try:
+        expected = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        expected = "-"
+    assert rulecache.installed_version(name) == expected
