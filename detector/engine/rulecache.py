@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
 import os
 import pickle
 import re
@@ -151,9 +150,8 @@ def decode(data: bytes) -> RuleSet | None:
     if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == FORMAT):
         return None
     _, digest, payload = outer
-    if not isinstance(payload, bytes) or not hmac.compare_digest(
-        hashlib.sha256(payload).digest(), digest
-    ):
+    # a checksum against damage, not a secret: a plain comparison will do
+    if not isinstance(payload, bytes) or hashlib.sha256(payload).digest() != digest:
         return None
     rules, tests, files = pickle.loads(payload)
     ruleset = RuleSet(tests=list(tests), files=list(files))
