@@ -12,9 +12,9 @@ Events (default 100K) are generated from the rules themselves: each takes a rand
 fields; about 1 in 20 carries that rule's literal values (most of those fire it), the others
 carry benign values of the same fields. Reported in one run: load time (parse + compile); the
 same rules through the rule cache in a fresh process (rule_load.py: cached load, each
-category's first evaluation, steady state, rule memory); the engine's events/s and peak RSS, with the literal index (index.py) and without (every rule of
-the category per event); then the SQLite backend's SQL on sqlite3 over the same events (table
-load reported apart).
+category's first evaluation, steady state, rule memory); the engine's events/s and peak RSS,
+with the literal index (index.py) and without (every rule of the category per event); then
+the SQLite backend's SQL on sqlite3 over the same events (table load reported apart).
 """
 
 from __future__ import annotations
