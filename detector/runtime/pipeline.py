@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
-from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
+from hpcsec.detector.engine.loader import load_rules, rule_paths_for
 from hpcsec.detector.engine.reorder import Clock
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.enrich.enricher import Enricher
@@ -49,20 +48,6 @@ def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Eve
     produced (Slurm unreachable, back, unparsable): events of this sample, added once."""
     view = capture_view(ctx, events)
     return view, view.status_events()
-
-
-def rule_paths_for(
-    config: SiteConfig, rule_paths: Sequence[str] | None, *, default_rules: bool = True
-) -> list[str]:
-    """The rules a pipeline runs, in load order: the bundled ones (unless `default_rules` is
-    off), then the config's `rules:`, then the command line's `--rules`. Local rules add to
-    the bundled ones, as a local rules file does in Falco: their filters apply to bundled
-    rules, and a local rule reusing a bundled rule's id is an error."""
-    paths = [str(bundled_rules_dir())] if default_rules else []
-    paths += [*config.rule_paths, *(rule_paths or ())]
-    if not paths:
-        raise UsageError("--no-default-rules needs rules: --rules PATH or `rules:` in the config")
-    return paths
 
 
 def enrich(enricher: Enricher, batch: SourceBatch) -> list[Event]:
