@@ -5,9 +5,12 @@ For each rule a set of *required keys* is read off its condition tree: (field, k
 such that the rule cannot be true for an event unless one of the keys is found in the event
 (kind `eq`: the field's case-folded text equals the literal; `contains`, `startswith`,
 `endswith`: the literal occurs there). An AND needs only one of its parts' keys, an OR needs
-every branch's (their union); a NOT, a keyword, a regex, a number or anything else gives no key,
-so a rule whose condition is not provably false without its keys is never pruned: it stays on
-the compiled path of its category (compile.py) and runs for every event, as before. The index
+every branch's (their union). A regex gives a `contains` key of a literal every match contains
+(regex_literals.py); a keyword (a value without a field) gives keys of the field `ANY_FIELD`,
+looked up in every value the keyword searches (matchers.searched_by_keywords). A NOT, a number
+or anything else gives no key, so a rule whose condition is not provably false without its keys
+is never pruned: it stays on the compiled path of its category (compile.py) and runs for every
+event, as before. The index
 only ever removes rules whose condition is false for the event; the rules it keeps are then
 evaluated by their own compiled code, so what matches is exactly what the category's function
 would have matched.
@@ -24,12 +27,24 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ahocorasick
-from sigma.conditions import ConditionAND, ConditionFieldEqualsValueExpression, ConditionOR
-from sigma.types import SigmaCasedString, SigmaExpansion, SigmaString
+from sigma.conditions import (
+    ConditionAND,
+    ConditionFieldEqualsValueExpression,
+    ConditionOR,
+    ConditionValueExpression,
+)
+from sigma.types import (
+    SigmaCasedString,
+    SigmaExpansion,
+    SigmaRegularExpression,
+    SigmaRegularExpressionFlag,
+    SigmaString,
+)
 
 from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
-from hpcsec.detector.engine.values import UnsupportedValue, string_shape
+from hpcsec.detector.engine.regex_literals import required_literal
+from hpcsec.detector.engine.values import UnsupportedValue, keyword_value, string_shape
 from hpcsec.detector.engine.wildcard import Glob
 
 # Below this many rules a category's one generated function (which fetches each field once
@@ -38,6 +53,11 @@ INDEX_MIN_RULES = 64
 
 Key = tuple[str, str, str]  # (field, eq|contains|startswith|endswith, case-folded literal)
 AFFIXES = ("contains", "startswith", "endswith")
+# The field of a keyword's keys: any field keywords search. No rule field has a control
+# character (rule files with one are refused), so no field of an event is named this.
+ANY_FIELD = "\x00keywords"
+# A regex's literal shorter than this shows in most values: the rule is not worth indexing.
+MIN_REGEX_LITERAL = 3
 
 
 def required_keys(node: Any) -> frozenset[Key] | None:
@@ -48,16 +68,29 @@ def required_keys(node: Any) -> frozenset[Key] | None:
     if isinstance(node, ConditionAND):
         return best_of(required_keys(a) for a in node.args)
     if isinstance(node, ConditionOR):
-        union: set[Key] = set()
-        for arg in node.args:
-            keys = required_keys(arg)
-            if keys is None:
-                return None
-            union |= keys
-        return frozenset(union)
+        return union_of(required_keys(arg) for arg in node.args)
     if isinstance(node, ConditionFieldEqualsValueExpression):
         return leaf_keys(node.field, node.value)
-    return None  # NOT, keywords: true without any literal of their own
+    if isinstance(node, ConditionValueExpression):
+        return keyword_keys(node.value)
+    return None  # NOT: true without any literal of its own
+
+
+def keyword_keys(value: Any) -> frozenset[Key] | None:
+    """The keys of a keyword: those of the value it tests each searched event value with."""
+    if isinstance(value, SigmaExpansion):
+        return union_of(keyword_keys(each) for each in value.values)
+    return leaf_keys(ANY_FIELD, keyword_value(value))
+
+
+def union_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
+    """The keys of OR-ed parts: every part's, or None when one part has none."""
+    union: set[Key] = set()
+    for keys in options:
+        if keys is None:
+            return None
+        union |= keys
+    return frozenset(union)
 
 
 def best_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
@@ -76,13 +109,9 @@ def _cost(keys: frozenset[Key]) -> tuple[int, int]:
 
 def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
     if isinstance(value, SigmaExpansion):  # windash, base64offset: OR-ed values
-        union: set[Key] = set()
-        for each in value.values:
-            keys = leaf_keys(field, each)
-            if keys is None:
-                return None
-            union |= keys
-        return frozenset(union)
+        return union_of(leaf_keys(field, each) for each in value.values)
+    if isinstance(value, SigmaRegularExpression):
+        return regex_keys(field, value)
     # a cased string is compared unfolded: folding a literal is not always a substring of the
     # folded text (final sigma), so it stays on the compiled path
     if type(value) is not SigmaString or value.contains_placeholder():
@@ -100,6 +129,16 @@ def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
         piece = longest_piece(const)
         return frozenset({(field, "contains", piece)}) if piece else None
     return None  # `*`: any value
+
+
+def regex_keys(field: str, value: SigmaRegularExpression) -> frozenset[Key] | None:
+    if value.regexp.contains_placeholder():
+        return None
+    ignorecase = SigmaRegularExpressionFlag.IGNORECASE in value.flags
+    literal = required_literal(str(value.regexp), ignorecase)
+    if len(literal) < MIN_REGEX_LITERAL:
+        return None
+    return frozenset({(field, "contains", literal)})
 
 
 def longest_piece(glob: Glob) -> str:
@@ -170,6 +209,8 @@ class LiteralIndex:
         for position, keys in enumerate(rules):
             for field, kind, literal in keys:
                 by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
+        keywords = by_field.pop(ANY_FIELD, None)
+        self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
         self.fields = tuple(FieldIndex(f, keys) for f, keys in by_field.items())
 
     def candidates(self, event: dict[str, Any]) -> set[int]:
@@ -181,7 +222,22 @@ class LiteralIndex:
                 continue
             for text in probe_texts(value):
                 index.collect(text, found)
+        if self.keywords is not None:
+            self.keyword_candidates(event, found)
         return found
+
+    def keyword_candidates(self, event: dict[str, Any], found: set[int]) -> None:
+        """Every value a keyword searches (matchers.keyword: the same fields, the same
+        elements of lists) through the keywords' literals."""
+        collect = self.keywords.collect if self.keywords is not None else None
+        assert collect is not None
+        category = event.get("event.category")
+        searched = m.searched_by_keywords
+        for name, value in event.items():
+            if value is None or value.__class__ is dict or not searched(name, category):
+                continue
+            for text in probe_texts(value):
+                collect(text, found)
 
 
 def indexed_predicate(

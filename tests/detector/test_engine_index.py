@@ -8,7 +8,7 @@ from typing import Any
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import LiteralIndex, required_keys
+from hpcsec.detector.engine.index import ANY_FIELD, LiteralIndex, required_keys
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 
@@ -40,7 +40,14 @@ def test_keys_come_from_positive_parts_only():
         )
         is None
     )
-    assert required_keys(condition_of({"k": ["evil"], "condition": "k"})) is None
+    # keywords look in every searched field; a regex needs its literal
+    assert required_keys(condition_of({"k": ["evil"], "condition": "k"})) == {
+        (ANY_FIELD, "contains", "evil")
+    }
+    regex = {"sel": {"process.name|re": "^(py|ba)thon[0-9]"}, "condition": "sel"}
+    assert required_keys(condition_of(regex)) == {("process.name", "contains", "thon")}
+    short = {"sel": {"process.name|re": "^(py|ba)t?on[0-9]"}, "condition": "sel"}
+    assert required_keys(condition_of(short)) is None  # "on" shows in too many values
     assert (
         required_keys(condition_of({"sel": {"process.name|cased": "NC"}, "condition": "sel"}))
         is None
@@ -84,9 +91,10 @@ RULES = [
     {"sel": {"process.args|contains": "--lua-exec"}, "condition": "sel"},
     {"sel": {"process.pid": "5"}, "condition": "sel"},  # a string value matches the number 5
     {"sel": {"process.command_line|contains|all": ["curl", "| sh"]}, "condition": "sel"},
-    {"sel": {"process.command_line|re": "wget .*\\|"}, "condition": "sel"},  # no key: fallback
+    {"sel": {"process.command_line|re": "wget .*\\|"}, "condition": "sel"},  # key "wget "
     {"sel": {"process.name": "nc"}, "condition": "not sel"},
     {"sel": {"process.command_line|windash|contains": "-enc"}, "condition": "sel"},
+    {"sel": {"process.command_line|re": "^w.*\\|"}, "condition": "sel"},  # no key: fallback
 ]
 EVENTS = [
     {"event.category": "process", "process.name": "NC", "user.name": "alice"},
@@ -115,5 +123,5 @@ def test_indexed_engine_matches_what_the_compiled_path_matches():
     assert got[2] == [ids[1], ids[5]]
     assert got[3] == [ids[2], ids[5]]
     assert got[4] == [ids[3], ids[5]]
-    assert got[5] == [ids[4], ids[5], ids[6]]
+    assert got[5] == [ids[4], ids[5], ids[6], ids[7]]
     assert got[6] == [ids[5], ids[6]]
