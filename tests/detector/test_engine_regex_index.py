@@ -206,3 +206,21 @@ def test_keywords_search_slurm_fields_of_slurm_job_events():
     event = {"event.category": "slurm_job", "slurm.job.name": "XMRig-miner"}
     for engine in (Engine(ruleset, index_min=1), Engine(ruleset, index_min=10**6)):
         assert [m.rule.id for m in engine.evaluate([event])] == [str(sigma.rules[0].id)]
+
+
+def test_regex_reads_lone_surrogates_without_failing():
+    """A file name that was not UTF-8 reaches the engine as lone surrogates: a regex rule
+    reads it (RE2 sees one character per surrogate), it never raises."""
+    rules = [
+        {"sel": {"file.path|re": "/tmp/evil"}, "condition": "sel"},
+        {"sel": {"file.path|re": "^/x/.$"}, "condition": "sel"},
+        {"sel": {"file.path|re": "\\.so$"}, "condition": "sel"},
+    ]
+    assert_matches(
+        rules,
+        [
+            ({"file.path": "/tmp/evil\udc80.so"}, [0, 2]),
+            ({"file.path": "/x/\ud800"}, [1]),
+            ({"file.path": ["/x/\udcff", "\udc80.so"]}, [1, 2]),
+        ],
+    )
