@@ -44,7 +44,7 @@ from hpcsec.detector.engine.compile import Predicate
 from hpcsec.detector.engine.correlate import Correlation
 from hpcsec.detector.engine.correlation_rules import referenced_rules
 from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
-from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder
+from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder, category_weight
 from hpcsec.detector.engine.prepare import (
     fill_placeholders,
     filter_applies,
@@ -114,8 +114,9 @@ class Engine:
         still be correlated; None holds everything until `flush()` (a whole input put in
         order); 0 puts each `evaluate()` call in order.
 
-        A category with at least `index_min` rules is matched through the literal index
-        (index.py): an event runs only the rules whose literals it shows."""
+        A category with at least `index_min` rules (a keyword or regex rule counting as
+        several: index.category_weight) is matched through the literal index (index.py): an
+        event runs only the rules whose literals it shows."""
         self.index_min = index_min
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
@@ -153,7 +154,8 @@ class Engine:
             by_category.setdefault(routed_category(rule)[1], []).append(rule)
         compiled: dict[str | None, tuple[Predicate, tuple[Slot, ...]]] = {}
         for category, rules in by_category.items():
-            builder = CategoryBuilder(_function_name(category), len(rules) >= self.index_min)
+            indexed = category_weight(rules) >= self.index_min
+            builder = CategoryBuilder(_function_name(category), indexed)
             for rule in rules:
                 try:
                     builder.add(self._trees(rule, filters))

@@ -33,6 +33,7 @@ from sigma.conditions import (
     ConditionOR,
     ConditionValueExpression,
 )
+from sigma.rule import SigmaDetection, SigmaDetectionItem, SigmaRule
 from sigma.types import (
     SigmaCasedString,
     SigmaExpansion,
@@ -44,12 +45,16 @@ from sigma.types import (
 from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
 from hpcsec.detector.engine.regex_literals import required_literal
+from hpcsec.detector.engine.ruleset import LoadedRule
 from hpcsec.detector.engine.values import UnsupportedValue, keyword_value, string_shape
 from hpcsec.detector.engine.wildcard import Glob
 
 # Below this many rules a category's one generated function (which fetches each field once
 # for all its rules) is faster than probing the index for every event.
 INDEX_MIN_RULES = 64
+# A keyword value (tested on every field of the event) or a regex (an RE2 search) costs about
+# what this many plain rules cost: it counts as many towards INDEX_MIN_RULES.
+COSTLY_VALUE_WEIGHT = 16
 
 Key = tuple[str, str, str]  # (field, eq|contains|startswith|endswith, case-folded literal)
 AFFIXES = ("contains", "startswith", "endswith")
@@ -211,33 +216,35 @@ class LiteralIndex:
                 by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
         keywords = by_field.pop(ANY_FIELD, None)
         self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
-        self.fields = tuple(FieldIndex(f, keys) for f, keys in by_field.items())
+        self.fields = {f: FieldIndex(f, keys) for f, keys in by_field.items()}
 
     def candidates(self, event: dict[str, Any]) -> set[int]:
+        """One pass over the event's fields (fewer than the index's, as a rule): each value is
+        folded once and looked up in its field's literals and, when keywords search that field
+        (matchers.keyword: the same fields, the same list elements), in the keywords'."""
         found: set[int] = set()
-        get = event.get
-        for index in self.fields:
-            value = get(index.field)
+        fields = self.fields
+        keywords = self.keywords
+        category = event.get("event.category") if keywords is not None else None
+        for name, value in event.items():
             if value is None:
                 continue
-            for text in probe_texts(value):
-                index.collect(text, found)
-        if self.keywords is not None:
-            self.keyword_candidates(event, found)
+            index = fields.get(name)
+            searched = (
+                keywords is not None
+                and value.__class__ is not dict
+                and m.searched_by_keywords(name, category)
+            )
+            if searched:
+                assert keywords is not None
+                for text in probe_texts(value):
+                    keywords.collect(text, found)
+                    if index is not None:
+                        index.collect(text, found)
+            elif index is not None:
+                for text in probe_texts(value):
+                    index.collect(text, found)
         return found
-
-    def keyword_candidates(self, event: dict[str, Any], found: set[int]) -> None:
-        """Every value a keyword searches (matchers.keyword: the same fields, the same
-        elements of lists) through the keywords' literals."""
-        collect = self.keywords.collect if self.keywords is not None else None
-        assert collect is not None
-        category = event.get("event.category")
-        searched = m.searched_by_keywords
-        for name, value in event.items():
-            if value is None or value.__class__ is dict or not searched(name, category):
-                continue
-            for text in probe_texts(value):
-                collect(text, found)
 
 
 def indexed_predicate(
@@ -302,3 +309,29 @@ class CategoryBuilder:
         return indexed_predicate(
             LiteralIndex(self.keys), tests, self.keyed_positions, plain, self.plain_positions
         )
+
+
+def category_weight(rules: Sequence[LoadedRule]) -> int:
+    """The rules of a category counted by their cost per event: the category goes through the
+    index when this reaches the engine's `index_min`."""
+    return sum(max(1, COSTLY_VALUE_WEIGHT * costly_values(rule)) for rule in rules)
+
+
+def costly_values(rule: LoadedRule) -> int:
+    """How many keyword and regex values a detection rule has."""
+    sigma = rule.sigma
+    if not isinstance(sigma, SigmaRule):
+        return 0
+    return sum(_costly_values(d) for d in sigma.detection.detections.values())
+
+
+def _costly_values(detection: SigmaDetection) -> int:
+    count = 0
+    for item in detection.detection_items:
+        if isinstance(item, SigmaDetection):
+            count += _costly_values(item)
+        elif isinstance(item, SigmaDetectionItem):
+            count += sum(
+                item.field is None or isinstance(v, SigmaRegularExpression) for v in item.value
+            )
+    return count

@@ -13,6 +13,7 @@ import re2
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.index import COSTLY_VALUE_WEIGHT, INDEX_MIN_RULES, category_weight
 from hpcsec.detector.engine.regex_literals import UNSAFE_FOLDED, required_literal
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
@@ -224,3 +225,28 @@ def test_regex_reads_lone_surrogates_without_failing():
             ({"file.path": ["/x/\udcff", "\udc80.so"]}, [1, 2]),
         ],
     )
+
+
+def test_keyword_and_regex_values_weigh_a_small_category_into_the_index():
+    many = [{"keywords": [f"word{n}" for n in range(4)], "condition": "keywords"}]
+    few = [{"sel": {"process.name": f"name{n}"}, "condition": "sel"} for n in range(3)]
+    sigma = SigmaCollection.from_dicts(
+        [
+            {
+                "title": f"weight {n}",
+                "id": f"00000000-0000-4000-8000-{n:012d}",
+                "logsource": {"product": "hpc", "category": "process"},
+                "detection": detection,
+            }
+            for n, detection in enumerate(many + few)
+        ]
+    )
+    rules = [LoadedRule(r, "<weight>", 1, "test") for r in sigma.rules]
+    assert category_weight(rules[1:]) == 3  # plain rules count one each
+    assert category_weight(rules) == 3 + 4 * COSTLY_VALUE_WEIGHT >= INDEX_MIN_RULES
+    engine = Engine(RuleSet(rules))
+    event = {"event.category": "process", "process.args": ["x", "WORD3"], "process.name": "name1"}
+    assert sorted(m.rule.id for m in engine.evaluate([event])) == [
+        str(sigma.rules[0].id),
+        str(sigma.rules[2].id),
+    ]
