@@ -44,7 +44,7 @@ from sigma.types import (
 
 from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
-from hpcsec.detector.engine.regex_literals import required_literal
+from hpcsec.detector.engine.regex_literals import required_literals
 from hpcsec.detector.engine.ruleset import LoadedRule
 from hpcsec.detector.engine.values import UnsupportedValue, keyword_value, string_shape
 from hpcsec.detector.engine.wildcard import Glob
@@ -61,8 +61,6 @@ AFFIXES = ("contains", "startswith", "endswith")
 # The field of a keyword's keys: any field keywords search. No rule field has a control
 # character (rule files with one are refused), so no field of an event is named this.
 ANY_FIELD = "\x00keywords"
-# A regex's literal shorter than this shows in most values: the rule is not worth indexing.
-MIN_REGEX_LITERAL = 3
 
 
 def required_keys(node: Any) -> frozenset[Key] | None:
@@ -140,10 +138,8 @@ def regex_keys(field: str, value: SigmaRegularExpression) -> frozenset[Key] | No
     if value.regexp.contains_placeholder():
         return None
     ignorecase = SigmaRegularExpressionFlag.IGNORECASE in value.flags
-    literal = required_literal(str(value.regexp), ignorecase)
-    if len(literal) < MIN_REGEX_LITERAL:
-        return None
-    return frozenset({(field, "contains", literal)})
+    literals = required_literals(str(value.regexp), ignorecase)
+    return frozenset((field, "contains", literal) for literal in literals) or None
 
 
 def longest_piece(glob: Glob) -> str:

@@ -7,8 +7,9 @@ read alike is used, and anything unsure gives no literal (the rule then runs for
 as before):
 
 - literals are taken from the top-level concatenation only, through plain groups and through
-  the body of a repeat that must occur at least once; never from an alternation, an optional
-  or zero-repeat part, a class, or a look-around;
+  the body of a repeat that must occur at least once; never from an optional or zero-repeat
+  part, a class, or a look-around; an alternation gives a set of literals, one of each of its
+  branches, when every branch has one;
 - a pattern Python cannot parse gives none (RE2-only syntax such as `\\pL`, `\\Q...\\E`, a flag
   group that is not at the start), and so does one with `[:`, where RE2 reads a POSIX class
   (`[[:alpha:]]`) that Python would read as a class followed by a literal `]`.
@@ -33,31 +34,46 @@ from typing import Any
 
 # letters RE2's case folding maps to a character `str.lower` does not map back to them
 UNSAFE_FOLDED = frozenset("s")
+# A literal shorter than this shows in most values: it is not worth a key.
+MIN_LITERAL = 3
 _REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", sre.MAX_REPEAT))
+Option = frozenset[str]  # literals every match contains one of
 
 
-def required_literal(pattern: str, ignorecase: bool = False) -> str:
-    """The longest case-folded (`str.lower`) literal found in `text.lower()` whenever RE2 finds
-    `pattern` in `text`; "" when none is known. `ignorecase` is Sigma's `|i`."""
+def required_literals(pattern: str, ignorecase: bool = False) -> Option:
+    """Case-folded (`str.lower`) literals of at least MIN_LITERAL characters, one of which is
+    in `text.lower()` whenever RE2 finds `pattern` in `text`: the longest literal of the
+    pattern, or else one literal of each branch of an alternation; empty when none is known.
+    `ignorecase` is Sigma's `|i`."""
     if "[:" in pattern:
-        return ""
+        return frozenset()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "possible nested set" and the like
             tree = sre_parser.parse(pattern)
     except (re.error, RecursionError, OverflowError, ValueError):
-        return ""
-    folded = ignorecase or bool(tree.state.flags & sre.SRE_FLAG_IGNORECASE)
-    runs: list[str] = []
-    tail = _collect(tree, folded, [], runs)
-    runs.append("".join(tail))
-    return max(runs, key=len)
+        return frozenset()
+    return _best(_options(tree, ignorecase or bool(tree.state.flags & sre.SRE_FLAG_IGNORECASE)))
 
 
-def _collect(items: Any, folded: bool, run: list[str], runs: list[str]) -> list[str]:
+def _best(options: list[Option]) -> Option:
+    """The option that prunes most: the fewest literals, then the longest shortest one."""
+    usable = [o for o in options if o and min(map(len, o)) >= MIN_LITERAL]
+    return min(usable, key=lambda o: (len(o), -min(map(len, o))), default=frozenset())
+
+
+def _options(items: Any, folded: bool) -> list[Option]:
+    options: list[Option] = []
+    tail = _collect(items, folded, [], options)
+    options.append(frozenset({"".join(tail)}))
+    return options
+
+
+def _collect(items: Any, folded: bool, run: list[str], options: list[Option]) -> list[str]:
     """Walk a sequence: extend `run` (the literal being read) with each character that is
-    certainly next in every match; close it into `runs` at anything else. Returns the run
-    still open at the end of the sequence."""
+    certainly next in every match; close it into `options` at anything else, and add there
+    what a required group, repeat or alternation needs. Returns the run still open at the end
+    of the sequence."""
     for op, arg in items:
         if op is sre.LITERAL:
             char = _fold(chr(arg), folded)
@@ -69,14 +85,15 @@ def _collect(items: Any, folded: bool, run: list[str], runs: list[str]) -> list[
             inner = (folded or bool(add & sre.SRE_FLAG_IGNORECASE)) and not (
                 remove & sre.SRE_FLAG_IGNORECASE
             )
-            run = _collect(body, inner, run, runs)
+            run = _collect(body, inner, run, options)
             continue
         elif op in _REPEATS and arg[0] >= 1:
-            runs.append("".join(run))
-            runs.append("".join(_collect(arg[2], folded, [], runs)))
-            run = []
-            continue
-        runs.append("".join(run))
+            options += _options(arg[2], folded)
+        elif op is sre.BRANCH:
+            branches = [_best(_options(branch, folded)) for branch in arg[1]]
+            if all(branches):
+                options.append(frozenset().union(*branches))
+        options.append(frozenset({"".join(run)}))
         run = []
     return run
 

@@ -14,7 +14,7 @@ from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.index import COSTLY_VALUE_WEIGHT, INDEX_MIN_RULES, category_weight
-from hpcsec.detector.engine.regex_literals import UNSAFE_FOLDED, required_literal
+from hpcsec.detector.engine.regex_literals import UNSAFE_FOLDED, required_literals
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2's (?i) folds it with s; str.lower keeps it
@@ -22,37 +22,42 @@ KELVIN = "\u212a"  # KELVIN SIGN: RE2's (?i) folds it with k; str.lower makes it
 
 
 @pytest.mark.parametrize(
-    ("pattern", "ignorecase", "literal"),
+    ("pattern", "ignorecase", "literals"),
     [
-        (r"\\Windows\\System32\\.{1,5}\.exe", False, "\\windows\\system32\\"),
-        ("(foo|barbaz)quux", False, "quux"),  # never from an alternation
-        ("abc(defghi)?jk", False, "abc"),  # nor from an optional group
-        ("abc(?:defghi)*jk", False, "abc"),  # nor from a zero-repeat
-        ("x(?:abcd)+y", False, "abcd"),  # a repeat that occurs at least once
-        ("ab(cd(ef))gh", False, "abcdefgh"),  # groups are contiguous
-        ("[a-z]+host[0-9]", False, "host"),  # never from a class
-        ("a[b]cd", False, "abcd"),  # a one-character class is that character
-        (r"^cmd\.exe$", False, "cmd.exe"),  # anchors take no characters
-        (r"\x41\x42\x43\\\.", False, "abc\\."),  # escapes
-        ("Invoke-Mimikatz", False, "invoke-mimikatz"),  # folded as the index folds events
-        ("(?i)Mimikatz", False, "mimikatz"),
-        ("Mimikatz", True, "mimikatz"),  # Sigma's |re|i
-        ("(?i:AbC)DEF", False, "abcdef"),
-        ("(?-i:XYZ)abc", True, "xyzabc"),
-        ("caf\u00e9 au lait", False, " au lait"),  # ASCII only
-        ("(?i)powershell", False, "power"),  # cut at s: the text may hold U+017F instead
-        ("(?-i:powershell)", True, "powershell"),  # ... unless that part is case-sensitive
-        (f"(?i)kelvin{KELVIN}", False, "kelvin"),
-        ("abc(?i)def", False, ""),  # RE2 reads a flag group anywhere; Python does not
-        (r"\pLabcd", False, ""),  # RE2-only syntax
-        (r"\Qa.b\E", False, ""),
-        ("[[:alpha:]]xyz", False, ""),  # a POSIX class Python reads as `[[:alph]` then `]`
-        ("a{,3}bcd", False, "bcd"),  # RE2: the literal `a{,3}bcd`, Python: a repeat
-        ("(", False, ""),
+        (r"\\Windows\\System32\\.{1,5}\.exe", False, {"\\windows\\system32\\"}),
+        ("(foo|barbaz)quux", False, {"quux"}),  # one literal prunes more than a set
+        ("(foo|barbaz)qu", False, {"foo", "barbaz"}),  # one of each branch
+        ("(foo|ba)qu", False, set()),  # a branch without a literal of three: none
+        ("(?:abc|abd)efg", False, {"efg"}),
+        ("x(?:env|invoke|\\$\\{?input)", False, {"env", "invoke", "input"}),
+        ("abc(defghi)?jk", False, {"abc"}),  # never from an optional group
+        ("abc(?:defghi)*jk", False, {"abc"}),  # nor from a zero-repeat
+        ("x(?:abcd)+y", False, {"abcd"}),  # a repeat that occurs at least once
+        ("ab(cd(ef))gh", False, {"abcdefgh"}),  # groups are contiguous
+        ("[a-z]+host[0-9]", False, {"host"}),  # never from a class
+        ("a[b]cd", False, {"abcd"}),  # a one-character class is that character
+        (r"^cmd\.exe$", False, {"cmd.exe"}),  # anchors take no characters
+        (r"\x41\x42\x43\\\.", False, {"abc\\."}),  # escapes
+        ("Invoke-Mimikatz", False, {"invoke-mimikatz"}),  # folded as the index folds events
+        ("(?i)Mimikatz", False, {"mimikatz"}),
+        ("Mimikatz", True, {"mimikatz"}),  # Sigma's |re|i
+        ("(?i:AbC)DEF", False, {"abcdef"}),
+        ("(?-i:XYZ)abc", True, {"xyzabc"}),
+        ("caf\u00e9 au lait", False, {" au lait"}),  # ASCII only
+        ("(?i)powershell", False, {"power"}),  # cut at s: the text may hold U+017F instead
+        ("(?-i:powershell)", True, {"powershell"}),  # ... unless that part is case-sensitive
+        (f"(?i)kelvin{KELVIN}", False, {"kelvin"}),
+        ("ab", False, set()),  # too short to prune
+        ("abc(?i)def", False, set()),  # RE2 reads a flag group anywhere; Python does not
+        (r"\pLabcd", False, set()),  # RE2-only syntax
+        (r"\Qa.b\E", False, set()),
+        ("[[:alpha:]]xyz", False, set()),  # a POSIX class Python reads as `[[:alph]` then `]`
+        ("a{,3}bcd", False, {"bcd"}),  # RE2: the literal `a{,3}bcd`, Python: a repeat
+        ("(", False, set()),
     ],
 )
-def test_required_literal(pattern: str, ignorecase: bool, literal: str):
-    assert required_literal(pattern, ignorecase) == literal
+def test_required_literals(pattern: str, ignorecase: bool, literals: set[str]):
+    assert required_literals(pattern, ignorecase) == literals
 
 
 def test_only_long_s_folds_out_of_reach_of_str_lower():
@@ -72,6 +77,8 @@ def test_only_long_s_folds_out_of_reach_of_str_lower():
 
 PATTERNS = [
     "(?i)ssk",
+    "(?i)(kas|bsk|aak)a",
+    "(?:ssa|(?i)kka)",
     "sSk",
     "(?i)kask",
     "(?i)a(?-i:Sk)a",
@@ -90,12 +97,15 @@ def test_literal_shows_in_the_folded_text_of_every_match():
     texts += [f"{LONG_S}{LONG_S}k", f"{KELVIN}A{LONG_S}{KELVIN}", f"a{LONG_S}{KELVIN}a"]
     found = 0
     for pattern in PATTERNS:
-        literal = required_literal(pattern)
-        compiled = re2.compile(pattern)
+        literals = required_literals(pattern.replace("(?i)", "")) or {""}
+        cased = re2.compile(pattern.replace("(?i)", ""))
+        literals_folded = required_literals(pattern) or {""}
+        folded = re2.compile(pattern)
         for text in texts:
-            if compiled.search(text) is not None:
-                found += 1
-                assert literal in text.lower(), (pattern, literal, text)
+            for compiled, options in ((cased, literals), (folded, literals_folded)):
+                if compiled.search(text) is not None:
+                    found += 1
+                    assert any(o in text.lower() for o in options), (pattern, options, text)
     assert found > 500  # the texts exercise the patterns
 
 
