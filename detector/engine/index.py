@@ -23,6 +23,7 @@ automaton holding all their `contains`/`startswith`/`endswith` literals (pyahoco
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -97,17 +98,30 @@ def union_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
 
 
 def best_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
-    """Of the key sets of AND-ed parts (each alone is required), the one that prunes most:
-    the fewest keys, exact values before substrings."""
+    """Of the key sets of AND-ed parts (each alone is required), the one that prunes most."""
     best: frozenset[Key] | None = None
     for keys in options:
-        if keys is not None and (best is None or _cost(keys) < _cost(best)):
+        if keys is not None and (best is None or keys_cost(keys) < keys_cost(best)):
             best = keys
     return best
 
 
-def _cost(keys: frozenset[Key]) -> tuple[int, int]:
-    return (sum(kind != "eq" for _, kind, _ in keys), len(keys))
+# A literal that is only a file extension (`.exe`) or has no letter or digit (`\`, `:\`)
+# shows in most values of a path or command line, whatever its length.
+_COMMON = re.compile(r"\.[a-z0-9]{1,4}|[^a-z0-9]*")
+
+
+def keys_cost(keys: frozenset[Key]) -> float:
+    """About how often an event shows one of the keys: an exact value seldom, a literal the
+    less often the longer it is, at an end less often than anywhere."""
+    return sum(key_cost(kind, literal) for _, kind, literal in keys)
+
+
+def key_cost(kind: str, literal: str) -> float:
+    if kind == "eq":
+        return 0.001
+    length = 1 if _COMMON.fullmatch(literal) else max(len(literal), 1)
+    return (1.0 if kind == "contains" else 0.5) / (length * length)
 
 
 def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
@@ -129,8 +143,8 @@ def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
     if kind in AFFIXES:
         return frozenset({(field, kind, const)}) if const else None
     if kind == "glob":
-        piece = longest_piece(const)
-        return frozenset({(field, "contains", piece)}) if piece else None
+        keys = [frozenset({(field, k, piece)}) for k, piece in glob_literals(const)]
+        return min(keys, key=keys_cost, default=None)
     return None  # `*`: any value
 
 
@@ -142,11 +156,20 @@ def regex_keys(field: str, value: SigmaRegularExpression) -> frozenset[Key] | No
     return frozenset((field, "contains", literal) for literal in literals) or None
 
 
-def longest_piece(glob: Glob) -> str:
-    """A literal every text the wildcard value matches contains."""
+def glob_literals(glob: Glob) -> list[tuple[str, str]]:
+    """(kind, literal) pairs each of which every text the wildcard value matches shows: each
+    literal piece anywhere, the head's first piece as a prefix and the tail's last as a
+    suffix."""
     segments = [glob.head, *glob.middle, *([glob.tail] if glob.tail else [])]
-    pieces = [piece for segment in segments for _, piece in segment.pieces]
-    return max(pieces, key=len, default="")
+    found = [("contains", piece) for segment in segments for _, piece in segment.pieces]
+    if glob.head.pieces and glob.head.pieces[0][0] == 0:
+        found.append(("startswith", glob.head.pieces[0][1]))
+    last = glob.tail or glob.head
+    if last.pieces:
+        offset, piece = last.pieces[-1]
+        if offset + len(piece) == last.length:
+            found.append(("endswith", piece))
+    return [(kind, literal) for kind, literal in found if literal]
 
 
 def probe_texts(value: Any) -> Sequence[str]:

@@ -64,7 +64,23 @@ def test_keys_come_from_positive_parts_only():
         ("process.command_line", "endswith", "sh"),
     }
     glob = condition_of({"sel": {"file.path": "/tmp/*/evil_?.so"}, "condition": "sel"})
-    assert required_keys(glob) == {("file.path", "contains", "/evil_")}
+    assert required_keys(glob) == {("file.path", "startswith", "/tmp/")}
+    glob = condition_of({"sel": {"file.path": "*/evil_?.so"}, "condition": "sel"})
+    assert required_keys(glob) == {("file.path", "contains", "/evil_")}  # not `.so` at the end
+    glob = condition_of({"sel": {"file.path": "*/e?il.so?"}, "condition": "sel"})
+    assert required_keys(glob) == {("file.path", "contains", "il.so")}  # `?` after it: no suffix
+    # a file extension alone shows in most paths: the longer literals prune more
+    either = condition_of(
+        {
+            "sel": {"process.name|contains": ["\\EDR-Freeze", "\\EDRFreeze"]},
+            "ext": {"process.name|endswith": ".exe"},
+            "condition": "sel and ext",
+        }
+    )
+    assert required_keys(either) == {
+        ("process.name", "contains", "\\edr-freeze"),
+        ("process.name", "contains", "\\edrfreeze"),
+    }
 
 
 def test_candidates_are_the_rules_whose_literals_the_event_shows():
