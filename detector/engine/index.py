@@ -185,10 +185,16 @@ def probe_texts(value: Any) -> Sequence[str]:
     return texts
 
 
-class FieldIndex:
-    """The literals of one field: exact values in a dict, the rest in one automaton."""
+# Up to this many substring literals, a field tests each with `in`; more go into one
+# Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
+FEW_LITERALS = 4
 
-    __slots__ = ("automaton", "exact", "field")
+
+class FieldIndex:
+    """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
+    when they are few)."""
+
+    __slots__ = ("automaton", "exact", "few", "field")
 
     def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
         self.field = field
@@ -202,7 +208,13 @@ class FieldIndex:
                     rules
                 )
         self.automaton: Any = None
-        if affixes:
+        self.few: tuple[tuple[str, frozenset[int], frozenset[int], frozenset[int]], ...] = ()
+        if 0 < len(affixes) <= FEW_LITERALS:
+            self.few = tuple(
+                (literal, frozenset(inside), frozenset(starts), frozenset(ends))
+                for literal, (inside, starts, ends) in affixes.items()
+            )
+        elif affixes:
             self.automaton = ahocorasick.Automaton()
             for literal, (inside, starts, ends) in affixes.items():
                 entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
@@ -213,6 +225,14 @@ class FieldIndex:
         rules = self.exact.get(text)
         if rules:
             found |= rules
+        for literal, inside, starts, ends in self.few:
+            if literal in text:
+                if inside:
+                    found |= inside
+                if starts and text.startswith(literal):
+                    found |= starts
+                if ends and text.endswith(literal):
+                    found |= ends
         if self.automaton is None:
             return
         last = len(text) - 1
@@ -254,14 +274,17 @@ class LiteralIndex:
                 and value.__class__ is not dict
                 and m.searched_by_keywords(name, category)
             )
+            if index is None and not searched:
+                continue
+            texts = (value.lower(),) if value.__class__ is str else probe_texts(value)
             if searched:
                 assert keywords is not None
-                for text in probe_texts(value):
+                for text in texts:
                     keywords.collect(text, found)
                     if index is not None:
                         index.collect(text, found)
             elif index is not None:
-                for text in probe_texts(value):
+                for text in texts:
                     index.collect(text, found)
         return found
 

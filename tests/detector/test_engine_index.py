@@ -8,7 +8,7 @@ from typing import Any
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import ANY_FIELD, LiteralIndex, required_keys
+from hpcsec.detector.engine.index import ANY_FIELD, FEW_LITERALS, LiteralIndex, required_keys
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 
@@ -141,3 +141,28 @@ def test_indexed_engine_matches_what_the_compiled_path_matches():
     assert got[4] == [ids[3], ids[5]]
     assert got[5] == [ids[4], ids[5], ids[6], ids[7]]
     assert got[6] == [ids[5], ids[6]]
+
+
+def test_few_literals_and_the_automaton_find_the_same_candidates():
+    """A field with few substring literals tests them one by one; with more, one automaton
+    scans the value: both name the same rules."""
+    literals = ["curl", "| sh", "/dev/tcp", "wget ", "nc -e", "base64 -d"]
+    kinds = ["contains", "startswith", "endswith"]
+    keys = [
+        frozenset({("process.command_line", kinds[n % 3], literal)})
+        for n, literal in enumerate(literals)
+    ]
+    texts = ["curl x | sh", "wget y", "/dev/tcp/1", "x nc -e curl", "base64 -d | sh", "none"]
+    few = LiteralIndex(keys[:FEW_LITERALS])
+    assert few.fields["process.command_line"].automaton is None
+    many = LiteralIndex(keys)
+    assert many.fields["process.command_line"].automaton is not None
+    for text in texts:
+        event = {"process.command_line": text.upper()}
+        expected = {
+            n
+            for n, literal in enumerate(literals)
+            if getattr(text, kinds[n % 3].replace("contains", "__contains__"))(literal)
+        }
+        assert many.candidates(event) == expected, text
+        assert few.candidates(event) == {n for n in expected if n < FEW_LITERALS}, text
