@@ -200,9 +200,16 @@ def sqlite_peer(
             queries += sql_queries(RuleSet([rule]), {})
         except Exception:  # the backend refuses some SigmaHQ rules (a peer's limitation)
             failed += 1
+    # SQLite's column names ignore case, and SigmaHQ spells some fields two ways (`FileName`,
+    # `Filename`): one column per name whatever its case, under its first spelling
+    spelling: dict[str, str] = {}
+    for event in events:
+        for field in event:
+            spelling.setdefault(field.lower(), field)
+    rows = [{spelling[f.lower()]: v for f, v in e.items()} for e in events]
     path = scratch / "events.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
-    fields = sorted({f for e in events for f in e})
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in rows))
+    fields = sorted(set(spelling.values()))
     load, cpu, matches, rejected = run_sqlite(path, fields, queries)
     rate = len(events) / cpu
     print(
