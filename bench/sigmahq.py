@@ -13,8 +13,10 @@ fields; about 1 in 20 carries that rule's literal values (most of those fire it)
 carry benign values of the same fields. Reported in one run: load time (parse + compile); the
 same rules through the rule cache in a fresh process (rule_load.py: cached load, each
 category's first evaluation, steady state, rule memory); the engine's events/s and peak RSS,
-with the literal index (index.py) and without (every rule of the category per event); then
-the SQLite backend's SQL on sqlite3 over the same events (table load reported apart).
+with the literal index (index.py) and without (every rule of the category per event), and
+whether both found exactly the same (event, rule) matches (the index may only skip rules that
+cannot match: the bench fails when they differ); then the SQLite backend's SQL on sqlite3 over
+the same events (table load reported apart).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import orjson
 from sigma.rule import SigmaDetection, SigmaDetectionItem, SigmaRule
 from sigma.types import SigmaString
 
-from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.index import INDEX_MIN_RULES
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import RuleSet
@@ -99,12 +101,25 @@ def generate(ruleset: RuleSet, n: int, seed: int = 15) -> list[dict[str, Any]]:
     return events
 
 
+MatchSet = set[tuple[tuple[int, ...], str]]  # (positions of the events, rule id)
+
+
 def run_engine(engine: Engine, events: list[dict[str, Any]]) -> tuple[float, int]:
-    start, matches = time.process_time(), 0
+    cpu, found = run_matches(engine, events)
+    return cpu, len(found)
+
+
+def run_matches(engine: Engine, events: list[dict[str, Any]]) -> tuple[float, list[Match]]:
+    start, found = time.process_time(), []
     for i in range(0, len(events), 256):
-        matches += len(engine.evaluate(events[i : i + 256]))
-    matches += len(engine.flush())
-    return time.process_time() - start, matches
+        found += engine.evaluate(events[i : i + 256])
+    found += engine.flush()
+    return time.process_time() - start, found
+
+
+def match_set(found: list[Match], events: list[dict[str, Any]]) -> MatchSet:
+    position = {id(event): n for n, event in enumerate(events)}
+    return {(tuple(position[id(e)] for e in m.events), m.rule.id) for m in found}
 
 
 def main(argv: list[str]) -> int:
@@ -141,21 +156,34 @@ def main(argv: list[str]) -> int:
         if args.scaling:
             scaling(ruleset, events)
             return 0
-        cpu, matches = run_engine(engine, events)
+        cpu, found = run_matches(engine, events)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
-            f"engine, indexed:   {len(events) / cpu:>10,.0f} events/s  {matches:,} matches  "
+            f"engine, indexed:   {len(events) / cpu:>10,.0f} events/s  {len(found):,} matches  "
             f"peak RSS {rss:.0f} MB"
         )
         plain = Engine(ruleset, index_min=10**9)
-        cpu_plain, matches_plain = run_engine(plain, events)
+        cpu_plain, found_plain = run_matches(plain, events)
         print(
             f"engine, unindexed: {len(events) / cpu_plain:>10,.0f} events/s  "
-            f"{matches_plain:,} matches  (indexed is {cpu_plain / cpu:.1f}x)"
+            f"{len(found_plain):,} matches  (indexed is {cpu_plain / cpu:.1f}x)"
         )
+        same = differential(match_set(found, events), match_set(found_plain, events))
         if not args.no_sqlite:
             sqlite_peer(ruleset, events, Path(scratch), len(events) / cpu)
-    return 0
+    return 0 if same else 1
+
+
+def differential(indexed: MatchSet, plain: MatchSet) -> bool:
+    """The index may only skip rules that cannot match: both engines find the same pairs."""
+    if indexed == plain:
+        print(f"differential: indexed == unindexed, {len(indexed):,} (event, rule) matches")
+        return True
+    print(
+        f"differential: MISMATCH, {len(plain - indexed):,} matches missed by the index, "
+        f"{len(indexed - plain):,} found only by it; first: {sorted(plain ^ indexed)[:3]}"
+    )
+    return False
 
 
 def cached_load(paths: list[Path], events: list[dict[str, Any]], scratch: Path) -> None:
@@ -180,9 +208,16 @@ def sqlite_peer(
             queries += sql_queries(RuleSet([rule]), {})
         except Exception:  # the backend refuses some SigmaHQ rules (a peer's limitation)
             failed += 1
+    # SQLite's column names ignore case, and SigmaHQ spells some fields two ways (`FileName`,
+    # `Filename`): one column per name whatever its case, under its first spelling
+    spelling: dict[str, str] = {}
+    for event in events:
+        for field in event:
+            spelling.setdefault(field.lower(), field)
+    rows = [{spelling[f.lower()]: v for f, v in e.items()} for e in events]
     path = scratch / "events.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
-    fields = sorted({f for e in events for f in e})
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in rows))
+    fields = sorted(set(spelling.values()))
     load, cpu, matches, rejected = run_sqlite(path, fields, queries)
     rate = len(events) / cpu
     print(

@@ -46,7 +46,7 @@ from hpcsec.detector.engine.compile import Predicate
 from hpcsec.detector.engine.correlate import Correlation
 from hpcsec.detector.engine.correlation_rules import referenced_rules
 from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
-from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder
+from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder, category_weight
 from hpcsec.detector.engine.prepare import (
     fill_placeholders,
     filter_applies,
@@ -130,8 +130,9 @@ class Engine:
         still be correlated; None holds everything until `flush()` (a whole input put in
         order); 0 puts each `evaluate()` call in order.
 
-        A category with at least `index_min` rules is matched through the literal index
-        (index.py): an event runs only the rules whose literals it shows.
+        A category with at least `index_min` rules (a keyword or regex rule counting as
+        several: index.category_weight) is matched through the literal index (index.py): an
+        event runs only the rules whose literals it shows.
 
         `lazy`: a category's match function is built when its first event arrives, not
         here, so categories that never see an event cost nothing (nor do their rules' pySigma
@@ -197,7 +198,8 @@ class Engine:
         self, category: str | None, rules: list[LoadedRule]
     ) -> tuple[Predicate, tuple[Slot, ...]]:
         """The match function of one category, with the slot of each of its rules."""
-        builder = CategoryBuilder(_function_name(category), len(rules) >= self.index_min)
+        indexed = category_weight(rules) >= self.index_min
+        builder = CategoryBuilder(_function_name(category), indexed)
         compiled: list[LoadedRule] = []
         for rule in rules:
             try:
