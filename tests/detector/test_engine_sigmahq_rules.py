@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from sigma.backends.sqlite import sqliteBackend
-from sigma.rule import SigmaLogSource
 
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
@@ -45,8 +44,7 @@ def ruleset() -> Any:
     """The rules, routed to one category of product hpc (their own logsources are other
     products'), so that one literal index holds them all."""
     rules = load_rules([RULES], with_tests=False)
-    for rule in rules.rules:
-        rule.sigma.logsource = SigmaLogSource(product="hpc", category=CATEGORY)
+    rules.rules = [rule.rerouted("hpc", CATEGORY) for rule in rules.rules]
     return rules
 
 
