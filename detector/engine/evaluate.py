@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,21 +198,12 @@ class Engine:
         self, category: str | None, rules: list[LoadedRule]
     ) -> tuple[Predicate, tuple[Slot, ...]]:
         """The match function of one category, with the slot of each of its rules."""
+        rules = [rule for rule in rules if self._contained(rule, lambda r: r.sigma)]
         indexed = category_weight(rules) >= self.index_min
         builder = CategoryBuilder(_function_name(category), indexed)
         compiled: list[LoadedRule] = []
         for rule in rules:
-            try:
-                try:
-                    builder.add(self._trees(rule, self._filters))
-                except (UnsupportedValue, SigmaError) as e:
-                    raise rule_error(rule, str(e)) from e
-                except RecursionError as e:
-                    raise rule_error(rule, "condition is nested too deeply to evaluate") from e
-            except RuleError as e:
-                if not self.lazy:
-                    raise
-                logger.error("%s (the rule is not evaluated)", e)
+            if not self._contained(rule, lambda r: builder.add(self._trees(r, self._filters))):
                 continue
             compiled.append(rule)
             rule.release()  # the match function does not need it (a cached rule re-reads it)
@@ -229,6 +220,24 @@ class Engine:
             Slot(r, r.id not in silenced, self._ordered(feeds.get(r.id, []))) for r in compiled
         )
         return function, slots
+
+    def _contained(self, rule: LoadedRule, step: Callable[[LoadedRule], object]) -> bool:
+        """Run one compile step of `rule`; False when the rule cannot be compiled (its
+        cache entry unreadable, a value the engine cannot evaluate): the eager engine raises
+        that error at its file:line, the lazy one logs it and leaves the rule out."""
+        try:
+            try:
+                step(rule)
+            except (UnsupportedValue, SigmaError) as e:
+                raise rule_error(rule, str(e)) from e
+            except RecursionError as e:
+                raise rule_error(rule, "condition is nested too deeply to evaluate") from e
+        except RuleError as e:
+            if not self.lazy:
+                raise
+            logger.error("%s (the rule is not evaluated)", e)
+            return False
+        return True
 
     def _trees(self, rule: LoadedRule, filters: list[LoadedRule]) -> list[Any]:
         """The condition trees that must all hold for the rule: its own, then each filter's."""
