@@ -29,7 +29,6 @@ Correlations see their events in event-time order, whatever the arrival order (r
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -43,10 +42,11 @@ from sigma.exceptions import SigmaError
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.schema import PRODUCT
 from hpcsec.detector.engine.compile import Predicate
-from hpcsec.detector.engine.correlate import Correlation
+from hpcsec.detector.engine.correlate import Correlation, check_chains
 from hpcsec.detector.engine.correlation_rules import referenced_rules
 from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
 from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder, category_weight
+from hpcsec.detector.engine.memory import return_freed_memory
 from hpcsec.detector.engine.prepare import (
     fill_placeholders,
     filter_applies,
@@ -58,17 +58,6 @@ from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.values import UnsupportedValue
 
 logger = logging.getLogger(__name__)
-
-
-def return_freed_memory() -> None:
-    """Hand the heap that compiling freed back to the system. Compiling a category allocates
-    far more (the generated source, its syntax tree, the compiler's own) than the function
-    keeps, and glibc keeps freed memory in the process unless told: SigmaHQ's 3,754 rules
-    would stay at some 190 MB resident instead of 145. Where there is no malloc_trim (not
-    glibc) the memory stays with the process's allocator. Costs well under a millisecond."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 @dataclass(frozen=True)
@@ -277,26 +266,8 @@ class Engine:
                 feeds.setdefault(source.id, []).append(Feed(correlation, i))
                 if not sigma.generate:
                     silenced.add(source.id)
-        self._check_chains()
+        check_chains(self.correlations)
         return feeds, silenced
-
-    def _check_chains(self) -> None:
-        """A correlation must not (through others) refer to itself: it would feed itself."""
-        refers = {
-            c.rule.id: [s.id for s in c.sources if s.kind == "correlation"]
-            for c in self.correlations
-        }
-
-        def walk(rule_id: str, path: tuple[str, ...]) -> None:
-            for ref in refers.get(rule_id, ()):
-                if ref in path:
-                    rule = next(c.rule for c in self.correlations if c.rule.id == ref)
-                    chain = " -> ".join((*path[path.index(ref) :], ref))
-                    raise rule_error(rule, f"correlation chain refers to itself: {chain}")
-                walk(ref, (*path, ref))
-
-        for rule_id in refers:
-            walk(rule_id, (rule_id,))
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, events: Iterable[dict[str, Any]]) -> list[Match]:
