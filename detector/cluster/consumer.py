@@ -63,8 +63,9 @@ class PartitionFeed:
         self.held: deque[Held] = deque()
         self.last_seq = 0
         self.sub: JetStreamContext.PullSubscription | None = None
-        self.unanswered_since: float | None = None  # the consumer's leader has not answered
-        self.given_up = False  # unanswered for longer than a leader election takes
+        # since when an empty fetch has not been confirmed as "nothing left to deliver"
+        self.behind_since: float | None = None
+        self.given_up = False  # for longer than a leader election takes: logged once
 
     async def open(self) -> int:
         """Bind to the partition's durable consumer, resuming after its ack floor; returns
@@ -96,13 +97,15 @@ class PartitionFeed:
     async def fetch(self) -> list[Msg]:
         assert self.sub is not None
         try:
-            return await self.sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+            msgs = await self.sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
         except (TimeoutError, NatsTimeoutError):
             return []
+        self.behind_since = None  # it delivers
+        return msgs
 
     async def caught_up(self) -> bool:
         """After an empty fetch: True when the consumer's leader says nothing is left to
-        deliver. Without an answer (a leader election) the partition goes on holding the
+        deliver. Without that answer (a leader election) the partition goes on holding the
         hub's time back, for up to JETSTREAM_WAIT_S: a consumer that stays away longer must
         not stop the member's correlations, so it is then taken as caught up (logged)."""
         try:
@@ -110,22 +113,24 @@ class PartitionFeed:
                 EVENTS_STREAM, self.durable, timeout=CONFIRM_TIMEOUT_S
             )
         except (NatsError, TimeoutError) as exc:
-            return self._unanswered(exc)
-        self.unanswered_since = None
-        return not info.num_pending
+            return self._behind(str(exc) or type(exc).__name__)
+        if info.num_pending:
+            return self._behind(f"{info.num_pending} messages pending, none delivered")
+        self.behind_since = None
+        return True
 
-    def _unanswered(self, exc: Exception) -> bool:
+    def _behind(self, problem: str) -> bool:
         now = time.monotonic()
-        if self.unanswered_since is None:
-            self.unanswered_since, self.given_up = now, False
-        if now - self.unanswered_since < JETSTREAM_WAIT_S:
+        if self.behind_since is None:
+            self.behind_since, self.given_up = now, False
+        if now - self.behind_since < JETSTREAM_WAIT_S:
             return False
         if not self.given_up:
             self.given_up = True
             logger.warning(
-                "hub: partition %d: its consumer does not answer (%s); taken as caught up",
+                "hub: partition %d: its consumer does not deliver (%s); taken as caught up",
                 self.partition,
-                str(exc) or type(exc).__name__,
+                problem,
             )
         return True
 

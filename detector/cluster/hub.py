@@ -94,7 +94,8 @@ class Hub:
             [f.partition for f in self.feeds],
             resumed,
         )
-        queue: asyncio.Queue[tuple[PartitionFeed, list[Msg]]] = asyncio.Queue(QUEUE_BATCHES)
+        queue: asyncio.Queue[tuple[PartitionFeed, list[Msg] | None]]
+        queue = asyncio.Queue(QUEUE_BATCHES)
         pumps = [asyncio.create_task(self._pump(feed, queue)) for feed in self.feeds]
         try:
             await self._loop(queue, delivered)
@@ -121,11 +122,11 @@ class Hub:
                 logger.warning("hub: partition %d: fetch failed: %s", feed.partition, exc)
                 await asyncio.sleep(0.5)
                 continue
-            if not msgs and not await feed.caught_up():
-                continue  # the pull went unanswered (its leader died): not caught up, still
             # an empty fetch too, in turn with the batches: the partition is caught up and no
-            # longer holds the hub's event time back (evaluation.HubClock)
-            await queue.put((feed, msgs))
+            # longer holds the hub's event time back (evaluation.HubClock); None when the
+            # consumer does not say so (its leader died): it holds the time back again
+            caught_up = bool(msgs) or await feed.caught_up()
+            await queue.put((feed, msgs if caught_up else None))
 
     async def _loop(self, queue: asyncio.Queue, delivered: DeliveredAlerts) -> None:
         next_report = time.monotonic() + REPORT_EVERY_S
@@ -149,12 +150,15 @@ class Hub:
                 self.report()
 
     async def _handle(
-        self, fetched: list[tuple[PartitionFeed, list[Msg]]], delivered: DeliveredAlerts
+        self, fetched: list[tuple[PartitionFeed, list[Msg] | None]], delivered: DeliveredAlerts
     ) -> None:
         """Every batch that is waiting, evaluated as one (in time order, see evaluate)."""
         events: list[Event] = []
         sources: list[int] = []
         for feed, msgs in fetched:
+            if msgs is None:
+                self.evaluator.clock.busy(feed.partition)
+                continue
             if not msgs:
                 self.evaluator.clock.idle(feed.partition)
             for msg in msgs:

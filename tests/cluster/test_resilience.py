@@ -89,7 +89,7 @@ async def _caught_up_only_when_answered(server: NatsServer) -> list[bool]:
         answers.append(await feed.caught_up())
         server.stop()
         answers.append(await feed.caught_up())  # no answer: not caught up
-        feed.unanswered_since = time.monotonic() - JETSTREAM_WAIT_S  # longer than an election
+        feed.behind_since = time.monotonic() - JETSTREAM_WAIT_S  # longer than an election
         answers.append(await feed.caught_up())
         server.start()
         await _reconnected(nc)
@@ -105,4 +105,4 @@ def test_a_partition_is_caught_up_only_when_its_consumer_says_so(
         answers = asyncio.run(_caught_up_only_when_answered(nats_server))
     # a consumer that stays away longer than an election no longer holds the hub's time
     assert answers == [True, False, True, False, True]
-    assert "partition 3: its consumer does not answer" in caplog.text
+    assert "partition 3: its consumer does not deliver" in caplog.text
