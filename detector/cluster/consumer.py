@@ -100,7 +100,8 @@ class PartitionFeed:
             msgs = await self.sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
         except (TimeoutError, NatsTimeoutError):
             return []
-        self.behind_since = None  # it delivers
+        if msgs:
+            self.behind_since = None  # it delivers
         return msgs
 
     async def caught_up(self) -> bool:
