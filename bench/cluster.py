@@ -122,7 +122,7 @@ def evaluated(hubs: list[HubProcess]) -> int:
     """Events the members say they evaluated (their last progress line)."""
     total = 0
     for hub in hubs:
-        counts = re.findall(r"hpcsec hub: (\d+) events,", hub.log.read_text(errors="replace"))
+        counts = re.findall(r"hub: (\d+) events,", hub.log.read_text(errors="replace"))
         total += int(counts[-1]) if counts else 0
     return total
 
