@@ -10,10 +10,13 @@ own, as a rule set from another product would be, so a rule sees only its source
 
 Events (default 100K) are generated from the rules themselves: each takes a random rule's
 fields; about 1 in 20 carries that rule's literal values (most of those fire it), the others
-carry benign values of the same fields. Reported in one run: load time (parse + compile), the
-engine's events/s and peak RSS, with the literal index (index.py) and without (every rule of
-the category per event); then the SQLite backend's SQL on sqlite3 over the same events (table
-load reported apart).
+carry benign values of the same fields. Reported in one run: load time (parse + compile); the
+same rules through the rule cache in a fresh process (rule_load.py: cached load, each
+category's first evaluation, steady state, rule memory); the engine's events/s and peak RSS,
+with the literal index (index.py) and without (every rule of the category per event), and
+whether both found exactly the same (event, rule) matches (the index may only skip rules that
+cannot match: the bench fails when they differ); then the SQLite backend's SQL on sqlite3 over
+the same events (table load reported apart).
 """
 
 from __future__ import annotations
@@ -29,15 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sigma.rule import SigmaDetection, SigmaDetectionItem, SigmaLogSource, SigmaRule
+from sigma.rule import SigmaDetection, SigmaDetectionItem, SigmaRule
 from sigma.types import SigmaString
 
-from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.index import INDEX_MIN_RULES
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import RuleSet
 
 from .engine import run_sqlite, sql_queries
+from .rule_load import report as cached_load_report
+from .rule_load import route
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO.parent / "shared" / "sigmahq"
@@ -55,19 +60,6 @@ def rule_paths(given: Path, scratch: Path) -> list[Path]:
     return [given / p for p in PARTS if (given / p).is_dir()] or [given]
 
 
-def route(ruleset: RuleSet) -> int:
-    """Each logsource to a category of its own (product hpc); returns how many categories."""
-    categories = set()
-    for rule in ruleset.rules:
-        if rule.kind != "detection" or not isinstance(rule.sigma, SigmaRule):
-            continue
-        source = rule.sigma.logsource
-        name = "_".join(p or "" for p in (source.product, source.category, source.service))
-        rule.sigma.logsource = SigmaLogSource(product="hpc", category=name)
-        categories.add(name)
-    return len(categories)
-
-
 def literal_items(detection: SigmaDetection) -> list[SigmaDetectionItem]:
     items: list[SigmaDetectionItem] = []
     for item in detection.detection_items:
@@ -78,13 +70,15 @@ def literal_items(detection: SigmaDetection) -> list[SigmaDetectionItem]:
     return items
 
 
-def event_of(rule: SigmaRule, rng: random.Random, hit: bool) -> dict[str, Any] | None:
+def event_of(
+    rule: SigmaRule, rng: random.Random, hit: bool, category: str | None
+) -> dict[str, Any] | None:
     selections = [
         d for name, d in rule.detection.detections.items() if not name.startswith("filter")
     ]
     if not selections:
         return None
-    event: dict[str, Any] = {"event.category": rule.logsource.category}
+    event: dict[str, Any] = {"event.category": category}
     for item in literal_items(rng.choice(selections)):
         if hit:
             text = str(rng.choice(item.value)).replace("*", "").replace("?", "x")
@@ -96,22 +90,36 @@ def event_of(rule: SigmaRule, rng: random.Random, hit: bool) -> dict[str, Any] |
 
 def generate(ruleset: RuleSet, n: int, seed: int = 15) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    rules = [r.sigma for r in ruleset.rules if isinstance(r.sigma, SigmaRule)]
+    rules = [r for r in ruleset.rules if r.kind == "detection"]
     events: list[dict[str, Any]] = []
     while len(events) < n:
-        event = event_of(rng.choice(rules), rng, rng.random() < HIT_SHARE)
+        rule = rng.choice(rules)
+        event = event_of(rule.sigma, rng, rng.random() < HIT_SHARE, rule.header.category)
         if event is not None:
             event["@timestamp"] = "2026-12-01T00:00:00Z"
             events.append(event)
     return events
 
 
+MatchSet = set[tuple[tuple[int, ...], str]]  # (positions of the events, rule id)
+
+
 def run_engine(engine: Engine, events: list[dict[str, Any]]) -> tuple[float, int]:
-    start, matches = time.process_time(), 0
+    cpu, found = run_matches(engine, events)
+    return cpu, len(found)
+
+
+def run_matches(engine: Engine, events: list[dict[str, Any]]) -> tuple[float, list[Match]]:
+    start, found = time.process_time(), []
     for i in range(0, len(events), 256):
-        matches += len(engine.evaluate(events[i : i + 256]))
-    matches += len(engine.flush())
-    return time.process_time() - start, matches
+        found += engine.evaluate(events[i : i + 256])
+    found += engine.flush()
+    return time.process_time() - start, found
+
+
+def match_set(found: list[Match], events: list[dict[str, Any]]) -> MatchSet:
+    position = {id(event): n for n, event in enumerate(events)}
+    return {(tuple(position[id(e)] for e in m.events), m.rule.id) for m in found}
 
 
 def main(argv: list[str]) -> int:
@@ -144,24 +152,51 @@ def main(argv: list[str]) -> int:
             f"categories: load {parsed + built:.2f} s CPU (parse {parsed:.2f}, compile {built:.2f})"
         )
         events = generate(ruleset, args.events)
+        cached_load(paths, events, Path(scratch))
         if args.scaling:
             scaling(ruleset, events)
             return 0
-        cpu, matches = run_engine(engine, events)
+        cpu, found = run_matches(engine, events)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
-            f"engine, indexed:   {len(events) / cpu:>10,.0f} events/s  {matches:,} matches  "
+            f"engine, indexed:   {len(events) / cpu:>10,.0f} events/s  {len(found):,} matches  "
             f"peak RSS {rss:.0f} MB"
         )
         plain = Engine(ruleset, index_min=10**9)
-        cpu_plain, matches_plain = run_engine(plain, events)
+        cpu_plain, found_plain = run_matches(plain, events)
         print(
             f"engine, unindexed: {len(events) / cpu_plain:>10,.0f} events/s  "
-            f"{matches_plain:,} matches  (indexed is {cpu_plain / cpu:.1f}x)"
+            f"{len(found_plain):,} matches  (indexed is {cpu_plain / cpu:.1f}x)"
         )
+        same = differential(match_set(found, events), match_set(found_plain, events))
         if not args.no_sqlite:
             sqlite_peer(ruleset, events, Path(scratch), len(events) / cpu)
-    return 0
+    return 0 if same else 1
+
+
+def differential(indexed: MatchSet, plain: MatchSet) -> bool:
+    """The index may only skip rules that cannot match: both engines find the same pairs."""
+    if indexed == plain:
+        print(f"differential: indexed == unindexed, {len(indexed):,} (event, rule) matches")
+        return True
+    print(
+        f"differential: MISMATCH, {len(plain - indexed):,} matches missed by the index, "
+        f"{len(indexed - plain):,} found only by it; first: {sorted(plain ^ indexed)[:3]}"
+    )
+    return False
+
+
+def cached_load(paths: list[Path], events: list[dict[str, Any]], scratch: Path) -> None:
+    """The same rules through the rule cache, in a fresh process (rule_load.py)."""
+    cache = scratch / "cache"
+    cache.mkdir(mode=0o700)
+    ruleset = load_rules(paths, with_tests=False, cache=cache, collect_errors=True)
+    if ruleset.errors:
+        print("cached load: skipped (a rule set with errors is not cached)")
+        return
+    events_file = scratch / "events-load.jsonl"
+    events_file.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
+    cached_load_report(paths, cache, events_file)
 
 
 def sqlite_peer(
@@ -173,9 +208,16 @@ def sqlite_peer(
             queries += sql_queries(RuleSet([rule]), {})
         except Exception:  # the backend refuses some SigmaHQ rules (a peer's limitation)
             failed += 1
+    # SQLite's column names ignore case, and SigmaHQ spells some fields two ways (`FileName`,
+    # `Filename`): one column per name whatever its case, under its first spelling
+    spelling: dict[str, str] = {}
+    for event in events:
+        for field in event:
+            spelling.setdefault(field.lower(), field)
+    rows = [{spelling[f.lower()]: v for f, v in e.items()} for e in events]
     path = scratch / "events.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
-    fields = sorted({f for e in events for f in e})
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in rows))
+    fields = sorted(set(spelling.values()))
     load, cpu, matches, rejected = run_sqlite(path, fields, queries)
     rate = len(events) / cpu
     print(

@@ -5,8 +5,11 @@
 Each command runs `--repeat` times (default 5) as its own process; the figure is the median
 of user + system CPU (from wait4's rusage, so other load on the machine does not count) and
 the peak RSS. The peer is `python -c pass` in the same run: the interpreter's own start.
-Target: <= 0.15 s CPU for `--help`, `slurm prolog` and `config check`. `rules list` also loads
-pySigma's rule parser (its import builds pyparsing grammars) and parses the bundled rules.
+Target: <= 0.15 s CPU for `--help`, `slurm prolog`, `rules list` and `config check`.
+
+The rule cache is a scratch one: the first run of `rules list` and `config check` parses the
+bundled rules with pySigma and writes it (column `1st run`, not in the median); the runs
+measured read the rule headers from it and import no pySigma.
 """
 
 from __future__ import annotations
@@ -49,9 +52,9 @@ def commands(state_dir: str) -> dict[str, list[str]]:
 HOOK_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "bench"}
 
 
-def measure(argv: list[str]) -> tuple[float, float]:
+def measure(argv: list[str], cache_dir: str) -> tuple[float, float]:
     """(CPU seconds, peak RSS in MB) of one run of argv."""
-    env = {**os.environ, **HOOK_ENV}
+    env = {**os.environ, **HOOK_ENV, "XDG_CACHE_HOME": cache_dir}
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _, _, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0  # reaped here
@@ -62,16 +65,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench.startup", description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as state_dir:
+    with tempfile.TemporaryDirectory() as state_dir, tempfile.TemporaryDirectory() as cache:
         peer = None
-        print(f"{'command':26} {'CPU s':>7} {'x peer':>7} {'RSS MB':>7}")
+        print(f"{'command':26} {'CPU s':>7} {'x peer':>7} {'RSS MB':>7} {'1st run':>8}")
         for name, cmd in commands(state_dir).items():
-            runs = [measure(cmd) for _ in range(args.repeat)]
+            first = measure(cmd, cache)[0]
+            runs = [measure(cmd, cache) for _ in range(args.repeat)]
             cpu = statistics.median(r[0] for r in runs)
             rss = max(r[1] for r in runs)
             peer = cpu if peer is None else peer
             mark = "" if "peer" in name or cpu <= TARGET_CPU_S else "  > target"
-            print(f"{name:26} {cpu:7.3f} {cpu / peer:7.1f} {rss:7.1f}{mark}")
+            print(f"{name:26} {cpu:7.3f} {cpu / peer:7.1f} {rss:7.1f} {first:8.3f}{mark}")
         print(f"target: <= {TARGET_CPU_S} s CPU")
     return 0
 

@@ -17,6 +17,7 @@ import orjson
 
 from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.core.display import visible_json
+from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.config_names import config_name_errors
 from hpcsec.detector.engine.loader import load_rules
 
@@ -41,7 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    ruleset = load_rules(args.rules, with_tests=False, threshold_values=config.thresholds)
+    # through the rule cache: the names are checked against the rules' headers, with no
+    # pySigma parse when the same rules and thresholds were loaded before
+    ruleset = load_rules(
+        args.rules,
+        with_tests=False,
+        threshold_values=config.thresholds,
+        cache=rulecache.default_dir(),
+    )
     errors = config_name_errors(config, ruleset.rules)
     for error in errors[1:]:  # the entry point prints the first and exits 2
         print(f"hpcsec: error: {error}", file=sys.stderr)

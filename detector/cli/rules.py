@@ -9,18 +9,17 @@ from typing import Any
 import orjson
 
 from hpcsec.detector.cli.common import add_config_and_rules
-from hpcsec.detector.cli.rulecard import find_rule, render_card
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.context import rule_context, technique_label
-from hpcsec.detector.engine.convert import convert_ruleset
 from hpcsec.detector.engine.fieldmaps import FIELD_MAPS
-from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
-from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.loader import load_rules, rule_paths_for
 from hpcsec.detector.engine.ruleset import LoadedRule
-from hpcsec.detector.engine.ruletests import coverage_gaps, run_tests
-from hpcsec.detector.runtime.pipeline import rule_paths_for
+
+# `rules list` reads the rule cache's headers and must not pay for pySigma's parser: the
+# actions that need it (show, check, test, convert) import their modules when they run.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -146,13 +145,14 @@ def _text(value: Any) -> str:
 
 
 def rule_row(rule: LoadedRule) -> dict[str, Any]:
-    ctx = rule_context(rule.sigma)
+    header = rule.header  # all a row shows: a cached rule is listed without its pySigma object
+    ctx = rule_context(header)
     return {
         "id": rule.id,
-        "title": rule.sigma.title,
-        "level": _text(getattr(rule.sigma, "level", None)),
+        "title": header.title,
+        "level": header.level,
         "vector": rule.vector,
-        "status": _text(getattr(rule.sigma, "status", None)),
+        "status": header.status,
         "kind": rule.kind,
         "origin": rule.origin,
         "file": f"{rule.path}:{rule.line}",
@@ -160,7 +160,7 @@ def rule_row(rule: LoadedRule) -> dict[str, Any]:
         "falsepositives": ctx["rule.falsepositives"],
         "references": ctx["rule.references"],
         "response": ctx["rule.response"],
-        "tags": [str(t) for t in (getattr(rule.sigma, "tags", None) or [])],
+        "tags": list(header.tags),
         "techniques": ctx["rule.techniques"],
         "tactics": ctx["rule.tactics"],
     }
@@ -184,7 +184,8 @@ def _listed_paths(args: argparse.Namespace) -> list[str]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [rule_row(r) for r in load_rules(_listed_paths(args), with_tests=False).rules]
+    ruleset = load_rules(_listed_paths(args), with_tests=False, cache=rulecache.default_dir())
+    rows = [rule_row(r) for r in ruleset.rules]
     if args.format == "json":
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
@@ -201,12 +202,16 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from hpcsec.detector.cli.rulecard import find_rule, render_card
+
     ruleset = load_rules(_listed_paths(args))
     print(render_card(ruleset, find_rule(ruleset, args.rule)))
     return EXIT_OK
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from hpcsec.detector.engine.lint import ERROR, WARNING, check_paths
+
     findings = check_paths(_paths(args))
     for finding in findings:
         print(visible(finding))
@@ -217,6 +222,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_test(args: argparse.Namespace) -> int:
+    from hpcsec.detector.engine.ruletests import coverage_gaps, run_tests
+
     ruleset = load_rules(_paths(args))
     placeholders = load_config(args.config).placeholders()
     passed, failures = run_tests(ruleset, placeholders)
@@ -224,7 +231,7 @@ def run_test(args: argparse.Namespace) -> int:
     for failure in failures:
         print(f"FAIL {visible(failure)}")
     for rule, gap in gaps:
-        where = visible(f"{rule.path}:{rule.line}: rule {rule.id} ({rule.sigma.title}) {gap}")
+        where = visible(f"{rule.path}:{rule.line}: rule {rule.id} ({rule.title}) {gap}")
         print(f"FAIL {where}")
     untested = len({id(rule) for rule, _ in gaps})
     print(
@@ -245,6 +252,8 @@ def _backend_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    from hpcsec.detector.engine.convert import convert_ruleset
+
     config = load_config(args.config)
     ruleset = load_rules(_paths(args), with_tests=False, threshold_values=config.thresholds)
     conversion = convert_ruleset(

@@ -6,12 +6,20 @@ correlation window can still need its event (its time is older than the watermar
 longest correlation timespan), so the consumer's ack floor is where a restarted member must
 resume to rebuild every open window. On start the durable is re-created at that floor:
 JetStream would otherwise hold the unacked messages until their ack wait expired.
+
+An empty fetch does not prove the partition is caught up: when the server holding the
+consumer's leader dies, a pull goes unanswered until the other servers elect a new leader
+(seconds), and the events published meanwhile wait there. Taken for "caught up", that silence
+let the hub's event time run ahead on the other partitions and made this partition's events
+late (not correlated) once they came. So a partition reports itself caught up only when the
+consumer's leader says nothing is left to deliver (`caught_up`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections import deque
@@ -27,7 +35,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from hpcsec.detector.cluster.partition import partition_subject
-from hpcsec.detector.cluster.streams import EVENTS_STREAM
+from hpcsec.detector.cluster.streams import EVENTS_STREAM, JETSTREAM_WAIT_S
 
 # Messages per pull request. The next request goes out as soon as a batch is in, so a small
 # batch costs little; what is requested is on its way to the member, and a member whose
@@ -40,6 +48,9 @@ JS_API = "$JS.API"  # the JetStream API prefix of nc.jetstream()
 # Longer than any window the hub keeps open: a live consumer never gets its own held
 # messages redelivered (they are skipped by sequence if it happens anyway).
 ACK_WAIT_S = 6 * 3600.0
+CONFIRM_TIMEOUT_S = 2.0  # a consumer without a leader does not answer: the fetch goes on
+
+logger = logging.getLogger(__name__)
 
 
 def durable_name(partition: int) -> str:
@@ -100,6 +111,9 @@ class PartitionFeed:
         self._arrived: list[Msg] = []
         self._signal = asyncio.Event()
         self._request = PullRequest("", 0, 0.0)
+        # since when an empty fetch has not been confirmed as "nothing left to deliver"
+        self.behind_since: float | None = None
+        self.given_up = False  # for longer than a leader election takes: logged once
 
     async def open(self) -> int:
         """Bind to the partition's durable consumer, resuming after its ack floor; returns
@@ -167,7 +181,39 @@ class PartitionFeed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._signal.wait(), wait)
         msgs, self._arrived = self._arrived, []
+        self.behind_since = None  # it delivers
         return msgs
+
+    async def caught_up(self) -> bool:
+        """After an empty fetch: True when the consumer's leader says nothing is left to
+        deliver. Without that answer (a leader election) the partition goes on holding the
+        hub's time back, for up to JETSTREAM_WAIT_S: a consumer that stays away longer must
+        not stop the member's correlations, so it is then taken as caught up (logged)."""
+        try:
+            info = await self.js.consumer_info(
+                EVENTS_STREAM, self.durable, timeout=CONFIRM_TIMEOUT_S
+            )
+        except (NatsError, TimeoutError) as exc:
+            return self._behind(str(exc) or type(exc).__name__)
+        if info.num_pending:
+            return self._behind(f"{info.num_pending} messages pending, none delivered")
+        self.behind_since = None
+        return True
+
+    def _behind(self, problem: str) -> bool:
+        now = time.monotonic()
+        if self.behind_since is None:
+            self.behind_since, self.given_up = now, False
+        if now - self.behind_since < JETSTREAM_WAIT_S:
+            return False
+        if not self.given_up:
+            self.given_up = True
+            logger.warning(
+                "hub: partition %d: its consumer does not deliver (%s); taken as caught up",
+                self.partition,
+                problem,
+            )
+        return True
 
     def fresh(self, msg: Msg) -> int | None:
         """The message's stream sequence; None for a redelivery of a message this member

@@ -67,7 +67,10 @@ class HubClock:
     Each source (a partition the member reads) has its newest event time; the hub's time is
     the oldest of them among the sources still delivering, so a partition fetched later than
     another does not make its events late (a source that has delivered nothing yet holds it
-    back until it reports that it is caught up: its fetch came back empty). Once every source
+    back until it reports that it is caught up: its consumer has nothing left for it). A
+    caught-up report stands for the fleet's time when it was made: once newer events come
+    from the other sources, the source holds the time there until it reports again (it may
+    have been sent events meanwhile that a leader election keeps from it). Once every source
     is caught up, the time is the newest event seen, moved on by wall time while nothing
     arrives (a quiet fleet still closes its windows). Never past the wall clock: a node that
     stamps its events in the future cannot make every other node late. A replay of old
@@ -82,16 +85,17 @@ class HubClock:
     ):
         self._wall, self._monotonic = wall, monotonic
         self._newest: dict[object, float] = {s: -math.inf for s in sources}
-        self._idle: set[object] = set()
+        self._idle: dict[object, float] = {}  # caught-up source -> the fleet's newest then
         self._value = -math.inf
         self._idle_since: float | None = None
+        self._quiet = False
 
     def observe(self, t: float, source: object = None) -> None:
-        if self._idle and self.quiet:
+        if self._idle and self._quiet:
             # the fleet was quiet and speaks again: the other sources may be about to deliver
             # older events, so each holds the time back until it reports in again
             self._idle.clear()
-        self._idle.discard(source)
+        self._idle.pop(source, None)
         t = min(t, self._wall())
         if t > self._newest.get(source, -math.inf):
             self._newest[source] = t
@@ -99,21 +103,32 @@ class HubClock:
 
     def idle(self, source: object = None) -> None:
         """`source` is caught up: it no longer holds the hub's time back."""
-        self._idle.add(source)
+        self._idle[source] = max(self._newest.values(), default=-math.inf)
         self._settle()
+
+    def busy(self, source: object = None) -> None:
+        """`source` has (or may have) events not delivered yet: it holds the hub's time back
+        again, at its newest event, while the other sources deliver (a partition whose
+        consumer stopped answering after it had been caught up)."""
+        if self._idle.pop(source, None) is not None:
+            self._settle()
 
     @property
     def quiet(self) -> bool:
         """Every source is caught up: all that was published has been read."""
-        return len(self._idle) >= len(self._newest)
+        return self._quiet
 
     def _settle(self) -> None:
-        active = [t for s, t in self._newest.items() if s not in self._idle]
-        if active:
-            value = min(active)
+        fleet = max(self._newest.values(), default=-math.inf)
+        holds = [t for s, t in self._newest.items() if s not in self._idle]
+        # caught up before newer events came from the others: held at the time it reported
+        holds += [at for at in self._idle.values() if at < fleet]
+        self._quiet = not holds
+        if holds:
+            value = min(holds)
             self._idle_since = None
         else:
-            value = max(self._newest.values(), default=-math.inf)
+            value = fleet
             if self._idle_since is None:
                 self._idle_since = self._monotonic()
         self._value = max(self._value, value)

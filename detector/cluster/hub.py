@@ -20,17 +20,15 @@ from datetime import UTC, datetime
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import APIError
 
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.suppression import Decision
 from hpcsec.detector.cluster.consumer import PartitionFeed
+from hpcsec.detector.cluster.delivered import DeliveredAlerts
 from hpcsec.detector.cluster.evaluation import HubCounters, HubEvaluation
 from hpcsec.detector.cluster.partition import host_of_subject, member_partitions
 from hpcsec.detector.cluster.streams import (
-    ALERTS_BUCKET,
     ClusterError,
     StreamSettings,
     connect,
@@ -52,41 +50,6 @@ SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon 
 
 
 logger = logging.getLogger(__name__)
-
-
-class DeliveredAlerts:
-    """Alert ids already delivered by any member, kept in a JetStream key-value bucket."""
-
-    def __init__(self, kv: KeyValue):
-        self.kv = kv
-        self.local: set[str] = set()
-
-    @classmethod
-    async def open(cls, js: JetStreamContext, replicas: int, settings: StreamSettings):
-        try:
-            kv = await js.create_key_value(
-                bucket=ALERTS_BUCKET, ttl=settings.alert_memory_s, replicas=replicas
-            )
-        except APIError:  # exists with other settings: use it as it is
-            kv = await js.key_value(ALERTS_BUCKET)
-        return cls(kv)
-
-    async def seen(self, alert_id: str) -> bool:
-        if alert_id in self.local:
-            return True
-        try:
-            await self.kv.get(alert_id)
-        except KeyNotFoundError:
-            return False
-        self.local.add(alert_id)
-        return True
-
-    async def mark(self, alert_id: str) -> None:
-        self.local.add(alert_id)
-        try:
-            await self.kv.put(alert_id, str(time.time()).encode())
-        except (NatsError, APIError) as exc:  # the alert went out; a replay may resend it
-            logger.warning("hub: could not record alert %s as delivered: %s", alert_id, exc)
 
 
 @dataclass
@@ -122,7 +85,7 @@ class Hub:
         await require_jetstream(nc, self.setup.urls[0])
         try:
             replicas = await ensure_events_stream(js, self.setup.settings)
-            delivered = await DeliveredAlerts.open(js, replicas, self.setup.settings)
+            delivered = await DeliveredAlerts.open(nc, replicas, self.setup.settings)
             self.feeds = [PartitionFeed(js, p) for p in member_partitions(*self.setup.member)]
             starts = [await feed.open() for feed in self.feeds]
         except (APIError, NatsError) as exc:
@@ -136,7 +99,8 @@ class Hub:
             [f.partition for f in self.feeds],
             resumed,
         )
-        queue: asyncio.Queue[tuple[PartitionFeed, list[Msg]]] = asyncio.Queue(QUEUE_BATCHES)
+        queue: asyncio.Queue[tuple[PartitionFeed, list[Msg] | None]]
+        queue = asyncio.Queue(QUEUE_BATCHES)
         pumps = [asyncio.create_task(self._pump(feed, queue)) for feed in self.feeds]
         try:
             await self._loop(queue, delivered)
@@ -164,8 +128,10 @@ class Hub:
                 await asyncio.sleep(0.5)
                 continue
             # an empty fetch too, in turn with the batches: the partition is caught up and no
-            # longer holds the hub's event time back (evaluation.HubClock)
-            await queue.put((feed, msgs))
+            # longer holds the hub's event time back (evaluation.HubClock); None when the
+            # consumer does not say so (its leader died): it holds the time back again
+            caught_up = bool(msgs) or await feed.caught_up()
+            await queue.put((feed, msgs if caught_up else None))
 
     async def _loop(self, queue: asyncio.Queue, delivered: DeliveredAlerts) -> None:
         next_report = time.monotonic() + REPORT_EVERY_S
@@ -191,7 +157,7 @@ class Hub:
                 self.report()
 
     async def _handle(
-        self, fetched: list[tuple[PartitionFeed, list[Msg]]], delivered: DeliveredAlerts
+        self, fetched: list[tuple[PartitionFeed, list[Msg] | None]], delivered: DeliveredAlerts
     ) -> None:
         """Every batch that is waiting, evaluated as one (in time order, see evaluate)."""
         began, began_cpu = time.time(), time.process_time()
@@ -200,6 +166,9 @@ class Hub:
         times: list[float | None] = []
         decode, event_time = self.evaluator.decode, self.evaluator.event_time
         for feed, msgs in fetched:
+            if msgs is None:
+                self.evaluator.clock.busy(feed.partition)
+                continue
             if not msgs:
                 self.evaluator.clock.idle(feed.partition)
             for msg in msgs:

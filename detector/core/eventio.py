@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, BinaryIO
 
 import orjson
@@ -25,6 +26,8 @@ from hpcsec.detector.core.timefmt import is_event_time
 MAX_REPORTED_LINES = 5
 ONE_VALUE_FIELDS = {f.name: f.type for f in FIELDS if f.type not in ("list", "object")}
 ONE_VALUE_NAMES = ONE_VALUE_FIELDS.keys()
+LIST_NAMES = frozenset(f.name for f in FIELDS if f.type == "list")
+BLOCK_LINES = 256  # lines parsed per list; scan evaluates batches of this size
 
 
 @dataclass
@@ -55,39 +58,69 @@ class InputReport:
 
 def read_jsonl(stream: BinaryIO | Iterable[bytes], report: InputReport) -> Iterator[Event]:
     """Events from JSONL lines; blank lines are ignored, anything else must be an object."""
-    loads, decode_error = _loads, orjson.JSONDecodeError
+    for events in read_jsonl_blocks(stream, report):
+        yield from events
+
+
+def read_jsonl_blocks(
+    stream: BinaryIO | Iterable[bytes], report: InputReport, block: int = BLOCK_LINES
+) -> Iterator[list[Event]]:
+    """`read_jsonl`'s events as one list per `block` lines (fewer where lines are malformed
+    or blank): a caller that works on lists takes them without a generator step per event.
+    The report counts the lines and events of each block before the block is yielded."""
+    lines = iter(stream)
+    while True:
+        raws = list(islice(lines, block))
+        if not raws:
+            return
+        events = _parse_block(raws, report)
+        if events:
+            yield events
+
+
+def _parse_block(raws: list[bytes], report: InputReport) -> list[Event]:
+    """The valid events of consecutive lines, each checked as `checked_event` checks it;
+    what is not valid is rejected in `report`, by line number. One loop for the block (no
+    generator step per line) because this runs for every line of a scanned file."""
+    loads, decode_error, events = _loads, orjson.JSONDecodeError, []
     line_no = report.lines
-    try:
-        for line_no, raw in enumerate(stream, 1):
-            try:
-                value = loads(raw)
-            except decode_error as exc:  # blank lines fail too: tested only here, off the path
-                if raw.strip():
-                    report.reject(line_no, f"not JSON ({exc.args[0].split(':')[0]})")
-                continue
-            if value.__class__ is not dict:
-                report.reject(line_no, f"not an object but {type(value).__name__}")
-                continue
-            # No `{` past the first and fewer `[` than MAX_DEPTH: no nested object, no list
-            # nested too deep (a bracket inside a string only costs the full check), so the
-            # time and lists in one-value fields are left, tested in C (map, set) not per field.
-            if raw.count(b"{") == 1 and raw.count(b"[") < MAX_DEPTH:
-                event, problem = value, _time_problem(value.get("@timestamp"))
-                if problem is None and list in set(
-                    map(type, map(value.__getitem__, value.keys() & ONE_VALUE_NAMES))
-                ):
-                    event, problem = checked_event(value, from_orjson=True)  # its exact message
-            else:
+    for raw in raws:
+        line_no += 1
+        try:
+            value = loads(raw)
+        except decode_error as exc:  # blank lines fail too: tested only here, off the path
+            if raw.strip():
+                report.reject(line_no, f"not JSON ({exc.args[0].split(':')[0]})")
+            continue
+        if value.__class__ is not dict:
+            report.reject(line_no, f"not an object but {type(value).__name__}")
+            continue
+        # No `{` past the first: no nested object. Each list in the value comes from a `[`
+        # of the line, so when the `[` are exactly as many as the lists held by list fields
+        # (a set operation on the few list fields, not a test of every field), no one-value
+        # field holds a list and no list nests; otherwise (a `[` in a string, a list in an
+        # unknown field, a bad line) the full check decides, with its exact message.
+        brackets = raw.count(b"[")
+        if brackets < MAX_DEPTH and raw.count(b"{") == 1:
+            event, problem = value, _time_problem(value.get("@timestamp"))
+            if (
+                problem is None
+                and brackets
+                and brackets
+                != len([k for k in value.keys() & LIST_NAMES if value[k].__class__ is list])
+            ):
                 event, problem = checked_event(value, from_orjson=True)
-            if problem is not None:
-                report.reject(line_no, problem)
-                continue
-            if "event.id" not in event:  # every event has one (alerts without dedup key on it)
-                event["event.id"] = event_id(event)
-            report.events += 1
-            yield event
-    finally:
-        report.lines = line_no  # every line counts, blank or not, the last one too
+        else:
+            event, problem = checked_event(value, from_orjson=True)
+        if problem is not None:
+            report.reject(line_no, problem)
+            continue
+        if "event.id" not in event:  # every event has one (alerts without dedup key on it)
+            event["event.id"] = event_id(event)
+        events.append(event)
+    report.lines = line_no  # every line counts, blank or not, the last one too
+    report.events += len(events)
+    return events
 
 
 def _not_a_number(name: str) -> Any:

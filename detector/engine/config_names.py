@@ -15,44 +15,15 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterator, Sequence
 
-from sigma.rule import SigmaDetection, SigmaDetectionItem, SigmaRule
-from sigma.types import Placeholder, SigmaRegularExpression
-
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.errors import ConfigError, location
 from hpcsec.detector.engine import thresholds
-from hpcsec.detector.engine.prepare import placeholder_names
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 # Lists the enrichment reads itself (detector/enrich/policy.py), whatever the rules.
 POLICY_LISTS = frozenset({"ld_preload_allowed"})
 COMM_MAX = 15
 COMM_FIELDS = frozenset({"process.name", "process.parent.name"})
-
-
-def _items(detection: SigmaDetection) -> Iterator[SigmaDetectionItem]:
-    for item in detection.detection_items:
-        if isinstance(item, SigmaDetection):
-            yield from _items(item)
-        else:
-            yield item
-
-
-def placeholder_fields(rule: SigmaRule) -> dict[str, set[str]]:
-    """Placeholder name -> the fields it is tested against in `rule`."""
-    out: dict[str, set[str]] = {}
-    for detection in rule.detection.detections.values():
-        for item in _items(detection):
-            for value in item.value:
-                parts = (
-                    value.regexp.s
-                    if isinstance(value, SigmaRegularExpression)
-                    else getattr(value, "s", ())
-                )
-                for part in parts:
-                    if isinstance(part, Placeholder):
-                        out.setdefault(part.name, set()).add(item.field or "")
-    return out
 
 
 def _closest(name: str, known: Collection[str]) -> str:
@@ -67,10 +38,9 @@ def _error(config: SiteConfig, key: str, message: str) -> ConfigError:
 def config_name_errors(config: SiteConfig, rules: Sequence[LoadedRule]) -> list[ConfigError]:
     """Unknown `lists:`/`thresholds:` names and list entries that can never match."""
     fields: dict[str, set[str]] = {}
-    for rule in rules:
-        if isinstance(rule.sigma, SigmaRule):  # filters and correlations have no detection
-            for name, used_on in placeholder_fields(rule.sigma).items():
-                fields.setdefault(name, set()).update(used_on)
+    for rule in rules:  # from the headers: a cached rule set is checked without pySigma
+        for name, used_on in rule.header.placeholder_fields.items():
+            fields.setdefault(name, set()).update(used_on)
     errors: list[ConfigError] = []
     known_lists = set(fields) | POLICY_LISTS
     for name in config.lists:
@@ -111,12 +81,4 @@ def _comm_errors(config: SiteConfig, name: str, used_on: set[str]) -> Iterator[C
 
 
 def _threshold_names(rules: Sequence[LoadedRule]) -> set[str]:
-    known: set[str] = set()
-    for rule in rules:
-        attrs = getattr(rule.sigma, "custom_attributes", None) or {}
-        declared = attrs.get(thresholds.ATTRIBUTE)
-        if isinstance(declared, dict):
-            known.update(str(name) for name in declared)
-        if isinstance(rule.sigma, SigmaRule):
-            known |= placeholder_names(rule.sigma)
-    return known
+    return {name for rule in rules for name in thresholds.names_used(rule)}

@@ -35,6 +35,7 @@ from sigma.correlations import (
 
 from hpcsec.detector.engine.groups import EngineStats, Fired, Group, group_key, hashable
 from hpcsec.detector.engine.matchers import as_number
+from hpcsec.detector.engine.prepare import rule_error
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 BUCKETS = 32
@@ -359,3 +360,19 @@ def evaluate_extended(node: Any, index: dict[str, int], seen: dict[int, float]) 
     if isinstance(node, CorrelationConditionNOT):
         return not evaluate_extended(node.args[0], index, seen)
     raise TypeError(f"unexpected correlation condition element {type(node).__name__}")
+
+
+def check_chains(correlations: list[Correlation]) -> None:
+    """A correlation must not (through others) refer to itself: it would feed itself."""
+    refers = {c.rule.id: [s.id for s in c.sources if s.kind == "correlation"] for c in correlations}
+
+    def walk(rule_id: str, path: tuple[str, ...]) -> None:
+        for ref in refers.get(rule_id, ()):
+            if ref in path:
+                rule = next(c.rule for c in correlations if c.rule.id == ref)
+                chain = " -> ".join((*path[path.index(ref) :], ref))
+                raise rule_error(rule, f"correlation chain refers to itself: {chain}")
+            walk(ref, (*path, ref))
+
+    for rule_id in refers:
+        walk(rule_id, (rule_id,))

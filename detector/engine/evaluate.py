@@ -29,22 +29,24 @@ Correlations see their events in event-time order, whatever the arrival order (r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sigma.conditions import ConditionOR
 from sigma.correlations import SigmaCorrelationRule
 from sigma.exceptions import SigmaError
-from sigma.rule import SigmaRule
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.schema import PRODUCT
 from hpcsec.detector.engine.compile import Predicate
-from hpcsec.detector.engine.correlate import Correlation
+from hpcsec.detector.engine.correlate import Correlation, check_chains
 from hpcsec.detector.engine.correlation_rules import referenced_rules
 from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
-from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder
+from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder, category_weight
+from hpcsec.detector.engine.memory import return_freed_memory
 from hpcsec.detector.engine.prepare import (
     fill_placeholders,
     filter_applies,
@@ -54,6 +56,8 @@ from hpcsec.detector.engine.prepare import (
 from hpcsec.detector.engine.reorder import Clock, ReorderBuffer
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.values import UnsupportedValue
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,12 @@ class Slot:
 
 
 def routed_category(rule: LoadedRule) -> tuple[bool, str | None]:
-    """(routable, category); a rule of another product is not evaluated on our events."""
-    if not isinstance(rule.sigma, SigmaRule):
+    """(routable, category); a rule of another product is not evaluated on our events.
+    Read from the header: a cached rule of another product is never unpickled."""
+    header = rule.header
+    if header.kind != "detection":
         return False, None
-    logsource = rule.sigma.logsource
-    product = (logsource.product or "").lower()
-    return product == PRODUCT, logsource.category
+    return (header.product or "").lower() == PRODUCT, header.category
 
 
 class Engine:
@@ -105,6 +109,7 @@ class Engine:
         lateness: float | None = 0.0,
         clock: Clock | None = None,
         index_min: int = INDEX_MIN_RULES,
+        lazy: bool = False,
     ):
         """`max_groups` open groups per correlation (least recently touched evicted first),
         each keeping at most `sample_size` events as evidence: that bounds the memory.
@@ -114,8 +119,15 @@ class Engine:
         still be correlated; None holds everything until `flush()` (a whole input put in
         order); 0 puts each `evaluate()` call in order.
 
-        A category with at least `index_min` rules is matched through the literal index
-        (index.py): an event runs only the rules whose literals it shows."""
+        A category with at least `index_min` rules (a keyword or regex rule counting as
+        several: index.category_weight) is matched through the literal index (index.py): an
+        event runs only the rules whose literals it shows.
+
+        `lazy`: a category's match function is built when its first event arrives, not
+        here, so categories that never see an event cost nothing (nor do their rules' pySigma
+        objects, when the rule set came from the cache). A rule that cannot be compiled then
+        is left out of its category with an error logged at its file:line, where the eager
+        engine raises that error here."""
         self.index_min = index_min
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
@@ -137,42 +149,84 @@ class Engine:
             )
             for c in self.correlations
         }
-        self._by_category = self._compile(routed, filters, feeds, silenced)
-        self._any_category = self._by_category.pop(None, None)
+        self._filters, self._feeds, self._silenced = filters, feeds, silenced
+        self.lazy = lazy
+        self._build_lock = threading.Lock()
+        # the rules of each category whose match function is not built yet
+        self._unbuilt: dict[str | None, list[LoadedRule]] = {}
+        for rule in routed:
+            self._unbuilt.setdefault(routed_category(rule)[1], []).append(rule)
+        self._by_category: dict[str | None, tuple[Predicate, tuple[Slot, ...]]] = {}
+        self._any_category: tuple[Predicate, tuple[Slot, ...]] | None = None
+        if not lazy:
+            for category in list(self._unbuilt):
+                self._built(category)
+        elif None in self._unbuilt:  # rules for every category: the first event needs them
+            self._built(None)
+
+    @property
+    def built_categories(self) -> set[str | None]:
+        """The categories whose match function is built (all of them unless `lazy`)."""
+        return set(self._by_category) | ({None} if self._any_category else set())
+
+    def _built(self, category: str | None) -> tuple[Predicate, tuple[Slot, ...]] | None:
+        """The match function of `category`, built now if it is not yet; None when no rule
+        has that category. Under a lock: two threads never build one category twice."""
+        with self._build_lock:
+            rules = self._unbuilt.pop(category, None)
+            if rules is None:
+                return self._any_category if category is None else self._by_category.get(category)
+            entry = self._compile(category, rules)
+            if category is None:
+                self._any_category = entry
+            else:
+                self._by_category[category] = entry
+            return entry
 
     def _compile(
-        self,
-        routed: list[LoadedRule],
-        filters: list[LoadedRule],
-        feeds: dict[str, list[Feed]],
-        silenced: set[str],
-    ) -> dict[str | None, tuple[Predicate, tuple[Slot, ...]]]:
-        """One match function per category, with the slot of each of its rules."""
-        by_category: dict[str | None, list[LoadedRule]] = {}
-        for rule in routed:
-            by_category.setdefault(routed_category(rule)[1], []).append(rule)
-        compiled: dict[str | None, tuple[Predicate, tuple[Slot, ...]]] = {}
-        for category, rules in by_category.items():
-            builder = CategoryBuilder(_function_name(category), len(rules) >= self.index_min)
-            for rule in rules:
-                try:
-                    builder.add(self._trees(rule, filters))
-                except (UnsupportedValue, SigmaError) as e:
-                    raise rule_error(rule, str(e)) from e
-                except RecursionError as e:
-                    raise rule_error(rule, "condition is nested too deeply to evaluate") from e
+        self, category: str | None, rules: list[LoadedRule]
+    ) -> tuple[Predicate, tuple[Slot, ...]]:
+        """The match function of one category, with the slot of each of its rules."""
+        rules = [rule for rule in rules if self._contained(rule, lambda r: r.sigma)]
+        indexed = category_weight(rules) >= self.index_min
+        builder = CategoryBuilder(_function_name(category), indexed)
+        compiled: list[LoadedRule] = []
+        for rule in rules:
+            if not self._contained(rule, lambda r: builder.add(self._trees(r, self._filters))):
+                continue
+            compiled.append(rule)
+            rule.release()  # the match function does not need it (a cached rule re-reads it)
+        try:
+            function = builder.build()
+        except (SyntaxError, RecursionError, MemoryError) as e:  # pathological rule sizes
+            raise RuleError(
+                f"the rules of category {category} are too large to compile: {e}",
+                location(rules[0].path, rules[0].line),
+            ) from e
+        return_freed_memory()
+        feeds, silenced = self._feeds, self._silenced
+        slots = tuple(
+            Slot(r, r.id not in silenced, self._ordered(feeds.get(r.id, []))) for r in compiled
+        )
+        return function, slots
+
+    def _contained(self, rule: LoadedRule, step: Callable[[LoadedRule], object]) -> bool:
+        """Run one compile step of `rule`; False when the rule cannot be compiled (its
+        cache entry unreadable, a value the engine cannot evaluate): the eager engine raises
+        that error at its file:line, the lazy one logs it and leaves the rule out."""
+        try:
             try:
-                function = builder.build()
-            except (SyntaxError, RecursionError, MemoryError) as e:  # pathological rule sizes
-                raise RuleError(
-                    f"the rules of category {category} are too large to compile: {e}",
-                    location(rules[0].path, rules[0].line),
-                ) from e
-            slots = tuple(
-                Slot(r, r.id not in silenced, self._ordered(feeds.get(r.id, []))) for r in rules
-            )
-            compiled[category] = (function, slots)
-        return compiled
+                step(rule)
+            except (UnsupportedValue, SigmaError) as e:
+                raise rule_error(rule, str(e)) from e
+            except RecursionError as e:
+                raise rule_error(rule, "condition is nested too deeply to evaluate") from e
+        except RuleError as e:
+            if not self.lazy:
+                raise
+            logger.error("%s (the rule is not evaluated)", e)
+            return False
+        return True
 
     def _trees(self, rule: LoadedRule, filters: list[LoadedRule]) -> list[Any]:
         """The condition trees that must all hold for the rule: its own, then each filter's."""
@@ -212,36 +266,22 @@ class Engine:
                 feeds.setdefault(source.id, []).append(Feed(correlation, i))
                 if not sigma.generate:
                     silenced.add(source.id)
-        self._check_chains()
+        check_chains(self.correlations)
         return feeds, silenced
-
-    def _check_chains(self) -> None:
-        """A correlation must not (through others) refer to itself: it would feed itself."""
-        refers = {
-            c.rule.id: [s.id for s in c.sources if s.kind == "correlation"]
-            for c in self.correlations
-        }
-
-        def walk(rule_id: str, path: tuple[str, ...]) -> None:
-            for ref in refers.get(rule_id, ()):
-                if ref in path:
-                    rule = next(c.rule for c in self.correlations if c.rule.id == ref)
-                    chain = " -> ".join((*path[path.index(ref) :], ref))
-                    raise rule_error(rule, f"correlation chain refers to itself: {chain}")
-                walk(ref, (*path, ref))
-
-        for rule_id in refers:
-            walk(rule_id, (rule_id,))
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self, events: Iterable[dict[str, Any]]) -> list[Match]:
         out: list[Match] = []
         route = self._by_category.get
+        unbuilt = self._unbuilt
         any_category = self._any_category
         hits_of = self._hits
         for event in events:
             try:
-                entry = route(event["event.category"])
+                category = event["event.category"]
+                entry = route(category)
+                if entry is None and category in unbuilt:  # its first event (lazy)
+                    entry = self._built(category)
             except (KeyError, TypeError):  # no category, or a malformed unhashable one
                 entry = None
             if entry is not None:

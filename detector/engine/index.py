@@ -5,9 +5,12 @@ For each rule a set of *required keys* is read off its condition tree: (field, k
 such that the rule cannot be true for an event unless one of the keys is found in the event
 (kind `eq`: the field's case-folded text equals the literal; `contains`, `startswith`,
 `endswith`: the literal occurs there). An AND needs only one of its parts' keys, an OR needs
-every branch's (their union); a NOT, a keyword, a regex, a number or anything else gives no key,
-so a rule whose condition is not provably false without its keys is never pruned: it stays on
-the compiled path of its category (compile.py) and runs for every event, as before. The index
+every branch's (their union). A regex gives a `contains` key of a literal every match contains
+(regex_literals.py); a keyword (a value without a field) gives keys of the field `ANY_FIELD`,
+looked up in every value the keyword searches (matchers.searched_by_keywords). A NOT, a number
+or anything else gives no key, so a rule whose condition is not provably false without its keys
+is never pruned: it stays on the compiled path of its category (compile.py) and runs for every
+event, as before. The index
 only ever removes rules whose condition is false for the event; the rules it keeps are then
 evaluated by their own compiled code, so what matches is exactly what the category's function
 would have matched.
@@ -20,24 +23,45 @@ automaton holding all their `contains`/`startswith`/`endswith` literals (pyahoco
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ahocorasick
-from sigma.conditions import ConditionAND, ConditionFieldEqualsValueExpression, ConditionOR
-from sigma.types import SigmaCasedString, SigmaExpansion, SigmaString
+from sigma.conditions import (
+    ConditionAND,
+    ConditionFieldEqualsValueExpression,
+    ConditionOR,
+    ConditionValueExpression,
+)
+from sigma.rule import SigmaDetection, SigmaDetectionItem, SigmaRule
+from sigma.types import (
+    SigmaCasedString,
+    SigmaExpansion,
+    SigmaRegularExpression,
+    SigmaRegularExpressionFlag,
+    SigmaString,
+)
 
 from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
-from hpcsec.detector.engine.values import UnsupportedValue, string_shape
+from hpcsec.detector.engine.regex_literals import required_literals
+from hpcsec.detector.engine.ruleset import LoadedRule
+from hpcsec.detector.engine.values import UnsupportedValue, keyword_value, string_shape
 from hpcsec.detector.engine.wildcard import Glob
 
 # Below this many rules a category's one generated function (which fetches each field once
 # for all its rules) is faster than probing the index for every event.
 INDEX_MIN_RULES = 64
+# A keyword value (tested on every field of the event) or a regex (an RE2 search) costs about
+# what this many plain rules cost: it counts as many towards INDEX_MIN_RULES.
+COSTLY_VALUE_WEIGHT = 16
 
 Key = tuple[str, str, str]  # (field, eq|contains|startswith|endswith, case-folded literal)
 AFFIXES = ("contains", "startswith", "endswith")
+# The field of a keyword's keys: any field keywords search. No rule field has a control
+# character (rule files with one are refused), so no field of an event is named this.
+ANY_FIELD = "\x00keywords"
 
 
 def required_keys(node: Any) -> frozenset[Key] | None:
@@ -48,41 +72,63 @@ def required_keys(node: Any) -> frozenset[Key] | None:
     if isinstance(node, ConditionAND):
         return best_of(required_keys(a) for a in node.args)
     if isinstance(node, ConditionOR):
-        union: set[Key] = set()
-        for arg in node.args:
-            keys = required_keys(arg)
-            if keys is None:
-                return None
-            union |= keys
-        return frozenset(union)
+        return union_of(required_keys(arg) for arg in node.args)
     if isinstance(node, ConditionFieldEqualsValueExpression):
         return leaf_keys(node.field, node.value)
-    return None  # NOT, keywords: true without any literal of their own
+    if isinstance(node, ConditionValueExpression):
+        return keyword_keys(node.value)
+    return None  # NOT: true without any literal of its own
+
+
+def keyword_keys(value: Any) -> frozenset[Key] | None:
+    """The keys of a keyword: those of the value it tests each searched event value with."""
+    if isinstance(value, SigmaExpansion):
+        return union_of(keyword_keys(each) for each in value.values)
+    return leaf_keys(ANY_FIELD, keyword_value(value))
+
+
+def union_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
+    """The keys of OR-ed parts: every part's, or None when one part has none."""
+    union: set[Key] = set()
+    for keys in options:
+        if keys is None:
+            return None
+        union |= keys
+    return frozenset(union)
 
 
 def best_of(options: Iterable[frozenset[Key] | None]) -> frozenset[Key] | None:
-    """Of the key sets of AND-ed parts (each alone is required), the one that prunes most:
-    the fewest keys, exact values before substrings."""
+    """Of the key sets of AND-ed parts (each alone is required), the one that prunes most."""
     best: frozenset[Key] | None = None
     for keys in options:
-        if keys is not None and (best is None or _cost(keys) < _cost(best)):
+        if keys is not None and (best is None or keys_cost(keys) < keys_cost(best)):
             best = keys
     return best
 
 
-def _cost(keys: frozenset[Key]) -> tuple[int, int]:
-    return (sum(kind != "eq" for _, kind, _ in keys), len(keys))
+# A literal that is only a file extension (`.exe`) or has no letter or digit (`\`, `:\`)
+# shows in most values of a path or command line, whatever its length.
+_COMMON = re.compile(r"\.[a-z0-9]{1,4}|[^a-z0-9]*")
+
+
+def keys_cost(keys: frozenset[Key]) -> float:
+    """About how often an event shows one of the keys: an exact value seldom, a literal the
+    less often the longer it is, at an end less often than anywhere."""
+    return sum(key_cost(kind, literal) for _, kind, literal in keys)
+
+
+def key_cost(kind: str, literal: str) -> float:
+    if kind == "eq":
+        return 0.001
+    length = 1 if _COMMON.fullmatch(literal) else max(len(literal), 1)
+    return (1.0 if kind == "contains" else 0.5) / (length * length)
 
 
 def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
     if isinstance(value, SigmaExpansion):  # windash, base64offset: OR-ed values
-        union: set[Key] = set()
-        for each in value.values:
-            keys = leaf_keys(field, each)
-            if keys is None:
-                return None
-            union |= keys
-        return frozenset(union)
+        return union_of(leaf_keys(field, each) for each in value.values)
+    if isinstance(value, SigmaRegularExpression):
+        return regex_keys(field, value)
     # a cased string is compared unfolded: folding a literal is not always a substring of the
     # folded text (final sigma), so it stays on the compiled path
     if type(value) is not SigmaString or value.contains_placeholder():
@@ -97,16 +143,33 @@ def leaf_keys(field: str, value: Any) -> frozenset[Key] | None:
     if kind in AFFIXES:
         return frozenset({(field, kind, const)}) if const else None
     if kind == "glob":
-        piece = longest_piece(const)
-        return frozenset({(field, "contains", piece)}) if piece else None
+        keys = [frozenset({(field, k, piece)}) for k, piece in glob_literals(const)]
+        return min(keys, key=keys_cost, default=None)
     return None  # `*`: any value
 
 
-def longest_piece(glob: Glob) -> str:
-    """A literal every text the wildcard value matches contains."""
+def regex_keys(field: str, value: SigmaRegularExpression) -> frozenset[Key] | None:
+    if value.regexp.contains_placeholder():
+        return None
+    ignorecase = SigmaRegularExpressionFlag.IGNORECASE in value.flags
+    literals = required_literals(str(value.regexp), ignorecase)
+    return frozenset((field, "contains", literal) for literal in literals) or None
+
+
+def glob_literals(glob: Glob) -> list[tuple[str, str]]:
+    """(kind, literal) pairs each of which every text the wildcard value matches shows: each
+    literal piece anywhere, the head's first piece as a prefix and the tail's last as a
+    suffix."""
     segments = [glob.head, *glob.middle, *([glob.tail] if glob.tail else [])]
-    pieces = [piece for segment in segments for _, piece in segment.pieces]
-    return max(pieces, key=len, default="")
+    found = [("contains", piece) for segment in segments for _, piece in segment.pieces]
+    if glob.head.pieces and glob.head.pieces[0][0] == 0:
+        found.append(("startswith", glob.head.pieces[0][1]))
+    last = glob.tail or glob.head
+    if last.pieces:
+        offset, piece = last.pieces[-1]
+        if offset + len(piece) == last.length:
+            found.append(("endswith", piece))
+    return [(kind, literal) for kind, literal in found if literal]
 
 
 def probe_texts(value: Any) -> Sequence[str]:
@@ -122,10 +185,16 @@ def probe_texts(value: Any) -> Sequence[str]:
     return texts
 
 
-class FieldIndex:
-    """The literals of one field: exact values in a dict, the rest in one automaton."""
+# Up to this many substring literals, a field tests each with `in`; more go into one
+# Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
+FEW_LITERALS = 4
 
-    __slots__ = ("automaton", "exact", "field")
+
+class FieldIndex:
+    """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
+    when they are few)."""
+
+    __slots__ = ("automaton", "exact", "few", "field")
 
     def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
         self.field = field
@@ -139,7 +208,13 @@ class FieldIndex:
                     rules
                 )
         self.automaton: Any = None
-        if affixes:
+        self.few: tuple[tuple[str, frozenset[int], frozenset[int], frozenset[int]], ...] = ()
+        if 0 < len(affixes) <= FEW_LITERALS:
+            self.few = tuple(
+                (literal, frozenset(inside), frozenset(starts), frozenset(ends))
+                for literal, (inside, starts, ends) in affixes.items()
+            )
+        elif affixes:
             self.automaton = ahocorasick.Automaton()
             for literal, (inside, starts, ends) in affixes.items():
                 entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
@@ -150,6 +225,14 @@ class FieldIndex:
         rules = self.exact.get(text)
         if rules:
             found |= rules
+        for literal, inside, starts, ends in self.few:
+            if literal in text:
+                if inside:
+                    found |= inside
+                if starts and text.startswith(literal):
+                    found |= starts
+                if ends and text.endswith(literal):
+                    found |= ends
         if self.automaton is None:
             return
         last = len(text) - 1
@@ -170,17 +253,39 @@ class LiteralIndex:
         for position, keys in enumerate(rules):
             for field, kind, literal in keys:
                 by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
-        self.fields = tuple(FieldIndex(f, keys) for f, keys in by_field.items())
+        keywords = by_field.pop(ANY_FIELD, None)
+        self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
+        self.fields = {f: FieldIndex(f, keys) for f, keys in by_field.items()}
 
     def candidates(self, event: dict[str, Any]) -> set[int]:
+        """One pass over the event's fields (fewer than the index's, as a rule): each value is
+        folded once and looked up in its field's literals and, when keywords search that field
+        (matchers.keyword: the same fields, the same list elements), in the keywords'."""
         found: set[int] = set()
-        get = event.get
-        for index in self.fields:
-            value = get(index.field)
+        fields = self.fields
+        keywords = self.keywords
+        category = event.get("event.category") if keywords is not None else None
+        for name, value in event.items():
             if value is None:
                 continue
-            for text in probe_texts(value):
-                index.collect(text, found)
+            index = fields.get(name)
+            searched = (
+                keywords is not None
+                and value.__class__ is not dict
+                and m.searched_by_keywords(name, category)
+            )
+            if index is None and not searched:
+                continue
+            texts = (value.lower(),) if value.__class__ is str else probe_texts(value)
+            if searched:
+                assert keywords is not None
+                for text in texts:
+                    keywords.collect(text, found)
+                    if index is not None:
+                        index.collect(text, found)
+            elif index is not None:
+                for text in texts:
+                    index.collect(text, found)
         return found
 
 
@@ -246,3 +351,29 @@ class CategoryBuilder:
         return indexed_predicate(
             LiteralIndex(self.keys), tests, self.keyed_positions, plain, self.plain_positions
         )
+
+
+def category_weight(rules: Sequence[LoadedRule]) -> int:
+    """The rules of a category counted by their cost per event: the category goes through the
+    index when this reaches the engine's `index_min`."""
+    return sum(max(1, COSTLY_VALUE_WEIGHT * costly_values(rule)) for rule in rules)
+
+
+def costly_values(rule: LoadedRule) -> int:
+    """How many keyword and regex values a detection rule has."""
+    sigma = rule.sigma
+    if not isinstance(sigma, SigmaRule):
+        return 0
+    return sum(_costly_values(d) for d in sigma.detection.detections.values())
+
+
+def _costly_values(detection: SigmaDetection) -> int:
+    count = 0
+    for item in detection.detection_items:
+        if isinstance(item, SigmaDetection):
+            count += _costly_values(item)
+        elif isinstance(item, SigmaDetectionItem):
+            count += sum(
+                item.field is None or isinstance(v, SigmaRegularExpression) for v in item.value
+            )
+    return count

@@ -1,53 +1,72 @@
-"""Sigma rule files -> RuleSet: the files named, their documents (collection.py), each parsed
-by pySigma with errors at their line (parse.py), duplicates dropped, correlation references
-resolved across files, and the test events beside them (ruletests.py)."""
+"""Sigma rule files -> RuleSet: the files named, then the rule cache's entry for them
+(rulecache.py) or, on a miss, their parse (coldload.py: YAML, pySigma, duplicates,
+correlation references, test events).
+
+The cold path is imported on a miss only: pySigma's parser (pyparsing grammars) and PyYAML
+cost more start-up than `hpcsec rules list` or `config check` may take with a warm cache."""
 
 from __future__ import annotations
 
-import importlib.resources
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsec.detector.core.errors import HpcsecError, RuleError, location
-from hpcsec.detector.core.yamlsrc import load_documents
-from hpcsec.detector.engine import correlation_rules, rulecache, ruletests, thresholds
-from hpcsec.detector.engine.collection import rule_documents
-from hpcsec.detector.engine.parse import parse_document
-from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
+import hpcsec.rules
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.errors import RuleError, UsageError, location
+from hpcsec.detector.engine import rulecache
+from hpcsec.detector.engine.ruleset import BUNDLED, RuleSet
 
 RULE_SUFFIXES = (".yml", ".yaml")
 TESTS_DIR = "tests"  # beside the rule files: their test events, not rules
 
 
 def bundled_rules_dir() -> Path:
-    """The rules/ directory shipped inside the installed package."""
-    return Path(str(importlib.resources.files("hpcsec.rules")))
-
-
-BUNDLED = "bundled"  # the origin of the rules shipped with hpcsec
+    """The rules/ directory shipped inside the installed package (found from its __init__:
+    importlib.resources costs `rules list` more start-up than the rest of this module)."""
+    return Path(hpcsec.rules.__file__ or "").parent
 
 
 def _files_under(path: Path, errors: list[RuleError]) -> list[Path]:
     """The rule files `path` names: itself, or a directory's *.yml/*.yaml, recursively,
-    minus tests/ and hidden directories."""
+    minus tests/ and hidden directories (symlinked directories are not entered)."""
     if path.is_file():
         return [path]
     if not path.is_dir():
         errors.append(RuleError("no such file or directory", location(path)))
         return []
-    found = sorted(
-        p
-        for p in path.rglob("*")
-        if p.suffix in RULE_SUFFIXES
-        and p.is_file()
-        and not any(
-            part == TESTS_DIR or part.startswith(".") for part in p.relative_to(path).parts[:-1]
-        )
-    )
+    found: list[tuple[tuple[str, ...], str]] = []
+    _walk(str(path), (), found)
     if not found:
         errors.append(RuleError("no rule files (*.yml, *.yaml) in this directory", location(path)))
-    return found
+    return [Path(file) for _, file in sorted(found)]
+
+
+def _walk(directory: str, parts: tuple[str, ...], found: list[tuple[tuple[str, ...], str]]) -> None:
+    """os.scandir, not Path.rglob and a stat per file: listing SigmaHQ's 3,754 files is a
+    good part of a cached load. Sorted by path parts, as Paths sort."""
+    try:
+        with os.scandir(directory) as entries:
+            listed = list(entries)
+    except OSError:  # unreadable: skipped, as rglob does
+        return
+    for entry in listed:
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name != TESTS_DIR and not entry.name.startswith("."):
+                _walk(entry.path, (*parts, entry.name), found)
+        elif os.path.splitext(entry.name)[1] in RULE_SUFFIXES and entry.is_file():
+            found.append(((*parts, entry.name), entry.path))
+
+
+def _identity(file: Path) -> tuple[int, int] | str:
+    """What makes two names one file: its device and inode (a symlink, a hard link or
+    another spelling of the path), else its absolute path."""
+    try:
+        info = os.stat(file)
+    except OSError:
+        return os.path.abspath(file)
+    return info.st_dev, info.st_ino
 
 
 def rule_sources(paths: Sequence[str | Path], errors: list[RuleError]) -> dict[Path, str]:
@@ -55,75 +74,26 @@ def rule_sources(paths: Sequence[str | Path], errors: list[RuleError]) -> dict[P
     hpcsec, else the path given. A file named twice (as itself, in its directory, or by the
     site config and the command line) loads once, with the origin that named it first."""
     bundled = bundled_rules_dir().resolve()
-    sources: dict[Path, tuple[Path, str]] = {}
+    sources: dict[tuple[int, int] | str, tuple[Path, str]] = {}
     for given in paths:
         origin = BUNDLED if Path(given).resolve() == bundled else str(given)
         for file in _files_under(Path(given), errors):
-            sources.setdefault(file.resolve(), (file, origin))
+            sources.setdefault(_identity(file), (file, origin))
     return dict(sources.values())
 
 
-def load_file(
-    path: Path,
-    ruleset: RuleSet,
-    threshold_values: Mapping[str, Any] | None = None,
-    origin: str = "",
-) -> None:
-    """Add the rules of one file to `ruleset` (errors go to ruleset.errors).
-
-    `threshold_values` (the site config's `thresholds`) replace the numbers the rules name
-    in their `thresholds:` attribute, before pySigma sees them (detector/thresholds.py).
-    `origin`: where the rules came from (`bundled` or the path given), for `rules list`.
-    """
-    ruleset.files.append(str(path))
-    try:
-        docs, errors = rule_documents(load_documents(path))
-    except HpcsecError as exc:
-        ruleset.errors.append(RuleError(exc.message, exc.location))
-        return
-    except RecursionError:  # PyYAML composes nested collections recursively
-        ruleset.errors.append(RuleError("YAML is nested too deeply", location(path)))
-        return
-    ruleset.errors.extend(errors)
-    if not docs and not errors:
-        ruleset.errors.append(RuleError("no rules", location(path, 1)))
-    for doc in docs:
-        ruleset.errors.extend(thresholds.apply(doc, threshold_values or {}))
-        item, errors = parse_document(doc)
-        ruleset.errors.extend(errors)
-        if item is not None:
-            ruleset.rules.append(
-                LoadedRule(item, str(path), doc.line, path.stem, doc.lines, origin)
-            )
-
-
-_LOCAL_REUSE_HINT = (
-    "; a local rule needs an id of its own: to silence a bundled rule, add a Sigma filter "
-    "that names it; to change one, copy it under a new id and filter the bundled one out"
-)
-
-
-def drop_duplicate_ids(ruleset: RuleSet) -> None:
-    """Two documents with one id (or name) cannot both be referenced; keep the first."""
-    seen: dict[str, LoadedRule] = {}
-    kept = []
-    for rule in ruleset.rules:
-        duplicate = None
-        for key, what in ((rule.sigma.id, "id"), (getattr(rule.sigma, "name", None), "name")):
-            if key is None:
-                continue
-            first = seen.setdefault(f"{what}:{key}", rule)
-            if first is not rule and duplicate is None:
-                duplicate = RuleError(
-                    f"duplicate rule {what} {key} (first at {first.path}:{first.line})"
-                    + _LOCAL_REUSE_HINT * (first.origin == BUNDLED != rule.origin),
-                    location(rule.path, rule.line_of(what)),
-                )
-        if duplicate is None:
-            kept.append(rule)
-        else:
-            ruleset.errors.append(duplicate)
-    ruleset.rules = kept
+def rule_paths_for(
+    config: SiteConfig, rule_paths: Sequence[str] | None, *, default_rules: bool = True
+) -> list[str]:
+    """The rules a pipeline runs, in load order: the bundled ones (unless `default_rules` is
+    off), then the config's `rules:`, then the command line's `--rules`. Local rules add to
+    the bundled ones, as a local rules file does in Falco: their filters apply to bundled
+    rules, and a local rule reusing a bundled rule's id is an error."""
+    paths = [str(bundled_rules_dir())] if default_rules else []
+    paths += [*config.rule_paths, *(rule_paths or ())]
+    if not paths:
+        raise UsageError("--no-default-rules needs rules: --rules PATH or `rules:` in the config")
+    return paths
 
 
 def load_rules(
@@ -154,14 +124,14 @@ def load_rules(
         cached = rulecache.read(cache, key) if key else None
         if cached is not None:
             return cached
-    for path in files:
-        load_file(path, ruleset, threshold_values, sources[path])
-    drop_duplicate_ids(ruleset)
-    correlation_rules.resolve_correlations(ruleset)
-    for path in files if with_tests else ():
-        ruletests.load_tests_for(path, ruleset)
+    # on a cache miss only (see the module's docstring)
+    from hpcsec.detector.engine.coldload import parse_files
+
+    parse_files(ruleset, sources, threshold_values, with_tests)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
     if cache is not None and key is not None and not ruleset.errors:
-        rulecache.write(cache, key, ruleset)
+        # the rules as the entry holds them: a first start keeps, like the next ones, only
+        # the pySigma objects of the rules it compiles
+        return rulecache.write(cache, key, ruleset) or ruleset
     return ruleset

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from hpcsec.detector.core.schema import parse_time
-from hpcsec.detector.engine.regex import Searcher
+from hpcsec.detector.engine.regex import Searcher, finds
 
 Test = Callable[[Any], bool]
 
@@ -90,10 +90,11 @@ def bool_equals(expected: bool) -> Test:
 
 def regex(pattern: Searcher) -> Test:
     """Sigma regexes are unanchored (search), case-sensitive unless the `i` flag is set."""
+    found = finds(pattern)
 
     def search(value: Any) -> bool:
         text = as_text(value)
-        return text is not None and pattern.search(text) is not None
+        return text is not None and found(text)
 
     return search
 

@@ -5,10 +5,16 @@ and so cannot run backreferences (`\\1`) or look-around (`(?=`, `(?!`, `(?<=`, `
 using them is a load error (docs/rule-authoring.md), never a slow rule. Sigma's flags become
 RE2's inline flags: `|i` case-insensitive, `|m` `^`/`$` at line breaks, `|s` `.` matches a
 newline.
+
+A pattern is searched through RE2's own `Match` on the text's UTF-8 bytes (`finds`), without
+the wrapper's match object: a rule only needs whether it matched. A lone surrogate (a file name
+that was not UTF-8, decoded with `surrogateescape`) is encoded as its three bytes, which RE2
+reads as one character that no literal matches: never an encoding error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import re2
@@ -21,6 +27,7 @@ INLINE_FLAGS = {
 }
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a bad pattern is our rule error, not a line on stderr
+_UNANCHORED = re2._re2.RE2.Anchor.UNANCHORED  # Sigma regexes search; they are not anchored
 
 
 class Searcher(Protocol):
@@ -49,3 +56,17 @@ def compile_regex(value: SigmaRegularExpression) -> Searcher:
             "the pattern without them"
         ) from None
     return searcher
+
+
+def finds(searcher: Searcher) -> Callable[[str], bool]:
+    """Whether the pattern occurs in a text."""
+    raw = getattr(searcher, "_regexp", None)  # the compiled RE2 behind google-re2's wrapper
+    if raw is None:
+        return lambda text: searcher.search(text) is not None
+    match = raw.Match
+
+    def found(text: str) -> bool:
+        data = text.encode("utf-8", "surrogatepass")
+        return match(_UNANCHORED, data, 0, len(data))[0][0] != -1
+
+    return found

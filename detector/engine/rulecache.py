@@ -11,24 +11,30 @@ Entries are pickles, so only the user who runs hpcsec may be able to write them:
 real directory (not a symlink) owned by this user with no access for others, and every entry
 is opened relative to that directory's descriptor with O_NOFOLLOW, so a path swapped after the
 check is not followed. An entry that cannot be read or unpickled is removed and rebuilt.
+
+An entry holds, per rule, its header (ruleset.RuleHeader: plain values) and its pySigma object
+pickled on its own, unpickled only when the rule is first used (LoadedRule.sigma): reading an
+entry costs the headers, and `rules list` or `config check` never import pySigma's parser. So
+that damage found late cannot pass for a rule, the entry carries a SHA-256 of its contents,
+checked before anything in it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import os
 import pickle
+import re
 import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcsec.detector.engine.ruleset import RuleSet
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleHeader, RuleSet
 
-FORMAT = b"hpcsec-rulecache-1"
+FORMAT = b"hpcsec-rulecache-2"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
 
@@ -38,16 +44,42 @@ def default_dir() -> Path:
     return Path(base) / "hpcsec"
 
 
+def installed_version(distribution: str) -> str:
+    """importlib.metadata.version(distribution), read from the `NAME-VERSION.dist-info`
+    directory on sys.path: importing importlib.metadata (email, zipfile, csv...) would cost a
+    cached `rules list` more than reading its rules does. Falls back to it when no such
+    directory names the distribution (an egg, say); "-" when it is not installed."""
+    wanted = _normalized(distribution)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip, a path hook, a directory gone
+            continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                found, _, version = name[: -len(".dist-info")].rpartition("-")
+                if _normalized(found) == wanted:
+                    return version
+    import importlib.metadata  # rare: only where no dist-info directory was found
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def _normalized(name: str) -> str:
+    """A distribution's name as packaging compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def cache_key(
     files: Sequence[Path], threshold_values: Mapping[str, Any] | None, with_tests: bool
 ) -> str | None:
     """The entry name for these inputs; None when a file cannot be read (no caching)."""
     digest = hashlib.sha256(FORMAT)
     for name in ("hpcsec", "pySigma"):
-        try:
-            digest.update(f"{name} {importlib.metadata.version(name)}\n".encode())
-        except importlib.metadata.PackageNotFoundError:
-            digest.update(f"{name} -\n".encode())
+        digest.update(f"{name} {installed_version(name)}\n".encode())
     digest.update(sys.version.encode())
     digest.update(repr(sorted((threshold_values or {}).items())).encode())
     digest.update(b"tests" if with_tests else b"no tests")
@@ -95,34 +127,63 @@ def read(directory: Path, key: str) -> RuleSet | None:
                 return None
             data = f.read()
         try:
-            ruleset = pickle.loads(data)
-        except Exception:  # a corrupt entry: any unpickling error; rebuilt by the caller
+            ruleset = decode(data)
+        except Exception:  # a corrupt entry: any unpickling or shape error; rebuilt by the caller
             ruleset = None
-        if not isinstance(ruleset, RuleSet):
+        if ruleset is None:
             _remove(key, fd)
-            return None
         return ruleset
     finally:
         os.close(fd)
 
 
-def write(directory: Path, key: str, ruleset: RuleSet) -> None:
+def encode(ruleset: RuleSet) -> bytes:
+    rules = [(tuple(r.header), r.blob(), r.path, r.line, r.vector, r.origin) for r in ruleset.rules]
+    payload = pickle.dumps((rules, ruleset.tests, ruleset.files), protocol=pickle.HIGHEST_PROTOCOL)
+    digest = hashlib.sha256(payload).digest()
+    return pickle.dumps((FORMAT, digest, payload), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> RuleSet | None:
+    """The rule set of an entry; None when it is not one (wrong format, checksum or shape)."""
+    outer = pickle.loads(data)
+    if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == FORMAT):
+        return None
+    _, digest, payload = outer
+    # a checksum against damage, not a secret: a plain comparison will do
+    if not isinstance(payload, bytes) or hashlib.sha256(payload).digest() != digest:
+        return None
+    rules, tests, files = pickle.loads(payload)
+    ruleset = RuleSet(tests=list(tests), files=list(files))
+    for header, blob, path, line, vector, origin in rules:
+        if len(header) != len(RuleHeader._fields) or not isinstance(blob, bytes):
+            return None
+        ruleset.rules.append(
+            LoadedRule.cached(RuleHeader(*header), blob, path, line, vector, origin)
+        )
+    return ruleset
+
+
+def write(directory: Path, key: str, ruleset: RuleSet) -> RuleSet | None:
     """Store the entry (atomically: a reader sees the old state or the whole entry); a cache
-    that cannot be written only costs the next load its time."""
+    that cannot be written only costs the next load its time. Returns the rule set as the
+    entry holds it (lazy rules, see the module's docstring), None when it was not written."""
     fd = _open_private(directory, create=True)
     if fd is None:
-        return
+        return None
     temporary = f".{key}.{os.getpid()}"
     try:
-        data = pickle.dumps(ruleset, protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode(ruleset)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=fd), "wb") as f:
             f.write(data)
         os.replace(temporary, key, src_dir_fd=fd, dst_dir_fd=fd)
     except (OSError, pickle.PicklingError, RecursionError, TypeError, AttributeError):
         _remove(temporary, fd)
+        return None
     finally:
         os.close(fd)
+    return decode(data)
 
 
 def _remove(name: str, fd: int) -> None:

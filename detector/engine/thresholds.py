@@ -19,11 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sigma.rule import SigmaRule
-
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.yamlsrc import YamlDocument
-from hpcsec.detector.engine.prepare import placeholder_names
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 ATTRIBUTE = "thresholds"
@@ -106,14 +103,16 @@ def apply(doc: YamlDocument, values: Mapping[str, Any]) -> list[RuleError]:
     return errors
 
 
+def names_used(rule: LoadedRule) -> set[str]:
+    """The threshold names `rule` declares, and its placeholders (from its header: no pySigma
+    is needed for a cached rule set)."""
+    declared_names = rule.header.custom_attributes.get(ATTRIBUTE) or {}
+    return {str(name) for name in declared_names} | set(rule.header.placeholder_fields)
+
+
 def unused(values: Mapping[str, Any], rules: Sequence[LoadedRule]) -> list[str]:
     """Config threshold names no loaded rule declares or uses as a placeholder (typos)."""
     known: set[str] = set()
     for rule in rules:
-        attrs = getattr(rule.sigma, "custom_attributes", None) or {}
-        declared_names = attrs.get(ATTRIBUTE)
-        if isinstance(declared_names, dict):
-            known.update(str(name) for name in declared_names)
-        if isinstance(rule.sigma, SigmaRule):  # filters and correlations have no detection
-            known |= placeholder_names(rule.sigma)
+        known |= names_used(rule)
     return sorted(name for name in values if name not in known)

@@ -102,18 +102,25 @@ def scalar_matcher(value: Any) -> Callable[[Any], bool]:
     raise UnsupportedValue(f"value type {type(value).__name__} is not supported")
 
 
-def scalar_keyword(value: Any) -> Callable[[Any], bool]:
-    """A field-less (keyword) value: a substring search unless the rule anchors it with
-    wildcards of its own, case-insensitive like every Sigma string."""
+def keyword_value(value: Any) -> Any:
+    """The value a field-less (keyword) value tests each event value with: a string becomes a
+    substring search (wildcards at both ends unless it has its own), a number its spelling;
+    expansions are OR-ed values (see scalar_keyword), anything else is tested as it is."""
     if isinstance(value, SigmaString):
         if not value.startswith(SpecialChars.WILDCARD_MULTI):
             value = SpecialChars.WILDCARD_MULTI + value
         if not value.endswith(SpecialChars.WILDCARD_MULTI):
             value = value + SpecialChars.WILDCARD_MULTI
-        return scalar_matcher(value)
+        return value
     if isinstance(value, SigmaNumber):
-        return scalar_keyword(SigmaString.from_str(str(value.number)))
+        return keyword_value(SigmaString.from_str(str(value.number)))
+    return value
+
+
+def scalar_keyword(value: Any) -> Callable[[Any], bool]:
+    """A field-less (keyword) value: a substring search unless the rule anchors it with
+    wildcards of its own, case-insensitive like every Sigma string."""
     if isinstance(value, SigmaExpansion):
         tests = [scalar_keyword(v) for v in value.values]
         return lambda v: any(t(v) for t in tests)
-    return scalar_matcher(value)
+    return scalar_matcher(keyword_value(value))

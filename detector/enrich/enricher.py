@@ -31,7 +31,7 @@ from hpcsec.detector.enrich.slurm_job import (
 )
 from hpcsec.detector.enrich.view import FILE_EVENTS_NOTE, NodeView, needs_process_fields
 
-__all__ = ["FILE_EVENTS_NOTE", "STEPS", "EnrichStep", "Enricher"]
+__all__ = ["FILE_EVENTS_NOTE", "POLICY_STEP", "STEPS", "EnrichStep", "Enricher", "apply_policy"]
 
 PROCESS_FIELDS = frozenset(
     {
@@ -67,28 +67,33 @@ def fill_process_fields(events: list[Event], view: NodeView | None) -> None:
 
 
 def fill_gpu_users(events: list[Event]) -> None:
-    """`gpu.process_users` / `gpu.process_user_count` on each gpu_device, from gpu_process."""
+    """`gpu.process_users` / `gpu.process_user_count` on each gpu_device, from gpu_process
+    (one pass over the events to find both kinds: it runs on every batch)."""
     users: dict[object, set[str]] = defaultdict(set)
+    devices: list[Event] = []
     for e in events:
-        if e.get("event.category") == "gpu_process":
+        category = e.get("event.category")
+        if category == "gpu_process":
             name = e.get("user.name") or (str(e["user.id"]) if "user.id" in e else None)
             if name is not None:
                 users[(e.get("host.name"), e.get("gpu.uuid") or e.get("gpu.index"))].add(name)
-    for e in events:
-        if e.get("event.category") == "gpu_device":
-            found = users.get((e.get("host.name"), e.get("gpu.uuid") or e.get("gpu.index")))
-            if found is None and e.get("gpu.process_users"):
-                continue  # the sensor (or a replayed event) already said who
-            e["gpu.process_users"] = sorted(found or ())
-            e["gpu.process_user_count"] = len(found or ())
+        elif category == "gpu_device":
+            devices.append(e)
+    for e in devices:
+        found = users.get((e.get("host.name"), e.get("gpu.uuid") or e.get("gpu.index")))
+        if found is None and e.get("gpu.process_users"):
+            continue  # the sensor (or a replayed event) already said who
+        e["gpu.process_users"] = sorted(found or ())
+        e["gpu.process_user_count"] = len(found or ())
 
 
 def _apply_policy(events: list[Event], _view: NodeView | None, config: SiteConfig) -> None:
-    policy = policy_for(config)
+    apply = policy_for(config).apply
     for event in events:
-        policy.apply(event)
+        apply(event)
 
 
+POLICY_STEP = frozenset({"policy"})
 STEPS: tuple[EnrichStep, ...] = (
     EnrichStep("process", PROCESS_FIELDS, lambda ev, view, _c: fill_process_fields(ev, view)),
     EnrichStep("job", JOB_FIELDS, lambda ev, view, _c: apply_jobs(ev, view)),
@@ -112,11 +117,32 @@ class Enricher:
         self.config = config
         self.steps = steps
 
-    def enrich(self, events: list[Event], view: NodeView | None) -> list[Event]:
+    def enrich(
+        self, events: list[Event], view: NodeView | None, skip: frozenset[str] = frozenset()
+    ) -> list[Event]:
         """Enrich in place and return `events`.
 
         `view`: the node as captured with these events; None for events read from a file.
+        `skip`: names of steps already applied to these events (see `apply_policy`).
         """
         for step in self.steps:
-            step.apply(events, view, self.config)
+            if step.name not in skip:
+                step.apply(events, view, self.config)
         return events
+
+
+def apply_policy(events: list[Event], config: SiteConfig) -> frozenset[str]:
+    """The policy step alone, ahead of the others, for events without a node view (read
+    from a file: a worker process that parses them applies it there); returns the steps
+    done, for `Enricher.enrich`'s `skip`. Without a view the steps before policy leave the
+    events alone except `gpu_users`, which writes only fields policy does not read, so the
+    order makes no difference to the values; the fields `gpu_users` will write get their
+    place first, so they also come in the same order (tests/detector/test_enrich_steps.py
+    checks both)."""
+    for event in events:
+        if event.get("event.category") == "gpu_device" and not event.get("gpu.process_users"):
+            # fill_gpu_users sets both on such an event: a placeholder keeps their place
+            for name in ("gpu.process_users", "gpu.process_user_count"):
+                event.setdefault(name, None)
+    _apply_policy(events, None, config)
+    return POLICY_STEP

@@ -98,26 +98,35 @@ class Policy:
         return moment is not None and any(w.covers(host, moment) for w in self.windows)
 
     def apply(self, event: Event, host: str | None = None) -> None:
-        host = host or event.get("host.name")
-        event["hpcsec.in_maintenance"] = self.in_maintenance(host, event.get("@timestamp"))
-        user = event.get("user.name")
+        """The policy fields of one event. This runs for every event a scan reads, so the
+        common fields are decided inline, from one lookup each."""
+        get = event.get
+        if self.windows:
+            maintenance = self.in_maintenance(host or get("host.name"), get("@timestamp"))
+        else:
+            maintenance = False
+        event["hpcsec.in_maintenance"] = maintenance
+        user = get("user.name")
         if user is not None:
             event["user.is_admin"] = user in self.admins
-        uid = event.get("user.id")
-        if isinstance(uid, int) and not isinstance(uid, bool):
-            event["user.is_system"] = uid < SYSTEM_UID_LIMIT
-        executable = event.get("process.executable")
+        uid = get("user.id")
+        system = False  # only a system uid can run a GPU service
+        if uid.__class__ is int or (isinstance(uid, int) and not isinstance(uid, bool)):
+            system = event["user.is_system"] = uid < SYSTEM_UID_LIMIT
+        executable = get("process.executable")
         if isinstance(executable, str) and executable:
             executable = executable.removesuffix(" (deleted)")  # upgraded while running
-            event["process.executable_name"] = posixpath.basename(executable)
-        else:
-            executable = None
-        if event.get("process.name") is not None or executable is not None:
-            event["process.is_gpu_service"] = self.is_gpu_service(event, executable)
-        preload = event.get("process.env.LD_PRELOAD")
+            name = executable[executable.rfind("/") + 1 :]  # posixpath.basename
+            event["process.executable_name"] = name
+            event["process.is_gpu_service"] = system and (
+                executable in self.gpu_service_paths or name in self.gpu_service_names
+            )
+        elif get("process.name") is not None:
+            event["process.is_gpu_service"] = system and self.is_gpu_service(event, None)
+        preload = get("process.env.LD_PRELOAD")
         if isinstance(preload, str):
             event["process.ld_preload_allowed"] = preload_allowed(preload, self.preload_allowed)
-        category = event.get("event.category")
+        category = get("event.category")
         if category == "file_access":
             self._asset_fields(event, user)
         elif category == "firmware":
@@ -132,6 +141,7 @@ class Policy:
         path; one without is the executable's file name (not `comm`, which the kernel cuts at
         15 characters and the process can change). Without an executable (a replayed event
         that lacks it), `process.name` is compared with each name cut to 15 characters.
+        (`apply` decides the common case inline, the same way.)
         """
         uid = event.get("user.id")
         if not isinstance(uid, int) or isinstance(uid, bool) or uid >= SYSTEM_UID_LIMIT:
@@ -293,3 +303,15 @@ def annotate_fleet_majority(events: Iterable[Event]) -> int:
             e["firmware.fleet_majority_version"] = fleet_version
             annotated += 1
     return annotated
+
+
+def apply_fleet_majority(events: list[Event], majority: dict[str, str]) -> list[Event]:
+    """`firmware.fleet_majority_version` from `majority` (per component, as
+    `annotate_fleet_majority` found it over a whole file) on its firmware events, in place;
+    a version an event already gives stays."""
+    for event in events:
+        if event.get("event.category") == "firmware":
+            version = majority.get(str(event.get("firmware.component")))
+            if version is not None:
+                event.setdefault("firmware.fleet_majority_version", version)
+    return events

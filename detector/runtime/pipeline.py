@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
-from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
+from hpcsec.detector.engine.loader import load_rules, rule_paths_for
 from hpcsec.detector.engine.reorder import Clock
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.enrich.enricher import Enricher
@@ -34,10 +33,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SourceBatch:
     """Events read together, and what enrichment needs about the node they were read on
-    (None: events from a file, with no node to look at)."""
+    (None: events from a file, with no node to look at). `enriched`: the enrichment steps
+    the source already applied (a worker process that parsed the events gave them site
+    policy: see runtime/chunked.py); the pipeline runs only the others."""
 
     events: list[Event]
     node: NodeView | None
+    enriched: frozenset[str] = frozenset()
 
 
 def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Event]]:
@@ -48,23 +50,9 @@ def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Eve
     return view, view.status_events()
 
 
-def rule_paths_for(
-    config: SiteConfig, rule_paths: Sequence[str] | None, *, default_rules: bool = True
-) -> list[str]:
-    """The rules a pipeline runs, in load order: the bundled ones (unless `default_rules` is
-    off), then the config's `rules:`, then the command line's `--rules`. Local rules add to
-    the bundled ones, as a local rules file does in Falco: their filters apply to bundled
-    rules, and a local rule reusing a bundled rule's id is an error."""
-    paths = [str(bundled_rules_dir())] if default_rules else []
-    paths += [*config.rule_paths, *(rule_paths or ())]
-    if not paths:
-        raise UsageError("--no-default-rules needs rules: --rules PATH or `rules:` in the config")
-    return paths
-
-
 def enrich(enricher: Enricher, batch: SourceBatch) -> list[Event]:
     """Slurm job and site-policy fields for a batch's events (the one place that enriches)."""
-    return enricher.enrich(batch.events, batch.node)
+    return enricher.enrich(batch.events, batch.node, skip=batch.enriched)
 
 
 def coalesce(batches: Sequence[SourceBatch]) -> list[SourceBatch]:
@@ -72,10 +60,10 @@ def coalesce(batches: Sequence[SourceBatch]) -> list[SourceBatch]:
     different sensors read at the same time, so a sample is enriched as a whole."""
     merged: list[SourceBatch] = []
     for batch in batches:
-        if merged and merged[-1].node is batch.node:
+        if merged and merged[-1].node is batch.node and merged[-1].enriched == batch.enriched:
             merged[-1].events.extend(batch.events)
         else:
-            merged.append(SourceBatch(list(batch.events), batch.node))
+            merged.append(SourceBatch(list(batch.events), batch.node, batch.enriched))
     return merged
 
 

@@ -16,9 +16,10 @@ import orjson
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import SourceError, UsageError
-from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl
+from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl_blocks
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.enrich.policy import annotate_fleet_majority
+from hpcsec.detector.enrich.enricher import POLICY_STEP
+from hpcsec.detector.enrich.policy import annotate_fleet_majority, apply_fleet_majority
 from hpcsec.detector.enrich.view import FILE_EVENTS_NOTE
 from hpcsec.detector.runtime import chunked, registry
 from hpcsec.detector.runtime.node import live_context
@@ -26,6 +27,8 @@ from hpcsec.detector.runtime.pipeline import SourceBatch, capture
 from hpcsec.detector.runtime.sensorset import SensorSet
 from hpcsec.sensors.base import SensorContext, SensorRun
 from hpcsec.sensors.snapshot import Snapshot, open_snapshot
+
+SEARCH_BLOCK = 4 * 2**20  # bytes searched at once for the firmware lines
 
 
 @dataclass
@@ -88,19 +91,19 @@ def fleet_majority(stream: BinaryIO) -> dict[str, str]:
     """Per firmware component, the version most hosts of an events file run (see policy).
 
     A first pass that parses only firmware lines, so the majority is known before the
-    events are evaluated; other lines cost a substring test.
+    events are evaluated: the file is searched in large blocks for the field's name (one C
+    search, not a Python step per line) and only the lines holding it are parsed.
     """
     firmware: list[Event] = []
-    for raw in stream:
-        if b"firmware.component" in raw:
-            try:
-                event = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and event.get("event.category") == "firmware":
-                event, problem = checked_event(event)  # read_jsonl skips and reports the rest
-                if problem is None:
-                    firmware.append(event)
+    for raw in lines_containing(stream, b"firmware.component"):
+        try:
+            event = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("event.category") == "firmware":
+            event, problem = checked_event(event)  # read_jsonl skips and reports the rest
+            if problem is None:
+                firmware.append(event)
     if not firmware:
         return {}
     annotate_fleet_majority(firmware)
@@ -111,12 +114,26 @@ def fleet_majority(stream: BinaryIO) -> dict[str, str]:
     }
 
 
-def annotate(event: Event, majority: dict[str, str]) -> Event:
-    if event.get("event.category") == "firmware":
-        version = majority.get(str(event.get("firmware.component")))
-        if version is not None:
-            event.setdefault("firmware.fleet_majority_version", version)
-    return event
+def lines_containing(stream: BinaryIO, needle: bytes, block: int = SEARCH_BLOCK) -> Iterator[bytes]:
+    """The lines of `stream` (split on b"\\n" as iterating it does) that contain `needle`."""
+    tail = b""
+    while True:
+        data = stream.read(block)
+        if not data:
+            break
+        end = data.rfind(b"\n")
+        if end < 0:  # no line ends in this block: keep all of it for the next
+            tail += data
+            continue
+        text, tail = tail + data[: end + 1], data[end + 1 :]
+        found = text.find(needle)
+        while found >= 0:
+            start = text.rfind(b"\n", 0, found) + 1
+            stop = text.index(b"\n", found) + 1
+            yield text[start:stop]
+            found = text.find(needle, stop)
+    if needle in tail:
+        yield tail
 
 
 def snapshot_samples(
@@ -145,17 +162,24 @@ class EventSources:
         self.config = config
         self.report = report
 
-    def _batches(self, events: Iterator[Event], size: int) -> Iterator[SourceBatch]:
+    def _batches(
+        self, blocks: Iterator[list[Event]], size: int, enriched: frozenset[str] = frozenset()
+    ) -> Iterator[SourceBatch]:
+        """Batches of exactly `size` events (the last one smaller) from lists of any size."""
         batch: list[Event] = []
-        for event in events:
-            batch.append(event)
-            if len(batch) >= size:
-                self.report.events += len(batch)
-                yield SourceBatch(batch, None)
-                batch = []
+        for events in blocks:
+            if not batch and len(events) == size:  # the common case: a block is a batch
+                self.report.events += size
+                yield SourceBatch(events, None, enriched)
+                continue
+            batch.extend(events)
+            while len(batch) >= size:
+                self.report.events += size
+                yield SourceBatch(batch[:size], None, enriched)
+                batch = batch[size:]
         if batch:
             self.report.events += len(batch)
-            yield SourceBatch(batch, None)
+            yield SourceBatch(batch, None, enriched)
 
     def from_events_file(self, path: str, size: int, jobs: int = 1) -> Iterator[SourceBatch]:
         """`jobs` > 1: a regular file of at least chunked.PARALLEL_MIN_BYTES is parsed by
@@ -164,7 +188,7 @@ class EventSources:
         self.report.inputs.append(report)
         self.report.notes.append(FILE_EVENTS_NOTE)
         if path == "-":
-            yield from self._batches(read_jsonl(sys.stdin.buffer, report), size)
+            yield from self._batches(read_jsonl_blocks(sys.stdin.buffer, report, size), size)
             return
         try:
             stream = open(path, "rb")  # noqa: SIM115 - closed below, after the generator
@@ -174,17 +198,21 @@ class EventSources:
             majority = fleet_majority(stream)
             stream.seek(0)
             info = os.fstat(stream.fileno())
+            blocks: Iterator[list[Event]]
+            enriched: frozenset[str] = frozenset()
             if (
                 jobs > 1
                 and stat.S_ISREG(info.st_mode)
                 and info.st_size >= chunked.PARALLEL_MIN_BYTES
             ):
-                events = chunked.read_parallel(path, stream, report, jobs)
+                prepare = chunked.Prepare(self.config, majority)
+                blocks = chunked.read_parallel(path, stream, report, jobs, prepare)
+                enriched = POLICY_STEP  # the workers applied the majority and the site policy
             else:
-                events = read_jsonl(stream, report)
-            if majority:
-                events = (annotate(e, majority) for e in events)
-            yield from self._batches(events, size)
+                blocks = read_jsonl_blocks(stream, report, size)
+                if majority:
+                    blocks = (apply_fleet_majority(events, majority) for events in blocks)
+            yield from self._batches(blocks, size, enriched)
 
     def _sampled(self, ctx: SensorContext, runs: list[SensorRun]) -> SourceBatch:
         self.report.sensor_runs.extend(runs)

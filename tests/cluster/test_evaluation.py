@@ -62,6 +62,45 @@ def test_a_partition_read_later_holds_the_hub_time_back() -> None:
     assert clock() == 1_000_009_000.0
 
 
+def test_a_partition_that_stops_answering_holds_the_hub_time_back_again() -> None:
+    """Partition 1 was caught up, then its consumer lost its leader (a server died) while
+    the others went on: the events its new leader delivers later are not late."""
+    now = {"wall": 2_000_000_000.0, "mono": 0.0}
+    clock = HubClock(lambda: now["wall"], lambda: now["mono"], sources=(0, 1, 2))
+    for partition in (0, 1, 2):
+        clock.observe(1_000_000_000.0, partition)
+    clock.idle(1)  # caught up while 0 and 2 still deliver
+    clock.busy(1)  # its consumer no longer says so
+    clock.observe(1_000_003_600.0, 0)
+    clock.observe(1_000_003_600.0, 2)
+    clock.idle(0)
+    clock.idle(2)
+    assert clock() == 1_000_000_000.0  # held at partition 1's newest event
+    clock.observe(1_000_001_000.0, 1)  # what the new leader delivers
+    clock.idle(1)
+    assert clock() == 1_000_003_600.0
+
+
+def test_a_caught_up_report_stands_for_the_time_it_was_made() -> None:
+    """Partition 1 reported caught up, then newer events came from the others while its
+    consumer's leader died with events of its own in it (a server killed mid-stream): the
+    hub's time stays where it was at the report until partition 1 reports again."""
+    now = {"wall": 2_000_000_000.0, "mono": 0.0}
+    clock = HubClock(lambda: now["wall"], lambda: now["mono"], sources=(0, 1, 2))
+    for partition in (0, 1, 2):
+        clock.observe(1_000_000_000.0, partition)
+    clock.idle(1)
+    clock.observe(1_000_001_800.0, 0)
+    clock.observe(1_000_001_900.0, 2)
+    clock.idle(0)
+    clock.idle(2)
+    assert not clock.quiet
+    assert clock() == 1_000_000_000.0
+    clock.observe(1_000_000_600.0, 1)  # delivered by the new leader: not late
+    clock.idle(1)
+    assert clock.quiet and clock() == 1_000_001_900.0
+
+
 def test_hub_runs_the_runtime_pipeline_with_its_lateness() -> None:
     ev = HubEvaluation.load(SiteConfig())
     assert isinstance(ev.pipeline, Pipeline)

@@ -8,7 +8,7 @@ from typing import Any
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import LiteralIndex, required_keys
+from hpcsec.detector.engine.index import ANY_FIELD, FEW_LITERALS, LiteralIndex, required_keys
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 
@@ -40,7 +40,14 @@ def test_keys_come_from_positive_parts_only():
         )
         is None
     )
-    assert required_keys(condition_of({"k": ["evil"], "condition": "k"})) is None
+    # keywords look in every searched field; a regex needs its literal
+    assert required_keys(condition_of({"k": ["evil"], "condition": "k"})) == {
+        (ANY_FIELD, "contains", "evil")
+    }
+    regex = {"sel": {"process.name|re": "^(py|ba)thon[0-9]"}, "condition": "sel"}
+    assert required_keys(condition_of(regex)) == {("process.name", "contains", "thon")}
+    short = {"sel": {"process.name|re": "^(py|ba)t?on[0-9]"}, "condition": "sel"}
+    assert required_keys(condition_of(short)) is None  # "on" shows in too many values
     assert (
         required_keys(condition_of({"sel": {"process.name|cased": "NC"}, "condition": "sel"}))
         is None
@@ -57,7 +64,23 @@ def test_keys_come_from_positive_parts_only():
         ("process.command_line", "endswith", "sh"),
     }
     glob = condition_of({"sel": {"file.path": "/tmp/*/evil_?.so"}, "condition": "sel"})
-    assert required_keys(glob) == {("file.path", "contains", "/evil_")}
+    assert required_keys(glob) == {("file.path", "startswith", "/tmp/")}
+    glob = condition_of({"sel": {"file.path": "*/evil_?.so"}, "condition": "sel"})
+    assert required_keys(glob) == {("file.path", "contains", "/evil_")}  # not `.so` at the end
+    glob = condition_of({"sel": {"file.path": "*/e?il.so?"}, "condition": "sel"})
+    assert required_keys(glob) == {("file.path", "contains", "il.so")}  # `?` after it: no suffix
+    # a file extension alone shows in most paths: the longer literals prune more
+    either = condition_of(
+        {
+            "sel": {"process.name|contains": ["\\EDR-Freeze", "\\EDRFreeze"]},
+            "ext": {"process.name|endswith": ".exe"},
+            "condition": "sel and ext",
+        }
+    )
+    assert required_keys(either) == {
+        ("process.name", "contains", "\\edr-freeze"),
+        ("process.name", "contains", "\\edrfreeze"),
+    }
 
 
 def test_candidates_are_the_rules_whose_literals_the_event_shows():
@@ -84,9 +107,10 @@ RULES = [
     {"sel": {"process.args|contains": "--lua-exec"}, "condition": "sel"},
     {"sel": {"process.pid": "5"}, "condition": "sel"},  # a string value matches the number 5
     {"sel": {"process.command_line|contains|all": ["curl", "| sh"]}, "condition": "sel"},
-    {"sel": {"process.command_line|re": "wget .*\\|"}, "condition": "sel"},  # no key: fallback
+    {"sel": {"process.command_line|re": "wget .*\\|"}, "condition": "sel"},  # key "wget "
     {"sel": {"process.name": "nc"}, "condition": "not sel"},
     {"sel": {"process.command_line|windash|contains": "-enc"}, "condition": "sel"},
+    {"sel": {"process.command_line|re": "^w.*\\|"}, "condition": "sel"},  # no key: fallback
 ]
 EVENTS = [
     {"event.category": "process", "process.name": "NC", "user.name": "alice"},
@@ -115,5 +139,30 @@ def test_indexed_engine_matches_what_the_compiled_path_matches():
     assert got[2] == [ids[1], ids[5]]
     assert got[3] == [ids[2], ids[5]]
     assert got[4] == [ids[3], ids[5]]
-    assert got[5] == [ids[4], ids[5], ids[6]]
+    assert got[5] == [ids[4], ids[5], ids[6], ids[7]]
     assert got[6] == [ids[5], ids[6]]
+
+
+def test_few_literals_and_the_automaton_find_the_same_candidates():
+    """A field with few substring literals tests them one by one; with more, one automaton
+    scans the value: both name the same rules."""
+    literals = ["curl", "| sh", "/dev/tcp", "wget ", "nc -e", "base64 -d"]
+    kinds = ["contains", "startswith", "endswith"]
+    keys = [
+        frozenset({("process.command_line", kinds[n % 3], literal)})
+        for n, literal in enumerate(literals)
+    ]
+    texts = ["curl x | sh", "wget y", "/dev/tcp/1", "x nc -e curl", "base64 -d | sh", "none"]
+    few = LiteralIndex(keys[:FEW_LITERALS])
+    assert few.fields["process.command_line"].automaton is None
+    many = LiteralIndex(keys)
+    assert many.fields["process.command_line"].automaton is not None
+    for text in texts:
+        event = {"process.command_line": text.upper()}
+        expected = {
+            n
+            for n, literal in enumerate(literals)
+            if getattr(text, kinds[n % 3].replace("contains", "__contains__"))(literal)
+        }
+        assert many.candidates(event) == expected, text
+        assert few.candidates(event) == {n for n in expected if n < FEW_LITERALS}, text

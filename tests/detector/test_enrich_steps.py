@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.schema import Event, is_known_field
-from hpcsec.detector.enrich.enricher import STEPS, EnrichStep
+from hpcsec.detector.enrich.enricher import STEPS, Enricher, EnrichStep, apply_policy
 from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.sources import SensorSet, demo_snapshot_dir
@@ -78,3 +79,18 @@ def test_steps_write_only_their_own_fields_and_only_schema_fields(sample):
         written |= fields
     # the demo exercises the job, peer, node and policy steps, not only the easy ones
     assert {"slurm.job.id", "slurm.node.job_count", "hpcsec.in_maintenance"} <= written
+
+
+@pytest.mark.parametrize("sample", range(4))
+def test_policy_applied_first_gives_what_the_steps_in_order_give_without_a_view(sample):
+    """Events from a file (no node view): the worker that parses them applies the policy
+    first (runtime/chunked.py), and the pipeline then runs the other steps."""
+    events, _view, config = _demo_samples()[sample]
+    in_order = copy.deepcopy(events)
+    Enricher(config).enrich(in_order, None)
+    policy_first = copy.deepcopy(events)
+    done = apply_policy(policy_first, config)
+    Enricher(config).enrich(policy_first, None, skip=done)
+    assert [list(e.items()) for e in policy_first] == [list(e.items()) for e in in_order]
+    assert {"gpu_device", "gpu_process", "file_access"} <= {e["event.category"] for e in events}
+    assert all("hpcsec.in_maintenance" in e for e in in_order)

@@ -52,7 +52,7 @@ def config(tmp_path):
     return load_config(path)
 
 
-def process(uid: int, name: str, exe: str | None, **more) -> dict:
+def process(uid: object, name: str, exe: str | None, **more) -> dict:
     event = {"event.category": "gpu_process", "user.id": uid, "process.name": name, **more}
     if exe is not None:
         event["process.executable"] = exe
@@ -71,6 +71,9 @@ def process(uid: int, name: str, exe: str | None, **more) -> dict:
         (process(0, "nvidia-persiste", None), True),  # no executable: comm, cut like the kernel
         (process(0, "nvvs", "/opt/dcgm/bin/nvvs"), True),  # a path entry: that path only
         (process(0, "nvvs", "/usr/bin/nvvs"), False),
+        (process(True, "nv-hostengine", "/usr/bin/nv-hostengine"), False),  # JSON true: no uid
+        (process("0", "nv-hostengine", "/usr/bin/nv-hostengine"), False),  # text: no uid
+        (process(0, "nv-hostengine", "nv-hostengine"), True),  # a name without a directory
     ],
 )
 def test_gpu_services_by_executable_and_owner(config, event, service):

@@ -71,9 +71,11 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)
     parse_here = chunked.parse_in_caller
 
-    def counted(path: str, start: int, end: int) -> chunked.ParsedChunk:
+    def counted(
+        path: str, start: int, end: int, prepare: chunked.Prepare | None
+    ) -> chunked.ParsedChunk:
         in_caller.append((start, end))
-        return parse_here(path, start, end)
+        return parse_here(path, start, end, prepare)
 
     monkeypatch.setattr(chunked, "parse_in_caller", counted)
     return in_caller
@@ -114,3 +116,27 @@ def test_jobs_must_be_at_least_one(tmp_path, capsys):
     events.write_text("{}\n")
     assert main(["scan", "--events", str(events), "--jobs", "0"]) == 2
     assert "--jobs 0: needs at least 1" in capsys.readouterr().err
+
+
+def test_parallel_scan_applies_the_scans_own_site_policy(tmp_path, capsys, small_chunks):
+    """The workers apply site policy (the caller skips that step): with the scan's config,
+    so maintenance, admins and GPU services decide the same as in one process."""
+    config = tmp_path / "site.yml"
+    config.write_text(
+        "maintenance:\n"
+        "  - {start: 2026-11-01T00:00:00Z, end: 2026-11-04T00:00:00Z}\n"
+        "admins: {users: [root, alice]}\n"
+        "gpu_services: [xmrig]\n"
+    )
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=6)
+    runs = []
+    for jobs in (1, 2):
+        argv = ["scan", "--events", str(events), "--format", "jsonl", "--jobs", str(jobs)]
+        rc = main([*argv, "--config", str(config)])
+        runs.append((rc, *capsys.readouterr()))
+    assert small_chunks == []
+    assert runs[1] == runs[0]
+    alerts = [json.loads(line) for line in runs[0][1].splitlines()]
+    during = [e["hpcsec.in_maintenance"] for a in alerts for e in a.get("events", [])]
+    assert True in during and False in during  # the window covers some rounds only

@@ -1,0 +1,132 @@
+"""Load figures of a large rule set read from the rule cache, in a fresh process.
+
+`python -m bench sigmahq` runs it after its cold load: the rules are written to a scratch
+rule cache, the events to a JSONL file, and a new interpreter (so that nothing is imported
+or in memory yet) reports, in CPU seconds (process_time):
+- cached load: the imports load_rules needs, then reading the entry (rule headers only;
+  each rule's pySigma object is unpickled when its category is first compiled);
+- engine: building a lazy Engine (correlations wired, no category compiled yet);
+- first evaluation: each category's match function is built at its first event; the sum
+  and the slowest of those first evaluations (the compile cost the cold load paid up front);
+- steady state: the events again, every category built, against the same events' first pass;
+- memory: resident set now (not the peak) before the rules are loaded (events already read)
+  and after the whole evaluation: their difference is what the rules cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcsec.detector.engine.ruleset import RuleSet
+
+BATCH = 256
+
+
+def route(ruleset: RuleSet) -> int:
+    """Each logsource to a category of its own (product hpc); returns how many categories.
+    Through the rules' headers: a cached rule's pySigma object stays unread until compiled."""
+    categories = set()
+    for i, rule in enumerate(ruleset.rules):
+        if rule.kind != "detection":
+            continue
+        header = rule.header
+        name = "_".join(p or "" for p in (header.product, header.category, header.service))
+        ruleset.rules[i] = rule.rerouted("hpc", name)
+        categories.add(name)
+    return len(categories)
+
+
+def rss_mb() -> float:
+    """Resident set size now (Linux), in MB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def cached_figures(files: list[str], cache: str, events_file: str) -> dict[str, Any]:
+    import orjson
+
+    events = [orjson.loads(line) for line in Path(events_file).read_bytes().splitlines()]
+    before = rss_mb()
+    start = time.process_time()
+    from hpcsec.detector.engine.loader import load_rules
+
+    imported = time.process_time() - start
+    start = time.process_time()
+    ruleset = load_rules(files, with_tests=False, cache=Path(cache), collect_errors=True)
+    read = time.process_time() - start
+    pysigma_imported = "sigma.rule" in sys.modules
+    after_load = rss_mb()
+    from hpcsec.detector.engine.evaluate import Engine  # the compiler needs pySigma's types
+
+    route(ruleset)
+    start = time.process_time()
+    engine = Engine(ruleset, lazy=True)
+    built = time.process_time() - start
+    firsts: list[float] = []
+    matches = 0
+    start_all = time.process_time()
+    for i in range(0, len(events), BATCH):
+        for event in events[i : i + BATCH]:
+            if event["event.category"] in engine.built_categories:
+                continue
+            start = time.process_time()
+            matches += len(engine.evaluate([event]))
+            firsts.append(time.process_time() - start)
+        matches += len(engine.evaluate(events[i : i + BATCH]))
+    first_pass = time.process_time() - start_all
+    start = time.process_time()
+    for i in range(0, len(events), BATCH):
+        engine.evaluate(events[i : i + BATCH])
+    steady = time.process_time() - start
+    return {
+        "rules": len(ruleset.rules),
+        "import": imported,
+        "read": read,
+        "pysigma_imported": pysigma_imported,
+        "engine": built,
+        "categories": len(firsts),
+        "first_sum": sum(firsts),
+        "first_max": max(firsts, default=0.0),
+        "first_pass": first_pass,
+        "steady": steady,
+        "events": len(events),
+        "rss_before": before,
+        "rss_loaded": after_load,
+        "rss_after": rss_mb(),
+    }
+
+
+def report(files: list[Path], cache: Path, events_file: Path) -> None:
+    """Run cached_figures in a fresh interpreter and print them."""
+    code = (
+        "import json, sys; from bench.rule_load import cached_figures; "
+        "print(json.dumps(cached_figures(*json.loads(sys.argv[1]))))"
+    )
+    arg = json.dumps([[str(f) for f in files], str(cache), str(events_file)])
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", code, arg], cwd=root, capture_output=True, text=True, check=True
+    )
+    f = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"cached load: {f['import'] + f['read']:.2f} s CPU (imports {f['import']:.2f}, read "
+        f"{f['read']:.2f}; pySigma's parser imported: {f['pysigma_imported']}), lazy engine "
+        f"{f['engine']:.3f} s"
+    )
+    print(
+        f"first evaluation of each of {f['categories']} categories: {f['first_sum']:.2f} s CPU "
+        f"in all, slowest {f['first_max']:.3f} s; {f['events']:,} events: first pass "
+        f"{f['first_pass']:.2f} s, steady state {f['steady']:.2f} s"
+    )
+    print(
+        f"rule memory: RSS {f['rss_before']:.0f} MB before load (events read), "
+        f"{f['rss_loaded']:.0f} MB loaded, {f['rss_after']:.0f} MB after every category ran "
+        f"(rules: {f['rss_after'] - f['rss_before']:.0f} MB)"
+    )
