@@ -23,9 +23,11 @@ OUTSIDE_ANY_JOB = "9dba2bf4-de8f-4cf6-9a79-ce4e0b5e5454"  # isolation_escape, bu
 
 
 def alerts(path: Path) -> list[dict]:
+    """The alerts written so far: the agent may be mid-line, so only complete lines."""
     if not path.exists():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    complete = path.read_bytes().rpartition(b"\n")[0]
+    return [orjson.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def outside_job(path: Path, pids: set[int]) -> list[dict]:
