@@ -13,6 +13,18 @@ consumer's leader dies, a pull goes unanswered until the other servers elect a n
 let the hub's event time run ahead on the other partitions and made this partition's events
 late (not correlated) once they came. So a partition reports itself caught up only when the
 consumer's leader says nothing is left to deliver (`caught_up`).
+
+Messages the server delivered for a pull request can still be lost on the way (a dropped
+connection, a member cut as a slow consumer): the server counts them delivered, would not
+deliver them again for the ack wait (hours), and the next ack (policy all) would acknowledge
+them unseen. Each delivery carries the consumer's delivery sequence, one more than the one
+before, so a jump (or a consumer that says it delivered more than arrived, `caught_up`) shows
+the loss. The feed then re-creates the durable at the ack floor of what it has acked, and
+each incarnation gets a subscription of its own, so a message of an earlier incarnation is
+never acked (its delivery sequence means nothing to the new consumer): the held one is acked
+through its redelivery. Messages after the gap are dropped and delivered again in order, so
+what the member evaluated stays a gapless prefix of the partition (no set of sequences is
+needed): `last_seq` tells what is fresh.
 """
 
 from __future__ import annotations
@@ -71,26 +83,38 @@ Held = tuple[int, float, Msg]
 _V1_TOKENS, _V2_MIN_TOKENS = 9, 11  # `$JS.ACK.` reply subjects without and with a domain
 
 
-def stream_sequence(reply: str | None) -> int | None:
-    """The stream sequence in a JetStream message's reply subject, None when it is not one.
+def _ack_sequence(reply: str | None, offset: int) -> int | None:
+    """A sequence of a JetStream message's reply subject, None when it is not one.
 
     `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`,
     or with `<domain>.<account hash>.` after `$JS.ACK.` (servers 2.9+). nats-py's
     `Msg.metadata` builds a datetime and three objects per message for the same number.
+    `offset`: 0 for the stream sequence, 1 for the consumer's delivery sequence.
     """
     if not reply:
         return None
     tokens = reply.split(".")
     count = len(tokens)
     if count == _V1_TOKENS:
-        index = 5
+        index = 5 + offset
     elif count >= _V2_MIN_TOKENS:
-        index = 7
+        index = 7 + offset
     else:
         return None
     if tokens[0] != "$JS" or tokens[1] != "ACK" or not tokens[index].isdigit():
         return None
     return int(tokens[index])
+
+
+def stream_sequence(reply: str | None) -> int | None:
+    """The stream sequence in a JetStream message's reply subject, None when it is not one."""
+    return _ack_sequence(reply, 0)
+
+
+def consumer_sequence(reply: str | None) -> int | None:
+    """The consumer's delivery sequence in a JetStream message's reply subject (one more for
+    each message it delivers, redeliveries too), None when it is not one."""
+    return _ack_sequence(reply, 1)
 
 
 class PartitionFeed:
@@ -105,9 +129,16 @@ class PartitionFeed:
         self.partition = partition
         self.durable = durable_name(partition)
         self.held: deque[Held] = deque()
-        self.last_seq = 0
+        self.last_seq = 0  # the newest stream sequence evaluated: all before it were too
+        self.acked_seq = 0  # the newest stream sequence acked (the ack floor as we know it)
+        self.delivered_seq = 0  # the consumer's delivery sequence of the last message in
+        self.lost = 0  # messages delivered but not received, until the partition is re-read
+        # held messages of an earlier consumer incarnation, by stream sequence: their
+        # redelivery, through which they are acked
+        self._renewed: dict[int, Msg] = {}
         self.sub: Subscription | None = None
         self._inbox = ""
+        self._sid: int | None = None  # the subscription of the consumer's incarnation
         self._arrived: list[Msg] = []
         self._signal = asyncio.Event()
         self._request = PullRequest("", 0, 0.0)
@@ -119,12 +150,23 @@ class PartitionFeed:
         """Bind to the partition's durable consumer, resuming after its ack floor; returns
         the first stream sequence to be delivered (0: from the start of the stream)."""
         floor = 0
-        try:
+        with contextlib.suppress(NotFoundError):
             info = await self.js.consumer_info(EVENTS_STREAM, self.durable)
             floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        await self._create(floor)
+        self.last_seq = self.acked_seq = floor
+        return floor + 1 if floor else 0
+
+    async def _create(self, floor: int) -> None:
+        """The durable (re-)created to deliver from after `floor`, to a subscription of its
+        own."""
+        await self.close()
+        self._sid = None  # no message of the old incarnation is acked from here on
+        self._arrived = []
+        self._request = PullRequest("", 0, 0.0)
+        self.delivered_seq = 0
+        with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(EVENTS_STREAM, self.durable)
-        except NotFoundError:
-            pass
         config = ConsumerConfig(
             durable_name=self.durable,
             description=f"hpcsec hub, partition {self.partition}",
@@ -138,12 +180,41 @@ class PartitionFeed:
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = floor + 1
         await self.js.add_consumer(EVENTS_STREAM, config)
-        self._inbox = self.nc.new_inbox()
-        self.sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._deliver)
-        self.last_seq = floor
-        return floor + 1 if floor else 0
+        inbox = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(f"{inbox}.*", cb=self._deliver)
+        self._inbox = inbox
+        self._sid = self.sub._id  # nats-py keeps it private; a message says it (Msg.sid)
+
+    async def _reread(self) -> None:
+        """Deliver again from after what this member acked: the lost messages come, the ones
+        it holds come again (skipped by `fresh`, acked through their redelivery)."""
+        lost = self.lost
+        await self._create(self.acked_seq)
+        self.lost = 0
+        logger.warning(
+            "hub: partition %d: %d message(s) delivered but not received; re-reading the "
+            "partition after stream sequence %d",
+            self.partition,
+            lost,
+            self.acked_seq,
+        )
+
+    def _until_gap(self, msgs: list[Msg]) -> list[Msg]:
+        """The messages up to the first one after a gap in the delivery sequence; the rest
+        come again once the partition is re-read."""
+        for index, msg in enumerate(msgs):
+            delivered = consumer_sequence(msg.reply)
+            if delivered is None:
+                continue  # not a stored message: `fresh` drops it
+            if delivered != self.delivered_seq + 1:
+                self.lost = max(delivered - self.delivered_seq - 1, 1)
+                return msgs[:index]
+            self.delivered_seq = delivered
+        return msgs
 
     async def _deliver(self, msg: Msg) -> None:
+        if not self._current(msg):
+            return  # for the consumer's earlier incarnation (re-read meanwhile)
         request = self._request
         if msg.reply:  # a stored message (its ack subject); the server's replies have none
             self._arrived.append(msg)  # under its own subject: counted against the open request
@@ -167,7 +238,19 @@ class PartitionFeed:
         nothing (the partition is caught up), not on a timeout of ours: a loop busy
         evaluating must not make a partition with messages waiting look caught up. A
         request stays open until it has its batch or expires: messages published meanwhile
-        arrive at once."""
+        arrive at once. After a gap in the deliveries, the partition is re-read first."""
+        while True:
+            if self.lost:
+                await self._reread()
+            msgs = await self._arrivals()
+            if not msgs:
+                return []
+            msgs = self._until_gap(msgs)
+            if msgs:
+                self.behind_since = None  # it delivers
+                return msgs
+
+    async def _arrivals(self) -> list[Msg]:
         while not self._arrived:
             request = self._request
             if request.ended:
@@ -181,7 +264,6 @@ class PartitionFeed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._signal.wait(), wait)
         msgs, self._arrived = self._arrived, []
-        self.behind_since = None  # it delivers
         return msgs
 
     async def caught_up(self) -> bool:
@@ -197,6 +279,10 @@ class PartitionFeed:
             return self._behind(str(exc) or type(exc).__name__)
         if info.num_pending:
             return self._behind(f"{info.num_pending} messages pending, none delivered")
+        delivered = info.delivered.consumer_seq if info.delivered else None
+        if delivered is not None and delivered > self.delivered_seq:  # lost at the tail
+            self.lost = delivered - self.delivered_seq
+            return False  # the next fetch re-reads them
         self.behind_since = None
         return True
 
@@ -219,10 +305,19 @@ class PartitionFeed:
         """The message's stream sequence; None for a redelivery of a message this member
         already evaluated, or for one that is not a JetStream message at all."""
         seq = stream_sequence(msg.reply)
-        if seq is None or seq <= self.last_seq:
+        if seq is None:
+            return None
+        if seq <= self.last_seq:
+            if seq > self.acked_seq and self._current(msg):
+                self._renewed[seq] = msg  # held: acked through this redelivery
             return None
         self.last_seq = seq
         return seq
+
+    def _current(self, msg: Msg) -> bool:
+        """Whether the message came from the consumer as it is now: through its incarnation's
+        subscription (a stored message keeps its own subject, not the inbox's)."""
+        return self._sid is not None and msg._sid == self._sid
 
     def hold(self, seq: int, msg: Msg, event_time: float | None) -> None:
         self.held.append((seq, -math.inf if event_time is None else event_time, msg))
@@ -240,14 +335,22 @@ class PartitionFeed:
             last = held.popleft()
             while held and held[0][1] < cutoff:
                 last = held.popleft()
+        ack = last[2] if self._current(last[2]) else self._renewed.get(last[0])
+        if ack is None or not self._current(ack):
+            held.appendleft(last)  # its redelivery is on the way (a re-read)
+            return 0
         try:
-            await last[2].ack()
+            await ack.ack()
         except NatsError:
             held.appendleft(last)  # acked later; a restart replays a little more
             return 0
+        self.acked_seq = max(self.acked_seq, last[0])
+        for seq in [seq for seq in self._renewed if seq <= last[0]]:
+            del self._renewed[seq]
         return last[0]
 
     async def close(self) -> None:
         if self.sub is not None:
+            sub, self.sub = self.sub, None
             with contextlib.suppress(NatsError):
-                await self.sub.unsubscribe()
+                await sub.unsubscribe()

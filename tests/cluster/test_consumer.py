@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
 
+import orjson
 import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -82,7 +84,9 @@ async def _feed_round(url: str) -> tuple[list[int | None], list[int], int]:
             await js.publish(subject_for(3, "gpu-1"), b"{}", stream=EVENTS_STREAM)
         feed = PartitionFeed(js, 3)
         await feed.open()
-        msgs = await feed.fetch()
+        msgs: list[Msg] = []
+        while len(msgs) < 10:  # a fetch gives what has arrived: maybe part of the batch
+            msgs += await feed.fetch()
         seqs = [feed.fresh(m) for m in msgs] + [feed.fresh(msgs[4])]
         for seq, msg in zip(seqs, msgs, strict=False):
             assert seq is not None
@@ -223,3 +227,103 @@ def test_a_request_that_delivered_its_batch_is_followed_at_once(
     spent request would have expired, a pause per batch)."""
     got, requests, left = asyncio.run(_drain_past_one_batch(nats_server.url))
     assert (got, requests, left) == (FETCH_BATCH + 5, 2, FETCH_BATCH - 5)
+
+
+async def _publish(js: JetStreamContext, count: int) -> None:
+    for _ in range(count):
+        await js.publish(subject_for(4, "gpu-1"), b"{}", stream=EVENTS_STREAM)
+
+
+async def _steal(js: JetStreamContext, durable: str, count: int) -> None:
+    """`count` new events delivered for a pull request from an inbox the feed does not read,
+    once the feed has no request open: the server counts them delivered and they never reach
+    the feed (what a dropped connection does to the messages on their way). The server drops
+    a request nobody listens to: a subscription of its own takes them and is never read."""
+    for _ in range(200):  # the feed's own request expires
+        if (await js.consumer_info(EVENTS_STREAM, durable)).num_waiting == 0:
+            break
+        await asyncio.sleep(0.02)
+    nc = js._nc
+    inbox = nc.new_inbox()
+    unread = await nc.subscribe(inbox)
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{EVENTS_STREAM}.{durable}"
+    await nc.publish(subject, orjson.dumps({"batch": count}), reply=inbox)
+    await nc.flush()
+    before = (await js.consumer_info(EVENTS_STREAM, durable)).delivered.consumer_seq
+    await _publish(js, count)
+    for _ in range(200):
+        info = await js.consumer_info(EVENTS_STREAM, durable)
+        if info.delivered.consumer_seq == before + count:
+            await unread.unsubscribe()
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the server did not deliver to the stolen request")
+
+
+async def _evaluate(feed: PartitionFeed, evaluated: list[int], until: int, base: float) -> None:
+    """Fetch and hold (as the hub does, the event of sequence S at time `base` + S) until
+    stream sequence `until` is evaluated; an empty fetch is followed by `caught_up`, as the
+    hub's pump does."""
+    for _ in range(50):
+        msgs = await feed.fetch()
+        if not msgs:
+            await feed.caught_up()
+        for msg in msgs:
+            seq = feed.fresh(msg)
+            if seq is not None:
+                evaluated.append(seq)
+                feed.hold(seq, msg, base + seq)
+        if evaluated and evaluated[-1] >= until:
+            return
+
+
+async def _lose_in_flight(url: str, at_tail: bool) -> tuple[list[int], list[int]]:
+    """Four events evaluated, the first acked and three held (a window needs them), three
+    delivered but not received, then (unless `at_tail`) two more published: the sequences the
+    feed evaluates, in order, and the ack floor as the server has it after acking up to the
+    last one held before the loss, the first one lost, and all."""
+    nc = await connect([url], reconnect=False)
+    try:
+        js = nc.jetstream()
+        await ensure_events_stream(js, StreamSettings(replicas=1))
+        await _publish(js, 4)
+        feed = PartitionFeed(js, 4)
+        await feed.open()
+        evaluated: list[int] = []
+        await _evaluate(feed, evaluated, 4, base=100.0)
+        assert await feed.ack_before(101.5) == 1
+        await _steal(js, feed.durable, 3)
+        total = 7 if at_tail else 9
+        await _publish(js, total - 7)
+        await _evaluate(feed, evaluated, total, base=200.0)
+        floors = []
+        for cutoff, expected in ((150.0, 4), (205.5, 5), (math.inf, total)):
+            assert await feed.ack_before(cutoff) == expected
+            floors.append(await _ack_floor(js, feed.durable, expected))
+        await feed.close()
+        return evaluated, floors
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize("at_tail", [False, True], ids=["gap-in-the-middle", "gap-at-the-tail"])
+def test_messages_delivered_but_not_received_are_read_again(
+    nats_server: NatsServer, at_tail: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Messages the server delivered that never reached the member (lost on their way) are
+    read again from the stream and evaluated once, in order: found by the delivery sequence
+    of the next message, or, when nothing newer comes, by the consumer saying it delivered
+    more than arrived. They are acknowledged only once evaluated."""
+    caplog.set_level(logging.WARNING, "hpcsec.detector.cluster.consumer")
+    evaluated, floors = asyncio.run(_lose_in_flight(nats_server.url, at_tail))
+    total = 7 if at_tail else 9
+    assert evaluated == list(range(1, total + 1))
+    # the held ones acked through their redelivery: the old delivery's consumer sequence
+    # would tell the new consumer that more was delivered, and it would then ignore the ack
+    # of the first message lost
+    assert floors == [4, 5, total]
+    warnings = [r.getMessage() for r in caplog.records if "re-reading" in r.getMessage()]
+    assert warnings == [
+        "hub: partition 4: 3 message(s) delivered but not received; "
+        "re-reading the partition after stream sequence 1"
+    ]
