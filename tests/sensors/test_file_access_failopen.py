@@ -28,7 +28,7 @@ import ctypes, json, sys, time
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.file_access.sensor import FileAccessSensor
 
-watch, mode, wanted = sys.argv[1], sys.argv[2], int(sys.argv[3])
+watch, mode, wanted, count_by = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 ctx = SensorContext(
     "node", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc"),
     options={"watch": [watch], "stream": True},
@@ -39,14 +39,18 @@ print(sensor._watch.responder_pid, flush=True)
 if mode == "gil":
     # A C call made through PyDLL keeps the GIL, as a stuck regex match does: no thread of
     # this process runs Python until it returns.
-    ctypes.PyDLL(None).sleep(int(sys.argv[4]))
+    ctypes.PyDLL(None).sleep(int(sys.argv[5]))
 else:
     sys.stdin.readline()
 # open events (one per opener) and the opens they fold (access_count counts every action
-# of the record: only the open-only test reads it)
+# of the record, e.g. a `cat`'s open and read: only the open-only test reads it); the loop
+# waits for `wanted` of what the test counts, so a record folding two actions cannot end it
+# before every opener was reported
 open_events = opens = dropped = timeouts = 0
 deadline = time.monotonic() + 90  # a bound for a loaded machine, not a speed
-while max(open_events, opens) + dropped < wanted and time.monotonic() < deadline:
+while (open_events if count_by == "events" else opens) + dropped < wanted and (
+    time.monotonic() < deadline
+):
     for e in sensor.collect(ctx):
         if e.get("event.action") == "open":
             open_events += 1
@@ -74,9 +78,13 @@ def protected():
     shutil.rmtree(top, ignore_errors=True)
 
 
-def start_agent(watch: Path, mode: str, wanted: int, *extra: str) -> tuple[subprocess.Popen, int]:
+def start_agent(
+    watch: Path, mode: str, wanted: int, *extra: str, count_by: str = "events"
+) -> tuple[subprocess.Popen, int]:
+    """The agent's side in a process of its own; it reports once `wanted` open events (or
+    with count_by="opens", folded opens) plus drops were read."""
     agent = subprocess.Popen(
-        [sys.executable, "-c", AGENT, str(watch), mode, str(wanted), *extra],
+        [sys.executable, "-c", AGENT, str(watch), mode, str(wanted), count_by, *extra],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -135,7 +143,7 @@ def test_what_a_stopped_agent_cannot_take_is_counted_never_waited_for(protected)
     at once, and reported plus dropped is exactly what happened."""
     shard = protected / "model" / "shard-0.safetensors"
     opens = 6000
-    agent, _ = start_agent(protected / "model", "stop", opens)
+    agent, _ = start_agent(protected / "model", "stop", opens, count_by="opens")
     try:
         os.kill(agent.pid, signal.SIGSTOP)
         subprocess.run(
