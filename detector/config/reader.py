@@ -12,7 +12,7 @@ from typing import Any
 
 from hpcsec.detector.core.errors import ConfigError, location
 from hpcsec.detector.core.timefmt import as_utc, parse_time
-from hpcsec.detector.core.yamlsrc import YamlDocument
+from hpcsec.detector.core.yamldoc import YamlDocument
 
 
 def _dotted(keys: tuple[str | int, ...]) -> str:

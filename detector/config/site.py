@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcsec.detector.config import doccache
 from hpcsec.detector.config.firmware import FirmwarePolicy, parse_firmware
 from hpcsec.detector.config.lists import DEFAULT_LISTS, parse_lists
 from hpcsec.detector.config.outputs import (
@@ -34,7 +35,7 @@ from hpcsec.detector.config.policy import (
 from hpcsec.detector.config.reader import ConfigReader
 from hpcsec.detector.core.display import redacted_url
 from hpcsec.detector.core.errors import ConfigError, HpcsecError, location
-from hpcsec.detector.core.yamlsrc import YamlDocument, load_documents
+from hpcsec.detector.core.yamldoc import YamlDocument
 
 # The section types are importable from here too: `site` is the config's public face.
 __all__ = [
@@ -291,14 +292,36 @@ def parse_config(doc: YamlDocument) -> SiteConfig:
     )
 
 
-def load_config(path: str | Path | None) -> SiteConfig:
-    """The site config from `path`; the empty config when no path is given."""
+def load_config(path: str | Path | None, *, cache: bool = True) -> SiteConfig:
+    """The site config from `path`; the empty config when no path is given. With `cache`, a
+    file read before with the same bytes comes from the parsed-config cache (doccache.py)."""
     if path is None:
         return SiteConfig()
+    source = str(path)
     try:
-        docs = load_documents(path)
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", location(source)) from None
+    directory = doccache.default_dir() if cache else None
+    cached = doccache.read(directory, raw, source) if directory else None
+    if cached is not None:
+        return parse_config(cached)
+    doc = _parse_document(raw, source)
+    config = parse_config(doc)
+    if directory:  # only a config that parsed and validated cleanly is kept
+        doccache.write(directory, raw, doc)
+    return config
+
+
+def _parse_document(raw: bytes, source: str) -> YamlDocument:
+    # Imported here, on a cache miss only: PyYAML is the largest import of a command that
+    # reads a config, and a warm cache needs none of it.
+    from hpcsec.detector.core.yamlsrc import decode_source, load_text_documents
+
+    try:
+        docs = load_text_documents(decode_source(raw, source), source)
     except HpcsecError as exc:
         raise ConfigError(exc.message, exc.location) from None
     if len(docs) != 1:
-        raise ConfigError(f"expected one YAML document, found {len(docs)}", location(path, 1))
-    return parse_config(docs[0])
+        raise ConfigError(f"expected one YAML document, found {len(docs)}", location(source, 1))
+    return docs[0]

@@ -10,37 +10,19 @@ than PyYAML's silent last-one-wins, and the size of a file is bounded before it 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hpcsec.detector.core.errors import SourceError, location
+from hpcsec.detector.core.yamldoc import Path_
+from hpcsec.detector.core.yamldoc import YamlDocument as YamlDocument  # its public home
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 200_000
 
-Path_ = tuple[str | int, ...]
 PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
-
-
-@dataclass
-class YamlDocument:
-    """One document of a YAML stream: its value and where each part of it stands."""
-
-    data: Any
-    path: str
-    line: int
-    lines: dict[Path_, int] = field(default_factory=dict)
-
-    def line_of(self, *keys: str | int) -> int:
-        """Line of the deepest known node along `keys` (the document start if none)."""
-        while keys:
-            if keys in self.lines:
-                return self.lines[keys]
-            keys = keys[:-1]
-        return self.line
 
 
 class _AliasSeen(Exception):

@@ -25,52 +25,21 @@ import contextlib
 import hashlib
 import os
 import pickle
-import re
 import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# the private directory is shared with the site config cache (core/cachedir.py)
+from hpcsec.detector.core.cachedir import default_dir as default_dir
+from hpcsec.detector.core.cachedir import installed_version as installed_version
+from hpcsec.detector.core.cachedir import open_private_dir as _open_private
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleHeader, RuleSet
 
 FORMAT = b"hpcsec-rulecache-2"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
-
-
-def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hpcsec"
-
-
-def installed_version(distribution: str) -> str:
-    """importlib.metadata.version(distribution), read from the `NAME-VERSION.dist-info`
-    directory on sys.path: importing importlib.metadata (email, zipfile, csv...) would cost a
-    cached `rules list` more than reading its rules does. Falls back to it when no such
-    directory names the distribution (an egg, say); "-" when it is not installed."""
-    wanted = _normalized(distribution)
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:  # a zip, a path hook, a directory gone
-            continue
-        for name in names:
-            if name.endswith(".dist-info"):
-                found, _, version = name[: -len(".dist-info")].rpartition("-")
-                if _normalized(found) == wanted:
-                    return version
-    import importlib.metadata  # rare: only where no dist-info directory was found
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "-"
-
-
-def _normalized(name: str) -> str:
-    """A distribution's name as packaging compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def cache_key(
@@ -93,23 +62,6 @@ def cache_key(
     except OSError:
         return None
     return digest.hexdigest()
-
-
-def _open_private(directory: Path, create: bool) -> int | None:
-    """A descriptor of the cache directory if it is ours and private, else None."""
-    try:
-        if create:
-            directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory, 0o700)
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        os.close(fd)
-        return None
-    return fd
 
 
 def read(directory: Path, key: str) -> RuleSet | None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcsec.detector.core.errors import RuleError, location
-from hpcsec.detector.core.yamlsrc import YamlDocument
+from hpcsec.detector.core.yamldoc import YamlDocument
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 ATTRIBUTE = "thresholds"

@@ -38,6 +38,9 @@ HEAVY = (
 # pySigma's rule parser (and pyparsing under it): `rules list` and `config check` import it
 # only to parse rules the rule cache does not hold
 SIGMA_PARSER = ("sigma", "pyparsing")
+# PyYAML: a config read before with the same bytes comes from the parsed-config cache, and rule
+# files only need it on a rule cache miss
+YAML = ("yaml",)
 
 PROBE = """
 import contextlib, io, json, sys
@@ -84,23 +87,29 @@ def heavy_in(modules: set[str], names: tuple[str, ...]) -> list[str]:
 def test_light_commands_import_nothing_heavy(argv: list[str], tmp_path: Path) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     modules = imported_by(argv, tmp_path)
-    assert heavy_in(modules, HEAVY + SIGMA_PARSER) == []
+    assert heavy_in(modules, HEAVY + SIGMA_PARSER + YAML) == []
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["rules", "list"], ["rules", "--help"], ["config", "check", str(SITE_CONFIG)]],
-    ids=["rules-list", "rules-help", "config-check"],
+    [
+        ["rules", "list"],
+        ["rules", "--help"],
+        ["config", "check", str(SITE_CONFIG)],
+        ["rules", "list", "--config", str(SITE_CONFIG)],
+    ],
+    ids=["rules-list", "rules-help", "config-check", "rules-list-config"],
 )
 def test_rule_readers_import_the_parser_but_no_plugin(argv: list[str], tmp_path: Path) -> None:
     """`config check` reads the rules too: a list or threshold name no rule uses is an error.
     The first run parses them (pySigma's parser, no plugin); the next reads the rule cache's
-    headers and imports no pySigma at all."""
+    headers and imports no pySigma at all, and the site config's parsed document comes from
+    its cache: no PyYAML either."""
     cold = imported_by(argv, tmp_path)
     assert "sigma.rule" in cold or argv == ["rules", "--help"]
     assert heavy_in(cold, HEAVY) == []
     warm = imported_by(argv, tmp_path)
-    assert heavy_in(warm, HEAVY + SIGMA_PARSER) == []
+    assert heavy_in(warm, HEAVY + SIGMA_PARSER + YAML) == []
 
 
 def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
