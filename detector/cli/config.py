@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import orjson
-
 from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.engine import rulecache
@@ -87,6 +85,8 @@ def effective_policy(config: SiteConfig) -> dict:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    import orjson  # here, not at the top: `config check` has no use for its import
+
     config = load_config(args.file)
     policy = orjson.dumps(
         effective_policy(config), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS

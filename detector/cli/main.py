@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 from hpcsec.detector.core import log
 from hpcsec.detector.core.display import visible
@@ -58,6 +59,54 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, sized without `import shutil` (with bz2 and lzma under it):
+    argparse builds one of these for every argument it adds, so every command would pay for
+    that import. The width is what shutil.get_terminal_size gives, read once per process."""
+
+    _columns: int | None = None
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        if width is None:
+            width = _Formatter.columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+    @classmethod
+    def columns(cls) -> int:
+        if cls._columns is None:
+            cls._columns = _terminal_columns()
+        return cls._columns
+
+
+def _terminal_columns() -> int:
+    """COLUMNS when it is a positive number, else the width of the terminal on stdout, else 80
+    (shutil.get_terminal_size's order)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of `hpcsec` and, through add_subparsers, of every sub-command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only` a known sub-command, just that sub-command's module is imported,
     and without one (`hpcsec --help`, a typo) none is: the sub-commands are listed from
@@ -66,7 +115,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     Importing every command pulls in pySigma, DuckDB and scapy; `hpcsec slurm prolog` runs
     before every job and must not pay for them, nor should `hpcsec --help`.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hpcsec",
         description="Security detection for GPU/HPC clusters: node sensors, Sigma rules, "
         "Slurm job context.",

@@ -41,6 +41,9 @@ SIGMA_PARSER = ("sigma", "pyparsing")
 # PyYAML: a config read before with the same bytes comes from the parsed-config cache, and rule
 # files only need it on a rule cache miss
 YAML = ("yaml",)
+# imported only where used: orjson (with uuid and platform) by the JSON outputs, shutil (with bz2
+# and lzma) by argparse's own help formatter, which the command line replaces
+UNUSED_BY_READERS = ("orjson", "shutil", "bz2", "lzma")
 
 PROBE = """
 import contextlib, io, json, sys
@@ -109,7 +112,7 @@ def test_rule_readers_import_the_parser_but_no_plugin(argv: list[str], tmp_path:
     assert "sigma.rule" in cold or argv == ["rules", "--help"]
     assert heavy_in(cold, HEAVY) == []
     warm = imported_by(argv, tmp_path)
-    assert heavy_in(warm, HEAVY + SIGMA_PARSER + YAML) == []
+    assert heavy_in(warm, HEAVY + SIGMA_PARSER + YAML + UNUSED_BY_READERS) == []
 
 
 def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
@@ -126,3 +129,30 @@ def test_help_lines_match_what_each_command_registers() -> None:
         importlib.import_module(f"hpcsec.detector.cli.{name}").register(sub)
         (action,) = sub._choices_actions
         assert (action.dest, " ".join(action.help.split())) == (name, " ".join(text.split()))
+
+
+@pytest.mark.parametrize("columns", ["50", "133", "", "junk"])
+def test_help_is_wrapped_as_argparse_would_wrap_it(columns: str, monkeypatch) -> None:
+    """The parser's own formatter (sized without importing shutil) lays out every sub-command's
+    help exactly as argparse's formatter does for the same COLUMNS."""
+    from hpcsec.detector.cli import main as cli
+
+    monkeypatch.setenv("COLUMNS", columns)
+    monkeypatch.setattr(cli._Formatter, "_columns", None)
+    for name in COMMANDS:
+        ours = cli.build_parser(name)
+        theirs = cli.build_parser(name)
+        stack = [theirs]
+        while stack:  # every parser under it, with argparse's own formatter
+            parser = stack.pop()
+            parser.formatter_class = argparse.HelpFormatter
+            for action in parser._subparsers._group_actions if parser._subparsers else ():
+                stack.extend(action.choices.values())
+        pairs = [(ours, theirs)]
+        while pairs:
+            a, b = pairs.pop()
+            assert a.format_help() == b.format_help()
+            if a._subparsers:
+                (sub_a,) = a._subparsers._group_actions
+                (sub_b,) = b._subparsers._group_actions
+                pairs.extend((sub_a.choices[k], sub_b.choices[k]) for k in sub_a.choices)
