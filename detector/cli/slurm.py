@@ -12,7 +12,7 @@ import sys
 
 from hpcsec.detector.core import log
 from hpcsec.detector.slurm.hooks import HookSettings, run_hook
-from hpcsec.detector.slurm.jobs import (
+from hpcsec.detector.slurm.hookstate import (
     DEFAULT_HOOK_STATE_DIR,
     HOOK_EVENTS_FILE,
     default_hook_state_dir,

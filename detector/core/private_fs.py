@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import secrets
 import stat
 from pathlib import Path
 
@@ -153,7 +152,9 @@ def write_private_file(path: str | Path, data: bytes) -> None:
     """Replace `path` atomically with a new 0600 file holding `data`. The rename replaces
     whatever is at `path` (a symlink included) and never writes through it."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    # os.urandom is what secrets.token_hex reads, without importing secrets (random, hmac,
+    # base64) into the Slurm prolog
+    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
     fd = open_private_new(tmp)
     try:
         with os.fdopen(fd, "wb") as fh:

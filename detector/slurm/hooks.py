@@ -6,7 +6,9 @@ the job's user that are in no other job on the node, processes still on the job'
 memory not given back. Both append `slurm_job` events to `<state dir>/slurm-events.jsonl`,
 which the agent's slurm_jobs sensor tails. They must be fast and ALWAYS succeed: a failing
 prolog or epilog drains the node, so an internal error is logged to stderr (slurmd's log) and
-swallowed. Fast also means light imports: nothing here pulls in pySigma or DuckDB.
+swallowed. Fast also means light imports: nothing here pulls in pySigma or DuckDB, and the
+prolog, which runs before every job, imports none of what only the epilog uses (the Slurm
+commands and their parsers, the process readers): those imports are in the epilog's methods.
 """
 
 from __future__ import annotations
@@ -15,21 +17,21 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.core.private_fs import make_private_dir, open_private, write_private_file
 from hpcsec.detector.core.schema import new_event, rfc3339
-from hpcsec.detector.slurm.jobs import HOOK_EVENTS_FILE, SlurmCommands, SlurmUnreachable
-from hpcsec.detector.slurm.parse import PidJob, job_from_cgroup, job_from_environ, parse_listpids
-from hpcsec.sensors.base import FsRoot, SensorContext
-from hpcsec.sensors.procinfo import Users, process_fields, read_environ, status_fields
+from hpcsec.detector.slurm.hookstate import HOOK_EVENTS_FILE
+
+if TYPE_CHECKING:
+    from hpcsec.detector.slurm.jobs import SlurmCommands
+    from hpcsec.detector.slurm.parse import PidJob
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +87,10 @@ class Hook:
     ):
         self.settings = settings
         self.env = env
-        self.commands = commands or SlurmCommands(settings.slurm_timeout)
+        self._commands = commands
         self.state_dir = Path(settings.state_dir)
-        self.host = settings.host_name or socket.gethostname().split(".")[0]
+        # the kernel's host name, as socket.gethostname() reads it (without importing socket)
+        self.host = settings.host_name or os.uname().nodename.split(".")[0]
         self.now = rfc3339()
         self.job_id = env.get("SLURM_JOB_ID", "").strip()
         if not self.job_id.isdigit():
@@ -98,6 +101,15 @@ class Hook:
         # SLURM_JOB_GPUS in the prolog/epilog (22.05); CUDA_VISIBLE_DEVICES as a fallback
         gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")
         self.gpus = _gpu_list(gpus)
+
+    @property
+    def commands(self) -> SlurmCommands:
+        """The Slurm commands (only the epilog runs one)."""
+        if self._commands is None:
+            from hpcsec.detector.slurm.jobs import SlurmCommands  # the epilog's: see the top
+
+            self._commands = SlurmCommands(self.settings.slurm_timeout)
+        return self._commands
 
     # ---------------------------------------------------------------- common
     def job_fields(self) -> dict[str, Any]:
@@ -183,6 +195,9 @@ class Hook:
 
     def _other_jobs(self) -> dict[int, PidJob]:
         """pid -> job for processes slurmd still tracks on this node (other running jobs)."""
+        from hpcsec.detector.slurm.jobs import SlurmUnreachable  # the epilog's: see the top
+        from hpcsec.detector.slurm.parse import parse_listpids
+
         try:
             text = self.commands.listpids()
         except SlurmUnreachable as exc:
@@ -193,6 +208,11 @@ class Hook:
     def lingering_processes(self) -> list[dict[str, Any]]:
         if self.uid is None or self.uid == 0:
             return []
+        # the epilog's imports (see the top): the prolog reads no process
+        from hpcsec.detector.slurm.parse import job_from_cgroup, job_from_environ
+        from hpcsec.sensors.base import FsRoot, SensorContext
+        from hpcsec.sensors.procinfo import Users, process_fields, read_environ, status_fields
+
         proc = FsRoot("proc", self.settings.procfs_root)
         ctx = SensorContext(
             self.host,

@@ -32,19 +32,19 @@ from hpcsec.detector.slurm.attribution import (
     job_fields,
     unlisted_claim,
 )
+from hpcsec.detector.slurm.hookstate import DEFAULT_HOOK_STATE_DIR as DEFAULT_HOOK_STATE_DIR
+from hpcsec.detector.slurm.hookstate import HOOK_EVENTS_FILE, default_hook_state_dir
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
 from hpcsec.detector.slurm.table import EMPTY_TABLE, INPUTS, ON_NODE_STATES, JobTable, build_table
 from hpcsec.sensors.base import SensorContext
 
 SENSOR = "slurm_context"
 STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.state
-DEFAULT_HOOK_STATE_DIR = "/var/lib/hpcsec"
 # A process naming a job the cached table lacks asks for a fresh table, at most this often:
 # prompt for a job that just started, bounded against forged SLURM_JOB_IDs.
 MIN_REFRESH_INTERVAL_S = 1.0
 # Claimed job ids a fresh table did not hold (forged, or already gone): no more refreshes.
 MAX_CHECKED_CLAIMS = 4096
-HOOK_EVENTS_FILE = "slurm-events.jsonl"  # appended by the prolog/epilog, tailed by slurm_jobs
 
 
 class SlurmUnreachable(Exception):
@@ -286,11 +286,6 @@ class JobContext:
     ) -> dict[str, Any]:
         """`slurm.job.*` of the process's job ({} when it has none); `seen` as in pid_job."""
         return job_fields(self.pid_job(ctx, pid, seen=seen), self.table, ctx.host_name)
-
-
-def default_hook_state_dir() -> str:
-    """Where `hpcsec slurm prolog|epilog` write when not given --state-dir."""
-    return os.environ.get("HPCSEC_STATE_DIR") or DEFAULT_HOOK_STATE_DIR
 
 
 def hook_state_dir(ctx: SensorContext) -> str:

@@ -233,3 +233,17 @@ def test_epilog_findings_survive_a_process_with_a_hostile_name(tmp_path):
     assert {101, 104, 105} <= set(lingering)
     assert lingering[105]["process.executable"] == "/tmp/\\xffsl"
     assert lingering[105]["process.name"] == "\\xffsl"
+
+
+def test_without_host_name_the_events_carry_the_short_host_name(tmp_path):
+    import socket
+
+    settings = replace(args_for(tmp_path, "prolog"), host_name=None)
+    hooks.Hook(settings, {**ENV, "SLURM_JOB_GPUS": ""}, Listpids("")).prolog()
+    (prolog,) = events(tmp_path)
+    assert prolog["host.name"] == socket.gethostname().split(".")[0]
+
+
+def test_the_epilog_builds_its_slurm_commands_from_the_timeout(tmp_path):
+    hook = hooks.Hook(replace(args_for(tmp_path, "epilog"), slurm_timeout=0.5), ENV)
+    assert hook.commands == SlurmCommands(0.5) and hook.commands is hook.commands

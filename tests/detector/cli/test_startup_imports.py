@@ -44,6 +44,17 @@ YAML = ("yaml",)
 # imported only where used: orjson (with uuid and platform) by the JSON outputs, shutil (with bz2
 # and lzma) by argparse's own help formatter, which the command line replaces
 UNUSED_BY_READERS = ("orjson", "shutil", "bz2", "lzma")
+# what only the epilog uses (Slurm commands, their parsers, the process readers) and what
+# neither hook needs (socket for the host name, secrets for a temporary name)
+UNUSED_BY_PROLOG = (
+    "subprocess",
+    "socket",
+    "secrets",
+    "shutil",
+    "hpcsec.detector.slurm.jobs",
+    "hpcsec.detector.slurm.parse",
+    "hpcsec.sensors.procinfo",
+)
 
 PROBE = """
 import contextlib, io, json, sys
@@ -60,10 +71,12 @@ with open(sys.argv[1], "w") as out:
 SITE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "site-config.yml"
 
 
-def imported_by(argv: list[str], tmp_path: Path) -> set[str]:
+def imported_by(
+    argv: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None
+) -> set[str]:
     """The modules a fresh `hpcsec ARGV` imported, with a rule cache of this test's own."""
     report = tmp_path / "modules.json"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), **(extra_env or {})}
     subprocess.run(
         [sys.executable, "-c", PROBE, str(report), *argv],
         check=True,
@@ -91,6 +104,17 @@ def test_light_commands_import_nothing_heavy(argv: list[str], tmp_path: Path) ->
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     modules = imported_by(argv, tmp_path)
     assert heavy_in(modules, HEAVY + SIGMA_PARSER + YAML) == []
+
+
+def test_the_prolog_imports_only_what_it_uses(tmp_path: Path) -> None:
+    """Run as slurmd runs it (a job id in the environment): it records the job start and
+    imports nothing of the epilog's checks."""
+    state = tmp_path / "state"
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice"}
+    argv = ["slurm", "prolog", "--state-dir", str(state), "--host-name", "n1"]
+    modules = imported_by(argv, tmp_path, env)
+    assert (state / "jobs" / "77.json").exists()  # it did run
+    assert heavy_in(modules, UNUSED_BY_PROLOG) == []
 
 
 @pytest.mark.parametrize(
