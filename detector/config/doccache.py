@@ -39,8 +39,12 @@ _ALLOWED_GLOBALS = frozenset(
 )
 
 
-def default_dir() -> Path:
-    return cachedir.default_dir() / "config"
+def default_dir() -> Path | None:
+    """`<cache>/config`; None without a home directory to keep it in (nothing is cached)."""
+    try:
+        return cachedir.default_dir() / "config"
+    except RuntimeError:  # no XDG_CACHE_HOME, no HOME and no passwd entry: Path.home() fails
+        return None
 
 
 def entry_name(raw: bytes) -> str | None:

@@ -205,3 +205,17 @@ def test_a_cache_directory_of_another_user_is_not_used(cache, config):
     plant(cache, config.read_bytes())
     os.chown(cache, 65534, 65534)
     assert load_config(config).dedup_window_s == 300
+
+
+def test_without_a_home_directory_the_config_is_read_uncached(config, monkeypatch):
+    """A service user with no HOME and no passwd entry: Path.home() fails; the config is
+    still read (the cache only saves time)."""
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME", raising=False)
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    assert load_config(config).dedup_window_s == 300
+    assert load_config(config).dedup_window_s == 300
