@@ -130,3 +130,71 @@ def report(files: list[Path], cache: Path, events_file: Path) -> None:
         f"{f['rss_loaded']:.0f} MB loaded, {f['rss_after']:.0f} MB after every category ran "
         f"(rules: {f['rss_after'] - f['rss_before']:.0f} MB)"
     )
+
+
+# -- `python -m bench rule_load`: cold, cached and one-file-changed loads ---------------------
+
+LOAD_CODE = """
+import json, resource, sys, time
+from pathlib import Path
+wall, cpu = time.perf_counter(), time.process_time()
+from hpcsec.detector.engine.loader import load_rules
+paths, cache = json.loads(sys.argv[1])
+ruleset = load_rules(paths, with_tests=False, collect_errors=True,
+                     cache=Path(cache) if cache else None)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
+                  "workers_cpu": children.ru_utime + children.ru_stime,
+                  "rules": len(ruleset.rules), "errors": len(ruleset.errors)}))
+"""
+
+
+def fresh_load(paths: list[Path], cache: Path | None) -> dict[str, Any]:
+    """load_rules in a new interpreter (imports included): CPU of the process and of the
+    worker processes it waited for, and wall time."""
+    arg = json.dumps([[str(p) for p in paths], str(cache) if cache else ""])
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_CODE, arg], cwd=root, capture_output=True, text=True, check=True
+    )
+    figures: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def _line(what: str, f: dict[str, Any], peer: dict[str, Any] | None = None) -> str:
+    ratio = f" ({peer['cpu'] / f['cpu']:.1f}x less CPU than the cold load)" if peer else ""
+    return (
+        f"{what:<28} {f['cpu']:6.2f} s CPU + {f['workers_cpu']:5.2f} s in workers, "
+        f"{f['wall']:6.2f} s wall; {f['rules']} rules, {f['errors']} errors{ratio}"
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Load times of a large rule set (SigmaHQ's, as `bench sigmahq` finds it), each load in
+    a fresh interpreter: no cache; an empty cache (parse and write the entries); the warm
+    cache; the warm cache after one rule file of the set changed."""
+    import argparse
+    import tempfile
+
+    from .sigmahq import DEFAULT_DIR, rule_paths
+
+    parser = argparse.ArgumentParser(prog="python -m bench rule_load")
+    parser.add_argument(
+        "--rules-dir", type=Path, default=Path(os.environ.get("HPCSEC_SIGMAHQ", DEFAULT_DIR))
+    )
+    args = parser.parse_args(argv)
+    if not args.rules_dir.is_dir():
+        print(f"skipped: no SigmaHQ rules at {args.rules_dir} (--rules-dir or $HPCSEC_SIGMAHQ)")
+        return 0
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = rule_paths(args.rules_dir, Path(scratch) / "rules")
+        cache = Path(scratch) / "cache"
+        cold = fresh_load(paths, None)
+        print(_line("cold, no cache:", cold))
+        print(_line("cold, empty cache:", fresh_load(paths, cache), cold))
+        print(_line("warm cache:", fresh_load(paths, cache), cold))
+        changed = sorted(p for p in paths[0].rglob("*.yml"))[len(paths) // 2]
+        changed.write_bytes(changed.read_bytes() + b"\n# edited\n")
+        print(_line("one file changed:", fresh_load(paths, cache), cold))
+        print(_line("warm again:", fresh_load(paths, cache), cold))
+    return 0
