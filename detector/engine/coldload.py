@@ -13,8 +13,9 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+from collections import deque
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,10 @@ from hpcsec.detector.engine.collection import rule_documents
 from hpcsec.detector.engine.parse import parse_document
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
-# Fewer files than this parse in the caller: a spawned worker's imports (pySigma, PyYAML) cost
-# about what parsing this many SigmaHQ files does (bench/rule_load.py measures both).
-PARALLEL_MIN_FILES = 200
+# Fewer files than this parse in the caller. A spawned worker costs about 0.5 s of CPU (its
+# interpreter and pySigma's imports) before its first file, and a SigmaHQ file about 1 ms to
+# parse: below a second of parsing the caller would mostly wait for it (bench/rule_load.py).
+PARALLEL_MIN_FILES = 1000
 GROUP_FILES = 50  # files per task handed to a worker; the caller takes tasks from the end
 
 drop_duplicate_ids = crossfile.drop_duplicate_ids  # kept importable from here
@@ -145,7 +147,8 @@ def _parse_group(
 
 
 def workers_for(files: int) -> int:
-    """Worker processes for a parse of `files` files beside the caller: one per other CPU."""
+    """Worker processes for a parse of `files` files beside the caller: one per other CPU,
+    each with PARALLEL_MIN_FILES files or more to parse."""
     if files < PARALLEL_MIN_FILES:
         return 0
     try:
@@ -159,26 +162,35 @@ def parse_entries(
     items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
 ) -> list[bytes | None]:
     """parse_entry of each (path, bytes), in order. With enough files, groups go to worker
-    processes (spawned: the caller may hold threads) and the caller parses groups from the
-    end of the list until it meets those the workers have started; a worker that fails leaves
-    its groups to the caller."""
+    processes (spawned: the caller may hold threads), a few at a time from the front, while
+    the caller parses groups from the end; a group whose worker failed is parsed here."""
     groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
     workers = workers_for(len(items))
     if workers == 0:
         return _parse_group(items, threshold_values)
     results: list[list[bytes | None] | None] = [None] * len(groups)
+    pending = deque(range(len(groups)))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures: list[Future[list[bytes | None]]] = []
-        with contextlib.suppress(BrokenProcessPool):  # no worker could start: all parsed here
-            futures = [pool.submit(_parse_group, g, threshold_values) for g in groups]
-        for i in reversed(range(len(futures))):
-            if futures[i].cancel():  # not started by a worker: the caller's
+        running: dict[Future[list[bytes | None]], int] = {}
+        while pending or running:
+            for future in [f for f in running if f.done()]:
+                with contextlib.suppress(Exception):  # a worker lost: parsed below
+                    results[running[future]] = future.result()
+                del running[future]
+            while pending and len(running) < 2 * workers:
+                try:
+                    running[pool.submit(_parse_group, groups[pending[0]], threshold_values)] = (
+                        pending[0]
+                    )
+                except BrokenProcessPool:  # no worker can start: the caller parses the rest
+                    break
+                pending.popleft()
+            if pending:
+                i = pending.pop()
                 results[i] = _parse_group(groups[i], threshold_values)
-        for i, future in enumerate(futures):
-            if results[i] is None:
-                with contextlib.suppress(Exception):  # a worker lost (killed, out of memory)
-                    results[i] = future.result()
+            elif running:
+                wait(running, return_when=FIRST_COMPLETED)
     out: list[bytes | None] = []
     for group, result in zip(groups, results, strict=True):
         out += result if result is not None else _parse_group(group, threshold_values)

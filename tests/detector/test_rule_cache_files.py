@@ -4,6 +4,8 @@ errors a parse gives, and old entries do not pile up."""
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.spawn
 import time
 from pathlib import Path
 
@@ -180,3 +182,18 @@ def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
     assert all(r.sigma_loaded for r in parallel.rules)  # parsed rules keep their objects
     cached = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=tmp_path / "c")
     assert errors_of(cached) == errors_of(serial) and summary(cached) == summary(serial)
+
+
+def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch):
+    for n in range(6):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    python = multiprocessing.spawn.get_executable()
+    multiprocessing.spawn.set_executable("/bin/false")  # worker interpreters that exit at once
+    try:
+        loaded = load_rules([tmp_path], with_tests=False)
+    finally:
+        multiprocessing.spawn.set_executable(python)
+    assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
