@@ -131,13 +131,6 @@ def load_rules(
     return ruleset
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:  # the parse reports it, at the file
-        return None
-
-
 def _load_through_cache(
     ruleset: RuleSet,
     sources: Mapping[Path, str],
@@ -155,7 +148,7 @@ def _load_through_cache(
         datas: dict[Path, bytes | None] = {}
         found: dict[Path, rulecache.FileEntry | None] = {}
         for path in sources:
-            data = datas[path] = _read(path)
+            data = datas[path] = rulecache.read_file(path)
             key = keys[path] = (
                 None
                 if data is None

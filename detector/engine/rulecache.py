@@ -44,6 +44,9 @@ FORMAT = b"hpcsec-rulecache-3"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
 SPARE_ENTRIES = 64  # entries kept beyond twice those of the last load (other rule sets, edits)
+# what names a rule file's entry: pruning removes only those (the directory is shared with
+# other caches of hpcsec)
+ENTRY_PREFIX = "rules-"
 
 # names a correlation rule refers to (its `rules`, the rules of an extended condition, its
 # aliases' rules), kept beside its header so that references are checked without pySigma
@@ -114,7 +117,7 @@ def file_key(
     digest.update(repr(sorted((threshold_values or {}).items())).encode())
     digest.update(f"\0{path}\0{len(data)}\0".encode())
     digest.update(data)
-    return digest.hexdigest()
+    return ENTRY_PREFIX + digest.hexdigest()
 
 
 def _open_private(directory: Path, create: bool) -> int | None:
@@ -156,11 +159,15 @@ class CacheDir:
             opened = os.open(key, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
         except OSError:
             return None
-        with os.fdopen(opened, "rb") as f:
-            info = os.fstat(f.fileno())
+        try:
+            info = os.fstat(opened)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
                 return None
-            data = f.read()
+            data = read_all(opened, info.st_size)
+        except OSError:
+            return None
+        finally:
+            os.close(opened)
         try:
             entry = decode_entry(data)
         except Exception:  # a corrupt entry: any unpickling or shape error; rebuilt by the caller
@@ -185,13 +192,13 @@ class CacheDir:
         return True
 
     def prune(self, used: set[str]) -> None:
-        """Remove the oldest entries not in `used` while more than 2 * used + SPARE_ENTRIES
-        remain (entries are named by their key; dot names are writes in progress)."""
+        """Remove the oldest rule file entries not in `used` while more than
+        2 * used + SPARE_ENTRIES remain (dot names are writes in progress)."""
         if self.fd is None:
             return
         keep = 2 * len(used) + SPARE_ENTRIES
         try:
-            names = [n for n in os.listdir(self.fd) if not n.startswith(".")]
+            names = [n for n in os.listdir(self.fd) if n.startswith(ENTRY_PREFIX)]
         except OSError:
             return
         if len(names) <= keep:
@@ -204,6 +211,32 @@ class CacheDir:
                     aged.append((info.st_mtime_ns, name))
         for _, name in sorted(aged)[: len(names) - keep]:
             _remove(name, self.fd)
+
+
+def read_all(fd: int, size: int) -> bytes:
+    """The bytes of an open file (os.read: a file object per entry costs a warm load of
+    thousands of files more than reading them does)."""
+    data = os.read(fd, size + 1)
+    if len(data) <= size:
+        return data
+    chunks = [data]  # the file grew since its fstat
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_file(path: Path) -> bytes | None:
+    """A rule file's bytes, None when it cannot be read (its parse says why)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_all(fd, os.fstat(fd).st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read(directory: Path, key: str) -> RuleSet | None:

@@ -149,10 +149,13 @@ def test_old_entries_are_pruned_to_a_bound_and_the_current_ones_kept(tmp_path, m
     write(rules / "steady.yml", 1)
     edited = rules / "edited.yml"
     cache = tmp_path / "hpcsec"
+    cache.mkdir(mode=0o700)
+    (cache / "config-entry").write_bytes(b"another cache's")  # not the rule cache's to remove
     for n in range(12):
         write(edited, 2, value=f"tool{n}")
         load_rules([rules], with_tests=False, cache=cache)
-        assert len(entries(cache)) <= 2 * 2 + 2
+        assert len(entries(cache)) <= 2 * 2 + 2 + 1
+    assert (cache / "config-entry").exists()
     current = {
         rulecache.file_key(rulecache.fingerprint() or b"", p, p.read_bytes(), None)
         for p in (rules / "steady.yml", edited)
@@ -197,3 +200,28 @@ def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch)
     finally:
         multiprocessing.spawn.set_executable(python)
     assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+
+
+def test_an_entry_holds_the_bytes_its_key_was_made_of_when_the_file_changes_meanwhile(
+    tmp_path, monkeypatch
+):
+    rule = write(tmp_path / "r.yml", 1, value="before")
+    real = rulecache.read_file
+
+    def read_then_edited(path):
+        data = real(path)
+        write(rule, 1, value="after")  # an edit lands between the read and the parse
+        return data
+
+    monkeypatch.setattr(rulecache, "read_file", read_then_edited)
+    cache = tmp_path / "hpcsec"
+    first = load_rules([rule], with_tests=False, cache=cache)
+    monkeypatch.setattr(rulecache, "read_file", real)
+    values = [
+        str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in first.rules
+    ]
+    assert values == ["before"]  # what was keyed is what was parsed
+    again = load_rules([rule], with_tests=False, cache=cache)
+    assert [
+        str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in again.rules
+    ] == ["after"]
