@@ -87,7 +87,7 @@ class _Builder:
             # mappings and lists are built here, not by PyYAML's constructor: refuse the tags
             # (`!!set`, `!!python/object/apply:…`) rather than silently read a plain list
             raise SourceError(f"YAML tag {node.tag} is not supported", location(self.source, line))
-        if kind is yaml.MappingNode:
+        if isinstance(node, yaml.MappingNode):
             return self._mapping(node, at)
         return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
 
