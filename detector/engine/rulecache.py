@@ -297,20 +297,6 @@ def decode_entry(data: bytes) -> FileEntry | None:
     return FileEntry(ruleset, references)
 
 
-def write(directory: Path, key: str, ruleset: RuleSet) -> RuleSet | None:
-    """Store `ruleset` as the entry `key`; a cache that cannot be written only costs the next
-    load its time. Returns the rule set as the entry holds it (lazy rules, see the module's
-    docstring), None when it was not written."""
-    try:
-        data = encode(ruleset)
-    except (pickle.PicklingError, RecursionError, TypeError, AttributeError):
-        return None
-    with CacheDir(directory, create=True) as cache:
-        if not cache.write(key, data):
-            return None
-    return decode(data)
-
-
 def _remove(name: str, fd: int) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=fd)
