@@ -33,8 +33,6 @@ from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 PARALLEL_MIN_FILES = 1000
 GROUP_FILES = 50  # files per task handed to a worker; the caller takes tasks from the end
 
-drop_duplicate_ids = crossfile.drop_duplicate_ids  # kept importable from here
-
 
 def parse_files(
     ruleset: RuleSet,
