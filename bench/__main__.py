@@ -17,6 +17,7 @@ BENCHES = {
     "regex": "bench.regex",
     "startup": "bench.startup",
     "sigmahq": "bench.sigmahq",
+    "rule_load": "bench.rule_load",
     "cluster": "bench.cluster",
 }
 

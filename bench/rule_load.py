@@ -1,6 +1,12 @@
-"""Load figures of a large rule set read from the rule cache, in a fresh process.
+"""Load figures of a large rule set, each load in a fresh process.
 
-`python -m bench sigmahq` runs it after its cold load: the rules are written to a scratch
+`python -m bench rule_load [--rules-dir DIR]` (SigmaHQ's rules, found as `bench sigmahq` finds
+them) loads them with no cache, into an empty rule cache (every file parsed, in worker
+processes beside the caller, and written), from the warm cache, and from the cache after one
+rule file changed (that file alone is parsed): CPU of the loading process and of its workers,
+and wall time (noisy on a shared machine; CPU is the figure to compare).
+
+`python -m bench sigmahq` runs `report` after its cold load: the rules are written to a scratch
 rule cache, the events to a JSONL file, and a new interpreter (so that nothing is imported
 or in memory yet) reports, in CPU seconds (process_time):
 - cached load: the imports load_rules needs, then reading the entry (rule headers only;
@@ -130,3 +136,75 @@ def report(files: list[Path], cache: Path, events_file: Path) -> None:
         f"{f['rss_loaded']:.0f} MB loaded, {f['rss_after']:.0f} MB after every category ran "
         f"(rules: {f['rss_after'] - f['rss_before']:.0f} MB)"
     )
+
+
+# -- `python -m bench rule_load`: cold, cached and one-file-changed loads ---------------------
+
+LOAD_CODE = """
+import json, resource, sys, time
+from pathlib import Path
+wall, cpu = time.perf_counter(), time.process_time()
+from hpcsec.detector.engine.loader import load_rules
+paths, cache = json.loads(sys.argv[1])
+ruleset = load_rules(paths, with_tests=False, collect_errors=True,
+                     cache=Path(cache) if cache else None)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
+                  "workers_cpu": children.ru_utime + children.ru_stime,
+                  "rules": len(ruleset.rules), "errors": len(ruleset.errors)}))
+"""
+
+
+def fresh_load(paths: list[Path], cache: Path | None) -> dict[str, Any]:
+    """load_rules in a new interpreter (imports included): CPU of the process and of the
+    worker processes it waited for, and wall time."""
+    arg = json.dumps([[str(p) for p in paths], str(cache) if cache else ""])
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_CODE, arg], cwd=root, capture_output=True, text=True, check=True
+    )
+    figures: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def _line(what: str, f: dict[str, Any], peer: dict[str, Any] | None = None) -> str:
+    total = f["cpu"] + f["workers_cpu"]
+    ratio = ""
+    if peer:
+        ratio = f"; {(peer['cpu'] + peer['workers_cpu']) / total:.1f}x less CPU than no cache"
+    return (
+        f"{what:<20} {f['cpu']:6.2f} s CPU + {f['workers_cpu']:5.2f} s in workers, "
+        f"{f['wall']:6.2f} s wall; {f['rules']} rules, {f['errors']} errors{ratio}"
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Load times of a large rule set (SigmaHQ's, as `bench sigmahq` finds it), each load in
+    a fresh interpreter: no cache; an empty cache (parse and write the entries); the warm
+    cache; the warm cache after one rule file of the set changed."""
+    import argparse
+    import tempfile
+
+    from .sigmahq import DEFAULT_DIR, rule_paths
+
+    parser = argparse.ArgumentParser(prog="python -m bench rule_load")
+    parser.add_argument(
+        "--rules-dir", type=Path, default=Path(os.environ.get("HPCSEC_SIGMAHQ", DEFAULT_DIR))
+    )
+    args = parser.parse_args(argv)
+    if not args.rules_dir.is_dir():
+        print(f"skipped: no SigmaHQ rules at {args.rules_dir} (--rules-dir or $HPCSEC_SIGMAHQ)")
+        return 0
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = rule_paths(args.rules_dir, Path(scratch) / "rules")
+        cache = Path(scratch) / "cache"
+        cold = fresh_load(paths, None)
+        print(_line("cold, no cache:", cold))
+        print(_line("cold, empty cache:", fresh_load(paths, cache), cold))
+        print(_line("warm cache:", fresh_load(paths, cache), cold))
+        files = sorted(paths[0].rglob("*.yml"))
+        changed = files[len(files) // 2]
+        changed.write_bytes(changed.read_bytes() + b"\n# edited\n")
+        print(_line("one file changed:", fresh_load(paths, cache), cold), f"({changed.name})")
+        print(_line("warm again:", fresh_load(paths, cache), cold))
+    return 0

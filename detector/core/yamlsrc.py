@@ -29,6 +29,10 @@ class _AliasSeen(Exception):
     """The fast path met a node twice: an alias, which the pure-Python path reports."""
 
 
+STR_TAG = "tag:yaml.org,2002:str"
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _Builder:
     def __init__(self, source: str, refuse_repeats: bool = False):
         self.source = source
@@ -38,7 +42,8 @@ class _Builder:
         # libyaml's composer resolves an alias to the anchored node itself: a node met twice
         self.seen: set[int] | None = set() if refuse_repeats else None
 
-    def build(self, node: yaml.Node, at: Path_) -> Any:
+    def _visit(self, node: yaml.Node) -> int:
+        """Count `node` (bounded), refuse one met before; its line."""
         if self.seen is not None:
             if id(node) in self.seen:
                 raise _AliasSeen
@@ -49,40 +54,47 @@ class _Builder:
                 f"document has more than {MAX_NODES} nodes",
                 location(self.source, node.start_mark.line + 1),
             )
-        self.lines[at] = node.start_mark.line + 1
-        if isinstance(node, yaml.CollectionNode) and node.tag not in PLAIN_COLLECTION_TAGS:
+        return node.start_mark.line + 1
+
+    def build(self, node: yaml.Node, at: Path_) -> Any:
+        line = self.lines[at] = self._visit(node)
+        kind = type(node)
+        if kind is yaml.ScalarNode:
+            # a plain string is the node's text (what SafeConstructor would return), without
+            # the constructor's dispatch: most of the nodes of a rule file
+            if node.tag == STR_TAG:
+                return node.value
+            return self.constructor.construct_object(node, deep=True)
+        if node.tag not in PLAIN_COLLECTION_TAGS:
             # mappings and lists are built here, not by PyYAML's constructor: refuse the tags
             # (`!!set`, `!!python/object/apply:…`) rather than silently read a plain list
-            raise SourceError(
-                f"YAML tag {node.tag} is not supported",
-                location(self.source, node.start_mark.line + 1),
-            )
+            raise SourceError(f"YAML tag {node.tag} is not supported", location(self.source, line))
         if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    raise SourceError(
-                        "YAML merge keys (<<) are not supported",
-                        location(self.source, key_node.start_mark.line + 1),
-                    )
+            return self._mapping(node, at)
+        return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
+
+    def _mapping(self, node: yaml.MappingNode, at: Path_) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == MERGE_TAG:
+                raise SourceError(
+                    "YAML merge keys (<<) are not supported",
+                    location(self.source, key_node.start_mark.line + 1),
+                )
+            if type(key_node) is yaml.ScalarNode and key_node.tag == STR_TAG:
+                key_line = self._visit(key_node)
+                key: Any = key_node.value
+            else:
                 key = self.build(key_node, (*at, "<key>"))
-                if isinstance(key, (list, dict)):
-                    raise SourceError(
-                        "a mapping key must be a scalar",
-                        location(self.source, key_node.start_mark.line + 1),
-                    )
-                if key in out:
-                    raise SourceError(
-                        f"duplicate key {key!r}",
-                        location(self.source, key_node.start_mark.line + 1),
-                    )
-                out[key] = self.build(value_node, (*at, key))
-                self.lines[(*at, key)] = key_node.start_mark.line + 1
-            self.lines.pop((*at, "<key>"), None)
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
-        return self.constructor.construct_object(node, deep=True)
+                key_line = key_node.start_mark.line + 1
+            if isinstance(key, (list, dict)):
+                raise SourceError("a mapping key must be a scalar", location(self.source, key_line))
+            if key in out:
+                raise SourceError(f"duplicate key {key!r}", location(self.source, key_line))
+            out[key] = self.build(value_node, (*at, key))
+            self.lines[(*at, key)] = key_line
+        self.lines.pop((*at, "<key>"), None)
+        return out
 
 
 class _NoAliasComposer(yaml.SafeLoader):

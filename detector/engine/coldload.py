@@ -1,19 +1,37 @@
 """The cold path of loader.load_rules: each rule file's documents (collection.py) parsed by
 pySigma with errors at their line (parse.py), duplicates dropped, correlation references
-resolved across files, and the test events beside them (ruletests.py)."""
+resolved across files, and the test events beside them (ruletests.py).
+
+A file parses alone into what the rule cache keeps of it (`parse_entry`: its rules, lazy,
+and its errors; rulecache.py), so many files parse in worker processes (`parse_entries`) and
+come back in file order: the errors are those of one process reading the files in turn.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import multiprocessing
+import os
+import pickle
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 from hpcsec.detector.core.errors import HpcsecError, RuleError, location
-from hpcsec.detector.core.yamlsrc import load_documents
-from hpcsec.detector.engine import correlation_rules, ruletests, thresholds
+from hpcsec.detector.core.yamlsrc import decode_source, iter_documents, load_documents
+from hpcsec.detector.engine import correlation_rules, crossfile, rulecache, ruletests, thresholds
 from hpcsec.detector.engine.collection import rule_documents
 from hpcsec.detector.engine.parse import parse_document
-from hpcsec.detector.engine.ruleset import BUNDLED, LoadedRule, RuleSet
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
+
+# Fewer files than this parse in the caller. A spawned worker costs about 0.5 s of CPU (its
+# interpreter and pySigma's imports) before its first file, and a SigmaHQ file about 1 ms to
+# parse: below a second of parsing the caller would mostly wait for it (bench/rule_load.py).
+PARALLEL_MIN_FILES = 1000
+GROUP_FILES = 50  # files per task handed to a worker; the caller takes tasks from the end
 
 
 def parse_files(
@@ -23,12 +41,48 @@ def parse_files(
     with_tests: bool,
 ) -> None:
     """Add the rules of `sources` (file -> origin) to `ruleset`, errors to ruleset.errors."""
-    for path, origin in sources.items():
-        load_file(path, ruleset, threshold_values, origin)
-    drop_duplicate_ids(ruleset)
+    if len(sources) < PARALLEL_MIN_FILES:
+        for path, origin in sources.items():
+            load_file(path, ruleset, threshold_values, origin)
+    else:
+        items = [(path, None) for path in sources]
+        entries = parse_entries(items, threshold_values)
+        for (path, origin), data in zip(sources.items(), entries, strict=True):
+            add_entry(ruleset, path, origin, data, threshold_values, eager=True)
+    crossfile.drop_duplicate_ids(ruleset)
     correlation_rules.resolve_correlations(ruleset)
     for path in sources if with_tests else ():
         ruletests.load_tests_for(path, ruleset)
+
+
+def add_entry(
+    ruleset: RuleSet,
+    path: Path,
+    origin: str,
+    data: bytes | None,
+    threshold_values: Mapping[str, Any] | None,
+    eager: bool = False,
+) -> list[rulecache.References]:
+    """Add the rules and errors of one file's entry (`data`, from parse_entry) to `ruleset`;
+    a file whose entry could not be made (None) is parsed here. `eager`: rules hold their
+    pySigma objects, as parsed ones do. Returns the rules' references (crossfile.py)."""
+    entry = rulecache.decode_entry(data) if data is not None else None
+    if entry is None:
+        part = RuleSet()
+        load_file(path, part, threshold_values, origin)
+        references = [correlation_rules.references_of(r) for r in part.rules]
+    else:
+        part, references = entry.ruleset, entry.references
+    for rule in part.rules:
+        rule.origin = origin
+    if eager and entry is not None:
+        part.rules = [
+            LoadedRule(r.sigma, r.path, r.line, r.vector, r.key_lines, origin) for r in part.rules
+        ]
+    ruleset.files.append(str(path))
+    ruleset.rules += part.rules
+    ruleset.errors += part.errors
+    return references
 
 
 def load_file(
@@ -36,16 +90,22 @@ def load_file(
     ruleset: RuleSet,
     threshold_values: Mapping[str, Any] | None = None,
     origin: str = "",
+    data: bytes | None = None,
 ) -> None:
     """Add the rules of one file to `ruleset` (errors go to ruleset.errors).
 
     `threshold_values` (the site config's `thresholds`) replace the numbers the rules name
     in their `thresholds:` attribute, before pySigma sees them (detector/thresholds.py).
     `origin`: where the rules came from (`bundled` or the path given), for `rules list`.
+    `data`: the file's bytes when already read (what the rule cache's key was made of).
     """
     ruleset.files.append(str(path))
     try:
-        docs, errors = rule_documents(load_documents(path))
+        if data is None:
+            docs, errors = rule_documents(load_documents(path))
+        else:
+            source = str(path)
+            docs, errors = rule_documents(iter_documents(decode_source(data, source), source))
     except HpcsecError as exc:
         ruleset.errors.append(RuleError(exc.message, exc.location))
         return
@@ -65,30 +125,71 @@ def load_file(
             )
 
 
-_LOCAL_REUSE_HINT = (
-    "; a local rule needs an id of its own: to silence a bundled rule, add a Sigma filter "
-    "that names it; to change one, copy it under a new id and filter the bundled one out"
-)
+def parse_entry(
+    path: Path, data: bytes | None, threshold_values: Mapping[str, Any] | None
+) -> bytes | None:
+    """One file parsed into a rule cache entry (rulecache.encode); None when a rule's object
+    cannot be pickled (the caller then parses the file itself)."""
+    part = RuleSet()
+    load_file(path, part, threshold_values, "", data)
+    try:
+        return rulecache.encode(part, [correlation_rules.references_of(r) for r in part.rules])
+    except (pickle.PicklingError, RecursionError, TypeError, AttributeError):
+        return None
 
 
-def drop_duplicate_ids(ruleset: RuleSet) -> None:
-    """Two documents with one id (or name) cannot both be referenced; keep the first."""
-    seen: dict[str, LoadedRule] = {}
-    kept = []
-    for rule in ruleset.rules:
-        duplicate = None
-        for key, what in ((rule.sigma.id, "id"), (getattr(rule.sigma, "name", None), "name")):
-            if key is None:
-                continue
-            first = seen.setdefault(f"{what}:{key}", rule)
-            if first is not rule and duplicate is None:
-                duplicate = RuleError(
-                    f"duplicate rule {what} {key} (first at {first.path}:{first.line})"
-                    + _LOCAL_REUSE_HINT * (first.origin == BUNDLED != rule.origin),
-                    location(rule.path, rule.line_of(what)),
-                )
-        if duplicate is None:
-            kept.append(rule)
-        else:
-            ruleset.errors.append(duplicate)
-    ruleset.rules = kept
+def _parse_group(
+    items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
+) -> list[bytes | None]:
+    return [parse_entry(path, data, threshold_values) for path, data in items]
+
+
+def workers_for(files: int) -> int:
+    """Worker processes for a parse of `files` files beside the caller: one per other CPU,
+    each with PARALLEL_MIN_FILES files or more to parse."""
+    if files < PARALLEL_MIN_FILES:
+        return 0
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(0, min(cpus - 1, files // PARALLEL_MIN_FILES))
+
+
+def parse_entries(
+    items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
+) -> list[bytes | None]:
+    """parse_entry of each (path, bytes), in order. With enough files, groups go to worker
+    processes (spawned: the caller may hold threads), a few at a time from the front, while
+    the caller parses groups from the end; a group whose worker failed is parsed here."""
+    groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
+    workers = workers_for(len(items))
+    if workers == 0:
+        return _parse_group(items, threshold_values)
+    results: list[list[bytes | None] | None] = [None] * len(groups)
+    pending = deque(range(len(groups)))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        running: dict[Future[list[bytes | None]], int] = {}
+        while pending or running:
+            for future in [f for f in running if f.done()]:
+                with contextlib.suppress(Exception):  # a worker lost: parsed below
+                    results[running[future]] = future.result()
+                del running[future]
+            while pending and len(running) < 2 * workers:
+                try:
+                    running[pool.submit(_parse_group, groups[pending[0]], threshold_values)] = (
+                        pending[0]
+                    )
+                except BrokenProcessPool:  # no worker can start: the caller parses the rest
+                    break
+                pending.popleft()
+            if pending:
+                i = pending.pop()
+                results[i] = _parse_group(groups[i], threshold_values)
+            elif running:
+                wait(running, return_when=FIRST_COMPLETED)
+    out: list[bytes | None] = []
+    for group, result in zip(groups, results, strict=True):
+        out += result if result is not None else _parse_group(group, threshold_values)
+    return out

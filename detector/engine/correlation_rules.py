@@ -8,6 +8,7 @@ resolved once every file is read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sigma import exceptions as sx
@@ -87,9 +88,16 @@ def referenced_rules(corr: SigmaCorrelationRule) -> list[str]:
     return []
 
 
-def _reference_errors(rule: LoadedRule, collection: SigmaCollection) -> list[RuleError]:
+def references_of(rule: LoadedRule) -> tuple[Any, ...]:
+    """The names a correlation refers to (its `rules`, or those of its extended condition, and
+    its aliases' rules); () for another rule. The rule cache keeps them beside the header."""
     corr = rule.sigma
-    assert isinstance(corr, SigmaCorrelationRule)
+    if not isinstance(corr, SigmaCorrelationRule):
+        return ()
+    return tuple(ref.reference for ref, _ in _references(corr))
+
+
+def _references(corr: SigmaCorrelationRule) -> list[tuple[SigmaRuleReference, Key]]:
     refs: list[tuple[SigmaRuleReference, Key]] = [
         (ref, ("correlation", "rules", i)) for i, ref in enumerate(corr.rules or [])
     ]
@@ -100,18 +108,32 @@ def _reference_errors(rule: LoadedRule, collection: SigmaCollection) -> list[Rul
         ]
     for alias in corr.aliases:
         refs += [(ref, ("correlation", "aliases", alias.alias)) for ref in alias.mapping]
-    errors = []
-    for ref, at in refs:
+    return refs
+
+
+def unknown_reference_errors(rule: LoadedRule, known: Callable[[Any], bool]) -> list[RuleError]:
+    """An error at each name of the correlation `rule` for which `known` is false."""
+    corr = rule.sigma
+    assert isinstance(corr, SigmaCorrelationRule)
+    return [
+        RuleError(
+            f"correlation names unknown rule {ref.reference!r}",
+            location(rule.path, rule.line_of(*at)),
+        )
+        for ref, at in _references(corr)
+        if not known(ref.reference)
+    ]
+
+
+def _in_collection(collection: SigmaCollection) -> Callable[[Any], bool]:
+    def known(reference: Any) -> bool:
         try:
-            collection[ref.reference]
+            collection[reference]
         except sx.SigmaRuleNotFoundError:
-            errors.append(
-                RuleError(
-                    f"correlation names unknown rule {ref.reference!r}",
-                    location(rule.path, rule.line_of(*at)),
-                )
-            )
-    return errors
+            return False
+        return True
+
+    return known
 
 
 def resolve_correlations(ruleset: RuleSet) -> None:
@@ -121,7 +143,7 @@ def resolve_correlations(ruleset: RuleSet) -> None:
     kept = []
     for rule in ruleset.rules:
         if rule.kind == "correlation":
-            errors = _reference_errors(rule, collection)
+            errors = unknown_reference_errors(rule, _in_collection(collection))
             if errors:
                 ruleset.errors.extend(errors)
                 continue

@@ -15,7 +15,7 @@ from typing import Any
 import hpcsec.rules
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.errors import RuleError, UsageError, location
-from hpcsec.detector.engine import rulecache
+from hpcsec.detector.engine import crossfile, rulecache
 from hpcsec.detector.engine.ruleset import BUNDLED, RuleSet
 
 RULE_SUFFIXES = (".yml", ".yaml")
@@ -108,30 +108,91 @@ def load_rules(
 
     Raises the first RuleError, or with `collect_errors` returns every error in `.errors` next
     to the rules that did load. `with_tests=False` skips the test events: what scanning needs,
-    so a slip in a tests file does not stop detection. `cache`: a directory where rule sets
-    that loaded without error are kept by content hash (rulecache.py).
+    so a slip in a tests file does not stop detection. `cache`: a directory where what each
+    rule file gave is kept by content hash (rulecache.py): only the files that changed are
+    parsed, and the rules come back lazy (ruleset.LoadedRule).
     """
     ruleset = RuleSet()
     sources = rule_sources([bundled_rules_dir()] if paths is None else paths, ruleset.errors)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
-    files = list(sources)
-    key = None
-    if cache is not None and not ruleset.errors:
-        # where each file came from is part of the rule set (`rules list` shows it)
-        origins = [f"{path}={sources[path]}" for path in files]
-        key = rulecache.cache_key(files, {**(threshold_values or {}), "": origins}, with_tests)
-        cached = rulecache.read(cache, key) if key else None
-        if cached is not None:
-            return cached
-    # on a cache miss only (see the module's docstring)
-    from hpcsec.detector.engine.coldload import parse_files
+    if cache is None or not _load_through_cache(ruleset, sources, threshold_values, cache):
+        # on a cache miss only (see the module's docstring)
+        from hpcsec.detector.engine.coldload import parse_files
 
-    parse_files(ruleset, sources, threshold_values, with_tests)
+        parse_files(ruleset, sources, threshold_values, with_tests)
+    elif with_tests:
+        from hpcsec.detector.engine.ruletests import load_tests_for
+
+        for path in sources:
+            load_tests_for(path, ruleset)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
-    if cache is not None and key is not None and not ruleset.errors:
-        # the rules as the entry holds them: a first start keeps, like the next ones, only
-        # the pySigma objects of the rules it compiles
-        return rulecache.write(cache, key, ruleset) or ruleset
     return ruleset
+
+
+def _load_through_cache(
+    ruleset: RuleSet,
+    sources: Mapping[Path, str],
+    threshold_values: Mapping[str, Any] | None,
+    directory: Path,
+) -> bool:
+    """Add the rules of `sources` from their cache entries, parsing (and caching) only the
+    files without one, then run the checks across files (crossfile.py); False when the cache
+    cannot be used (not private, code unreadable) and nothing was added."""
+    fingerprint = rulecache.fingerprint()
+    with rulecache.CacheDir(directory, create=True) as cache:
+        if fingerprint is None or cache.fd is None:
+            return False
+        keys: dict[Path, str | None] = {}
+        datas: dict[Path, bytes | None] = {}
+        found: dict[Path, rulecache.FileEntry | None] = {}
+        for path in sources:
+            data = datas[path] = rulecache.read_file(path)
+            key = keys[path] = (
+                None
+                if data is None
+                else rulecache.file_key(fingerprint, path, data, threshold_values)
+            )
+            found[path] = cache.read(key) if key is not None else None
+        missing = [path for path in sources if found[path] is None]
+        if missing:
+            # on a miss only (see the module's docstring)
+            from hpcsec.detector.engine.coldload import parse_entries
+
+            parsed = parse_entries([(p, datas[p]) for p in missing], threshold_values)
+            for path, entry in zip(missing, parsed, strict=True):
+                key = keys[path]
+                if entry is not None and key is not None:
+                    cache.write(key, entry)
+                found[path] = rulecache.decode_entry(entry) if entry is not None else None
+            cache.prune({k for k in keys.values() if k is not None})
+    references = _assemble(ruleset, sources, found, datas, threshold_values)
+    crossfile.drop_duplicate_ids(ruleset, references)
+    crossfile.check_references(ruleset, references)
+    return True
+
+
+def _assemble(
+    ruleset: RuleSet,
+    sources: Mapping[Path, str],
+    found: Mapping[Path, rulecache.FileEntry | None],
+    datas: Mapping[Path, bytes | None],
+    threshold_values: Mapping[str, Any] | None,
+) -> list[rulecache.References]:
+    """The files' rules and errors in file order, as one serial parse would give them."""
+    references: list[rulecache.References] = []
+    for path, origin in sources.items():
+        entry = found[path]
+        if entry is None:  # unreadable, or a rule that cannot be pickled: parsed as is
+            from hpcsec.detector.engine.coldload import add_entry
+
+            references += add_entry(ruleset, path, origin, None, threshold_values)
+            continue
+        for rule in entry.ruleset.rules:
+            rule.origin = origin
+        ruleset.files.append(str(path))
+        ruleset.rules += entry.ruleset.rules
+        ruleset.errors += entry.ruleset.errors
+        references += entry.references
+    return references

@@ -1,10 +1,15 @@
-"""Loaded rule sets cached on disk, so the agent's start and SIGHUP reload skip the YAML and
-pySigma parse of thousands of rules (most of their load time).
+"""Loaded rules cached on disk, one entry per rule file, so the agent's start and SIGHUP reload
+skip the YAML and pySigma parse of every file that did not change (most of their load time).
 
-An entry is keyed by a SHA-256 of everything the loaded set depends on: each rule file's path
-and bytes, the threshold values, whether test events were read, the hpcsec version and the
-source of the code that parses rules, Python's and pySigma's versions. Any change is a new key;
-old entries are simply not read again.
+An entry holds what one rule file gave: its rules and its errors. It is keyed by a SHA-256 of
+everything that result depends on: the file's path and bytes, the threshold values, the
+hpcsec version and the source of the code that parses rules, Python's and pySigma's versions
+(`fingerprint`). Any change is a new key; a load reads the entries of the files that did not
+change and parses only the others (loader.py). What is decided across files (duplicate ids,
+correlation references, test events) is not cached: it runs over the assembled set at every
+load (crossfile.py). After a load that wrote entries, the oldest entries that load did not
+use are removed while there are more than `2 * used + SPARE_ENTRIES`, so edits and other
+rule sets cannot fill the disk.
 
 Entries are pickles, so only the user who runs hpcsec may be able to write them: the cache is
 `$XDG_CACHE_HOME/hpcsec` (else `~/.cache/hpcsec`), created 0700; it is used only when it is a
@@ -29,75 +34,199 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # the private directory is shared with the site config cache (core/cachedir.py)
 from hpcsec.detector.core.cachedir import default_dir as default_dir
 from hpcsec.detector.core.cachedir import installed_version as installed_version
 from hpcsec.detector.core.cachedir import open_private_dir as _open_private
+from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleHeader, RuleSet
 
-FORMAT = b"hpcsec-rulecache-2"
+FORMAT = b"hpcsec-rulecache-3"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
+SPARE_ENTRIES = 64  # entries kept beyond twice those of the last load (other rule sets, edits)
+# what names a rule file's entry: pruning removes only those (the directory is shared with
+# other caches of hpcsec)
+ENTRY_PREFIX = "rules-"
+
+# names a correlation rule refers to (its `rules`, the rules of an extended condition, its
+# aliases' rules), kept beside its header so that references are checked without pySigma
+References = tuple[Any, ...]
 
 
-def cache_key(
-    files: Sequence[Path], threshold_values: Mapping[str, Any] | None, with_tests: bool
-) -> str | None:
-    """The entry name for these inputs; None when a file cannot be read (no caching)."""
+class FileEntry(NamedTuple):
+    """One rule file's rules (lazy: header and pickled object) and errors, in file order."""
+
+    ruleset: RuleSet
+    references: list[References]  # one per rule of ruleset.rules
+
+
+def fingerprint() -> bytes | None:
+    """What every entry depends on besides its file: versions and the parsing code (None when
+    the code cannot be read: no caching)."""
     digest = hashlib.sha256(FORMAT)
     for name in ("hpcsec", "pySigma"):
         digest.update(f"{name} {installed_version(name)}\n".encode())
     digest.update(sys.version.encode())
-    digest.update(repr(sorted((threshold_values or {}).items())).encode())
-    digest.update(b"tests" if with_tests else b"no tests")
     try:
         for code in sorted(p for d in CODE_DIRS for p in d.glob("*.py")):
             digest.update(code.read_bytes())
-        for file in files:
-            data = file.read_bytes()
-            digest.update(f"\0{file}\0{len(data)}\0".encode())
-            digest.update(data)
     except OSError:
         return None
-    return digest.hexdigest()
+    return digest.digest()
 
 
-def read(directory: Path, key: str) -> RuleSet | None:
-    fd = _open_private(directory, create=False)
-    if fd is None:
-        return None
-    try:
+def file_key(
+    fingerprint: bytes, path: Path, data: bytes, threshold_values: Mapping[str, Any] | None
+) -> str:
+    """The entry name of one rule file read as `data` with these thresholds."""
+    digest = hashlib.sha256(fingerprint)
+    digest.update(repr(sorted((threshold_values or {}).items())).encode())
+    digest.update(f"\0{path}\0{len(data)}\0".encode())
+    digest.update(data)
+    return ENTRY_PREFIX + digest.hexdigest()
+
+
+class CacheDir:
+    """The cache directory, opened (and checked) once for the many entries of one load."""
+
+    def __init__(self, directory: Path, create: bool):
+        self.fd = _open_private(directory, create)
+
+    def __enter__(self) -> CacheDir:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def read(self, key: str) -> FileEntry | None:
+        """The entry `key`; None when absent, not ours, or damaged (then it is removed)."""
+        if self.fd is None:
+            return None
         try:
-            entry = os.open(key, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+            opened = os.open(key, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
         except OSError:
             return None
-        with os.fdopen(entry, "rb") as f:
-            info = os.fstat(f.fileno())
+        try:
+            info = os.fstat(opened)
             if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
                 return None
-            data = f.read()
+            data = read_all(opened, info.st_size)
+        except OSError:
+            return None
+        finally:
+            os.close(opened)
         try:
-            ruleset = decode(data)
+            entry = decode_entry(data)
         except Exception:  # a corrupt entry: any unpickling or shape error; rebuilt by the caller
-            ruleset = None
-        if ruleset is None:
-            _remove(key, fd)
-        return ruleset
+            entry = None
+        if entry is None:
+            _remove(key, self.fd)
+        return entry
+
+    def write(self, key: str, data: bytes) -> bool:
+        """Store an entry atomically: a reader sees no entry or the whole of it."""
+        if self.fd is None:
+            return False
+        temporary = f".{key}.{os.getpid()}"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=self.fd), "wb") as f:
+                f.write(data)
+            os.replace(temporary, key, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except OSError:
+            _remove(temporary, self.fd)
+            return False
+        return True
+
+    def prune(self, used: set[str]) -> None:
+        """Remove the oldest rule file entries not in `used` while more than
+        2 * used + SPARE_ENTRIES remain (dot names are writes in progress)."""
+        if self.fd is None:
+            return
+        keep = 2 * len(used) + SPARE_ENTRIES
+        try:
+            names = [n for n in os.listdir(self.fd) if n.startswith(ENTRY_PREFIX)]
+        except OSError:
+            return
+        if len(names) <= keep:
+            return
+        aged = []
+        for name in names:
+            if name not in used:
+                with contextlib.suppress(OSError):
+                    info = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+                    aged.append((info.st_mtime_ns, name))
+        for _, name in sorted(aged)[: len(names) - keep]:
+            _remove(name, self.fd)
+
+
+def read_all(fd: int, size: int) -> bytes:
+    """The bytes of an open file (os.read: a file object per entry costs a warm load of
+    thousands of files more than reading them does)."""
+    data = os.read(fd, size + 1)
+    if len(data) <= size:
+        return data
+    chunks = [data]  # the file grew since its fstat
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def read_file(path: Path) -> bytes | None:
+    """A rule file's bytes, None when it cannot be read (its parse says why)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_all(fd, os.fstat(fd).st_size)
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
 
-def encode(ruleset: RuleSet) -> bytes:
-    rules = [(tuple(r.header), r.blob(), r.path, r.line, r.vector, r.origin) for r in ruleset.rules]
-    payload = pickle.dumps((rules, ruleset.tests, ruleset.files), protocol=pickle.HIGHEST_PROTOCOL)
+def read(directory: Path, key: str) -> RuleSet | None:
+    """The rules and errors of the entry `key` (None when absent or damaged)."""
+    with CacheDir(directory, create=False) as cache:
+        entry = cache.read(key)
+    return entry.ruleset if entry is not None else None
+
+
+def _error_tuple(error: RuleError) -> tuple[str, str | None, int | None, int | None]:
+    where = error.location
+    if where is None:
+        return error.message, None, None, None
+    return error.message, where.path, where.line, where.column
+
+
+def encode(ruleset: RuleSet, references: Sequence[References] | None = None) -> bytes:
+    """An entry of `ruleset`'s rules and errors (`references`: one per rule, () when none)."""
+    refs = list(references) if references is not None else [()] * len(ruleset.rules)
+    rules = [
+        (tuple(r.header), r.blob(), r.path, r.line, r.vector, r.origin, tuple(ref))
+        for r, ref in zip(ruleset.rules, refs, strict=True)
+    ]
+    errors = [_error_tuple(e) for e in ruleset.errors]
+    payload = pickle.dumps(
+        (rules, ruleset.tests, ruleset.files, errors), protocol=pickle.HIGHEST_PROTOCOL
+    )
     digest = hashlib.sha256(payload).digest()
     return pickle.dumps((FORMAT, digest, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def decode(data: bytes) -> RuleSet | None:
     """The rule set of an entry; None when it is not one (wrong format, checksum or shape)."""
+    entry = decode_entry(data)
+    return entry.ruleset if entry is not None else None
+
+
+def decode_entry(data: bytes) -> FileEntry | None:
     outer = pickle.loads(data)
     if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == FORMAT):
         return None
@@ -105,37 +234,19 @@ def decode(data: bytes) -> RuleSet | None:
     # a checksum against damage, not a secret: a plain comparison will do
     if not isinstance(payload, bytes) or hashlib.sha256(payload).digest() != digest:
         return None
-    rules, tests, files = pickle.loads(payload)
+    rules, tests, files, errors = pickle.loads(payload)
     ruleset = RuleSet(tests=list(tests), files=list(files))
-    for header, blob, path, line, vector, origin in rules:
+    references: list[References] = []
+    for header, blob, path, line, vector, origin, refs in rules:
         if len(header) != len(RuleHeader._fields) or not isinstance(blob, bytes):
             return None
         ruleset.rules.append(
             LoadedRule.cached(RuleHeader(*header), blob, path, line, vector, origin)
         )
-    return ruleset
-
-
-def write(directory: Path, key: str, ruleset: RuleSet) -> RuleSet | None:
-    """Store the entry (atomically: a reader sees the old state or the whole entry); a cache
-    that cannot be written only costs the next load its time. Returns the rule set as the
-    entry holds it (lazy rules, see the module's docstring), None when it was not written."""
-    fd = _open_private(directory, create=True)
-    if fd is None:
-        return None
-    temporary = f".{key}.{os.getpid()}"
-    try:
-        data = encode(ruleset)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=fd), "wb") as f:
-            f.write(data)
-        os.replace(temporary, key, src_dir_fd=fd, dst_dir_fd=fd)
-    except (OSError, pickle.PicklingError, RecursionError, TypeError, AttributeError):
-        _remove(temporary, fd)
-        return None
-    finally:
-        os.close(fd)
-    return decode(data)
+        references.append(tuple(refs))
+    for message, path, line, column in errors:
+        ruleset.errors.append(RuleError(message, location(path, line, column)))
+    return FileEntry(ruleset, references)
 
 
 def _remove(name: str, fd: int) -> None:

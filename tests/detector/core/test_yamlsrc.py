@@ -115,3 +115,39 @@ def test_an_alias_leaves_the_fast_path_for_the_error_with_its_line() -> None:
     with pytest.raises(SourceError, match="aliases") as info:
         load_text_documents(text, "f.yml")
     assert info.value.location.line == 2
+
+
+RICH = """\
+plain: text
+quoted: '3'
+tagged: !!str 42
+number: 7
+hex: 0x1f
+float: .5
+yes_word: yes
+nothing: ~
+day: 2026-12-01
+stamp: 2026-12-01T01:02:03Z
+5: an int key
+2026-01-02: a date key
+"quoted key": [a, 'b', 3, {x: null}]
+folded: >
+  two
+  lines
+"""
+
+
+def test_strings_taken_from_the_node_and_other_scalars_are_built_as_safe_load_builds_them():
+    import yaml
+
+    from hpcsec.detector.core import yamlsrc
+
+    fast = yamlsrc._fast_documents(RICH, "f.yml")
+    assert fast is not None
+    assert fast[0].data == yaml.safe_load(RICH)
+    assert [type(v) for v in fast[0].data.values()] == [
+        type(v) for v in yaml.safe_load(RICH).values()
+    ]
+    (slow,) = yamlsrc.python_documents(RICH, "f.yml")
+    assert (fast[0].data, fast[0].lines) == (slow.data, slow.lines)
+    assert fast[0].lines[("quoted key", 3, "x")] == 13

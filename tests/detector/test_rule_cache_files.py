@@ -1,0 +1,227 @@
+"""The rule cache keeps one entry per rule file (engine/rulecache.py): a load parses only the
+files that changed, the checks across files run over the assembled set at every load with the
+errors a parse gives, and old entries do not pile up."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.spawn
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.core.errors import RuleError
+from hpcsec.detector.engine import coldload, rulecache
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.loader import load_rules
+
+RULE = """title: rule {n}
+id: 0c0c0c0c-0000-4000-8000-{n:012d}
+{name}logsource: {{product: hpc, category: process}}
+detection:
+  sel:
+    process.name: {value}
+  condition: sel
+"""
+
+CORRELATION = """title: repeated
+id: 0c0c0c0c-0000-4000-8000-00000000c0c0
+correlation:
+  type: event_count
+  rules:
+    - {ref}
+  group-by: [host.name]
+  timespan: 5m
+  condition: {{gte: 2}}
+"""
+
+
+def write(path: Path, n: int, value: str = "nc", name: str | None = None) -> Path:
+    path.write_text(RULE.format(n=n, value=value, name=f"name: {name}\n" if name else ""))
+    return path
+
+
+def entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+
+
+@pytest.fixture
+def parsed(monkeypatch) -> list[str]:
+    """The files parse_entry parses in this process (the real one runs; a spawned worker
+    process has the real one only)."""
+    seen: list[str] = []
+    real = coldload.parse_entry
+
+    def spy(path, data, threshold_values):
+        seen.append(path.name)
+        time.sleep(0.02)  # lets the pool's thread hand the first groups to the worker
+        return real(path, data, threshold_values)
+
+    monkeypatch.setattr(coldload, "parse_entry", spy)
+    return seen
+
+
+def errors_of(ruleset) -> list[str]:
+    return [str(e) for e in ruleset.errors]
+
+
+def summary(ruleset) -> list[tuple[str, str, int, str]]:
+    return [(r.id, r.path, r.line, r.origin) for r in ruleset.rules]
+
+
+def test_only_the_changed_file_is_parsed_and_the_set_is_the_parsed_one(tmp_path, parsed):
+    files = [write(tmp_path / f"r{n}.yml", n) for n in range(4)]
+    cache = tmp_path / "hpcsec"
+    load_rules([tmp_path], with_tests=False, cache=cache)
+    assert sorted(parsed) == ["r0.yml", "r1.yml", "r2.yml", "r3.yml"]
+    assert len(entries(cache)) == 4
+    parsed.clear()
+    write(files[2], 2, value="ncat")
+    loaded = load_rules([tmp_path], with_tests=False, cache=cache)
+    assert parsed == ["r2.yml"]
+    cold = load_rules([tmp_path], with_tests=False)
+    assert summary(loaded) == summary(cold) and loaded.files == cold.files
+    assert loaded.rules == cold.rules  # pySigma objects alike
+    events = [{"event.category": "process", "process.name": v} for v in ("nc", "ncat")]
+    found = sorted(
+        (m.rule.id, m.events[0]["process.name"]) for m in Engine(loaded).evaluate(events)
+    )
+    assert found == sorted(
+        (m.rule.id, m.events[0]["process.name"]) for m in Engine(cold).evaluate(events)
+    )
+    parsed.clear()
+    load_rules([tmp_path], with_tests=False, cache=cache, threshold_values={"x": 1})
+    assert len(parsed) == 4  # thresholds are part of every file's key
+
+
+def test_duplicates_across_files_are_found_at_every_load_with_the_parse_errors(tmp_path, parsed):
+    write(tmp_path / "a.yml", 1, name="shared")
+    write(tmp_path / "b.yml", 1)  # the id of a.yml's rule
+    write(tmp_path / "c.yml", 3, name="shared")  # the name of a.yml's rule
+    (tmp_path / "d.yml").write_text("title: broken\nlogsource: {category: process}\ndetection: 5\n")
+    cache = tmp_path / "hpcsec"
+    cold = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    first = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=cache)
+    parsed.clear()
+    again = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=cache)
+    assert parsed == []  # every file from its entry, d.yml's errors too
+    expected = errors_of(cold)
+    assert any(f"{tmp_path / 'b.yml'}:2: duplicate rule id" in e for e in expected)
+    assert any(f"{tmp_path / 'c.yml'}:3: duplicate rule name shared" in e for e in expected)
+    assert any(str(tmp_path / "d.yml") in e for e in expected)
+    assert errors_of(first) == errors_of(again) == expected
+    assert summary(first) == summary(again) == summary(cold)
+    with pytest.raises(RuleError) as raised:
+        load_rules([tmp_path], with_tests=False, cache=cache)
+    assert str(raised.value) == expected[0]  # the first error, as a parse gives it
+
+
+def test_a_correlation_whose_rule_went_away_in_another_file_fails_from_its_entry(tmp_path, parsed):
+    write(tmp_path / "base.yml", 1)
+    corr = tmp_path / "corr.yml"
+    corr.write_text(CORRELATION.format(ref="0c0c0c0c-0000-4000-8000-000000000001"))
+    cache = tmp_path / "hpcsec"
+    loaded = load_rules([tmp_path], with_tests=False, cache=cache)
+    assert [r.kind for r in loaded.rules] == ["detection", "correlation"]
+    write(tmp_path / "base.yml", 2)  # the referenced rule is gone; corr.yml is unchanged
+    parsed.clear()
+    loaded = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=cache)
+    assert parsed == ["base.yml"]
+    cold = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    assert (
+        errors_of(loaded)
+        == errors_of(cold)
+        == [f"{corr}:6: correlation names unknown rule '0c0c0c0c-0000-4000-8000-000000000001'"]
+    )
+    assert summary(loaded) == summary(cold)
+    corr.write_text(CORRELATION.format(ref="0C0C0C0C-0000-4000-8000-000000000002"))  # by UUID
+    assert [r.kind for r in load_rules([tmp_path], with_tests=False, cache=cache).rules] == [
+        "detection",
+        "correlation",
+    ]
+
+
+def test_old_entries_are_pruned_to_a_bound_and_the_current_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(rulecache, "SPARE_ENTRIES", 2)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    write(rules / "steady.yml", 1)
+    edited = rules / "edited.yml"
+    cache = tmp_path / "hpcsec"
+    cache.mkdir(mode=0o700)
+    (cache / "config-entry").write_bytes(b"another cache's")  # not the rule cache's to remove
+    for n in range(12):
+        write(edited, 2, value=f"tool{n}")
+        load_rules([rules], with_tests=False, cache=cache)
+        assert len(entries(cache)) <= 2 * 2 + 2 + 1
+    assert (cache / "config-entry").exists()
+    current = {
+        rulecache.file_key(rulecache.fingerprint() or b"", p, p.read_bytes(), None)
+        for p in (rules / "steady.yml", edited)
+    }
+    assert current <= set(entries(cache))
+
+
+def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
+    tmp_path, monkeypatch, parsed
+):
+    for n in range(9):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    (tmp_path / "r3.yml").write_text("title: [unclosed\n")
+    (tmp_path / "r6.yml").write_text(
+        RULE.format(n=6, value="x", name="").replace("sel\n", "nope\n")
+    )
+    write(tmp_path / "r7.yml", 1)  # a duplicate id
+    serial = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    monkeypatch.setattr(coldload, "PARALLEL_MIN_FILES", 2)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 2)
+    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    parsed.clear()
+    parallel = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    assert 0 < len(parsed) < 9  # the caller parsed groups from the end, a worker the others
+    assert errors_of(parallel) == errors_of(serial) and len(serial.errors) == 3
+    assert summary(parallel) == summary(serial) and parallel.rules == serial.rules
+    assert all(r.sigma_loaded for r in parallel.rules)  # parsed rules keep their objects
+    cached = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=tmp_path / "c")
+    assert errors_of(cached) == errors_of(serial) and summary(cached) == summary(serial)
+
+
+def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch):
+    for n in range(6):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    python = multiprocessing.spawn.get_executable()
+    multiprocessing.spawn.set_executable("/bin/false")  # worker interpreters that exit at once
+    try:
+        loaded = load_rules([tmp_path], with_tests=False)
+    finally:
+        multiprocessing.spawn.set_executable(python)
+    assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+
+
+def test_an_entry_holds_the_bytes_its_key_was_made_of_when_the_file_changes_meanwhile(
+    tmp_path, monkeypatch
+):
+    rule = write(tmp_path / "r.yml", 1, value="before")
+    real = rulecache.read_file
+
+    def read_then_edited(path):
+        data = real(path)
+        write(rule, 1, value="after")  # an edit lands between the read and the parse
+        return data
+
+    monkeypatch.setattr(rulecache, "read_file", read_then_edited)
+    cache = tmp_path / "hpcsec"
+    first = load_rules([rule], with_tests=False, cache=cache)
+    monkeypatch.setattr(rulecache, "read_file", real)
+    values = [
+        str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in first.rules
+    ]
+    assert values == ["before"]  # what was keyed is what was parsed
+    again = load_rules([rule], with_tests=False, cache=cache)
+    assert [
+        str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in again.rules
+    ] == ["after"]
