@@ -372,6 +372,8 @@ class Engine:
 
     def _expire(self, now: float, out: list[Match]) -> None:
         for correlation in self.correlations:
+            if now <= correlation.settled_until:  # expire() would find nothing to do
+                continue
             for fired in correlation.expire(now):
                 self._fire(correlation, fired, out)
 
