@@ -39,6 +39,7 @@ from hpcsec.detector.engine.prepare import rule_error
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 BUCKETS = 32
+NEVER = float("-inf")  # a correlation's settled_until once fed: expiry must look again
 RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
     "LT": operator.lt,
     "LTE": operator.le,
@@ -129,7 +130,7 @@ class Correlation:
     def feed(
         self, source: int, event: dict[str, Any], t: float, evidence: tuple[dict[str, Any], ...]
     ) -> Fired | None:
-        self.settled_until = float("-inf")
+        self.settled_until = NEVER
         key = self.keys_by_source[source](event)
         groups = self.groups
         try:

@@ -335,13 +335,17 @@ class Engine:
 
     def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
         """Feed the correlations the matches whose event time is settled, oldest first."""
+        fed = self._fed
         for t, (event, feeds) in due:
             if t > self._expired_at:  # windows that closed before this event, in time order
                 self._expired_at = t
                 self._expire(t, out)
             evidence = (event,)
-            for feed in feeds:
-                self._feed(feed, event, t, evidence, out)
+            for feed in feeds:  # _feed, inline: once or twice for each match released
+                fed.add(feed.rank)
+                fired = feed.correlation.feed(feed.source, event, t, evidence)
+                if fired is not None:
+                    self._fire(feed.correlation, fired, out)
 
     def _feed(
         self,
@@ -393,8 +397,10 @@ class Engine:
         if now > self._settled_until:
             self._fed.clear()
             for correlation in correlations:
-                self._expire_one(correlation, now, out)
-            self._settled_until = min(c.settled_until for c in correlations)
+                if now > correlation.settled_until:  # else expire() would find nothing to do
+                    for fired in correlation.expire(now):
+                        self._fire(correlation, fired, out)
+            self._settled_until = min([c.settled_until for c in correlations])
             return
         fed, visited = self._fed, -1
         while fed:  # a correlation fired here may feed a later one: it is looked at too

@@ -1,18 +1,20 @@
-"""The engine's per-event loop: work skipped where it cannot change the result (correlations no
-event has touched since their last expiry), with the same matches as the work it saves."""
+"""The engine's per-event work: what is skipped where it cannot change the result (correlations
+no event has touched since their last expiry, a field fetched again under the same test), with
+the same matches as the work it saves."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+from sigma.collection import SigmaCollection
 
 from bench.engine_events import attack_events, generate
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.groups import epoch
 from hpcsec.detector.engine.loader import load_rules
-from hpcsec.detector.engine.ruleset import RuleSet
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from tests.detector.test_engine_correlation import correlation, gpu, ids, read, ruleset
 
 # a closing window (decided at its end) on gpu_proc, a sliding one on file_read
@@ -147,3 +149,55 @@ def test_correlations_and_chains_match_the_same_as_every_correlation_each_time(l
     ours = outcome(Engine(rules, lateness=lateness), events, batch=7)
     assert len(fired_correlations(rules, ours)) >= 4
     assert ours == outcome(EveryCorrelationEachTime(rules, lateness=lateness), events, batch=7)
+
+
+SAME_TEST_RULES = """\
+title: to ten
+id: 00000000-0000-4000-8000-0000000000a1
+logsource: {product: hpc, category: network_socket}
+detection:
+  sel:
+    network.state: established
+    destination.ip|startswith: '10.'
+  condition: sel
+---
+title: listening
+id: 00000000-0000-4000-8000-0000000000a2
+logsource: {product: hpc, category: network_socket}
+detection:
+  sel:
+    network.state: listen
+    source.port: 22
+  condition: sel
+---
+title: ssh out
+id: 00000000-0000-4000-8000-0000000000a3
+logsource: {product: hpc, category: network_socket}
+detection:
+  sel:
+    network.state: established
+    destination.port: 22
+  local:
+    destination.ip|startswith: '127.'
+  condition: sel and not local
+"""
+
+
+def test_rules_with_the_same_test_fetch_a_field_once():
+    rules = RuleSet(
+        [LoadedRule(r, "<test>", 1, "test") for r in SigmaCollection.from_yaml(SAME_TEST_RULES)]
+    )
+    engine = Engine(rules)
+    source = engine._by_category["network_socket"][0].source
+    assert source.count("g('destination.ip')") == 1  # by the first rule, for the third too
+    event = {
+        "event.category": "network_socket",
+        "network.state": "ESTABLISHED",
+        "destination.ip": "10.0.0.7",
+        "destination.port": 22,
+    }
+    assert [m.rule.title for m in engine.evaluate([event])] == ["to ten", "ssh out"]
+    local = {**event, "destination.ip": "127.0.0.1"}
+    assert engine.evaluate([local]) == []
+    listening = {**event, "network.state": "listen", "source.port": 22}
+    assert [m.rule.title for m in engine.evaluate([listening])] == ["listening"]
