@@ -102,7 +102,7 @@ def test_bundled_rules_match_the_same_as_every_correlation_each_time():
     rules = load_rules(None)
     placeholders = SiteConfig().placeholders()
     attacks = [dict(e) for test in rules.tests for e in test.match if "event.category" in e]
-    events = list(generate(20_000, attacks + attack_events(Engine(rules, placeholders))))
+    events = list(generate(10_000, attacks + attack_events(Engine(rules, placeholders))))
     ours = outcome(Engine(rules, placeholders), events)
     assert fired_correlations(rules, ours)
     assert ours == outcome(EveryCorrelationEachTime(rules, placeholders), events)
