@@ -80,6 +80,9 @@ class CategoryCompiler:
         # without
         self.rules: list[tuple[list[tuple[str, frozenset[str], Any]], list[str]]] = []
         self._used: set[str] = set()
+        # (field, string type, its parts) -> (code, fields read): one string tested by
+        # several rules is one expression, so that the same test reads the same
+        self._leaves: dict[tuple[str, type, tuple[Any, ...]], tuple[str, frozenset[str]]] = {}
 
     def add_rule(self, conditions: Sequence[Any]) -> int:
         """Add one rule given as a list of condition trees that must all hold (its own
@@ -167,6 +170,10 @@ class CategoryCompiler:
             header |= self.fields_of(i) if check is None else check[1]
         self._fetch(lines, "        ", sorted(header - known))
         known |= header
+        # A test reads only the fields fetched above, so rules with the same test (several
+        # rules on one `event.action`, say) pass or fail it together: a field one of them has
+        # fetched under it is there for the next ones, in rule order.
+        fetched_under: dict[str, set[str]] = {}
         for i in members:
             check = checks[i]
             if check is None:
@@ -174,7 +181,9 @@ class CategoryCompiler:
                 continue
             test, _, skip = check
             lines.append(f"        if {test}:")
-            self._fetch(lines, "            ", sorted(self.fields_of(i) - known))
+            fetched = fetched_under.setdefault(test, set())
+            self._fetch(lines, "            ", sorted(self.fields_of(i) - known - fetched))
+            fetched |= self.fields_of(i) - known
             rest = self.code(i, skip)
             if rest == "True":
                 lines.append(f"            r += ({i},)")
@@ -297,6 +306,21 @@ class CategoryCompiler:
         return terms + others
 
     def leaf(self, field: str, value: Any) -> str:
+        """The code of one field's test; for a string (the usual test), the same code for
+        the same string: its type (cased or not) and its parts (text and wildcards) are all
+        that decide what it matches."""
+        if type(value) not in (SigmaString, SigmaCasedString) or value.contains_placeholder():
+            return self._leaf(field, value)
+        key = (field, type(value), tuple(value.s))
+        known = self._leaves.get(key)
+        if known is None:
+            outer, self._used = self._used, set()
+            known = self._leaves[key] = (self._leaf(field, value), frozenset(self._used))
+            self._used = outer
+        self._used |= known[1]
+        return known[0]
+
+    def _leaf(self, field: str, value: Any) -> str:
         if isinstance(value, SigmaExpansion):  # base64offset, windash, ...: always OR-ed
             if not value.values:  # a placeholder with no value (prepare.py): no match
                 self.var(field)  # still the field a guard may name (condtree.py)

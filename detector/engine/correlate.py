@@ -39,6 +39,7 @@ from hpcsec.detector.engine.prepare import rule_error
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 BUCKETS = 32
+NEVER = float("-inf")  # a correlation's settled_until once fed: expiry must look again
 RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
     "LT": operator.lt,
     "LTE": operator.le,
@@ -70,6 +71,11 @@ class Correlation:
         self.max_groups = max_groups
         self.sample_size = sample_size
         self.groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
+        # Event time up to which expire() is known to change nothing: the window end of the
+        # first group as the last expire() left it. Any feed may move, add or drop groups, so
+        # it resets this; the engine then skips expire() for every correlation no event fed
+        # since (most of them, for most events), with the same result as calling it.
+        self.settled_until = float("inf")
         self.sources = sources
         self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
         self.keys_by_source = [group_key(fields) for fields in self.fields_by_source]
@@ -124,6 +130,7 @@ class Correlation:
     def feed(
         self, source: int, event: dict[str, Any], t: float, evidence: tuple[dict[str, Any], ...]
     ) -> Fired | None:
+        self.settled_until = NEVER
         key = self.keys_by_source[source](event)
         groups = self.groups
         try:
@@ -318,10 +325,12 @@ class Correlation:
     def expire(self, now: float) -> list[Fired]:
         """Drop (sliding) or close (other conditions) groups whose window has passed."""
         fired = []
+        self.settled_until = float("inf")
         while self.groups:
             key, group = next(iter(self.groups.items()))
             edge = group.last if self.sliding else group.start
             if edge + self.span >= now:
+                self.settled_until = edge + self.span
                 break
             if self.sliding:
                 del self.groups[key]
@@ -330,6 +339,7 @@ class Correlation:
         return fired
 
     def flush(self) -> list[Fired]:
+        self.settled_until = float("inf")  # no group is left open
         if self.sliding:
             self.groups.clear()
             return []

@@ -76,10 +76,12 @@ class Match:
 
 @dataclass(frozen=True)
 class Feed:
-    """Where a rule's matches go besides the output: a correlation and the source slot."""
+    """Where a rule's matches go besides the output: a correlation, the source slot, and
+    the correlation's position among the engine's."""
 
     correlation: Correlation
     source: int
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,10 @@ class Engine:
         self.stats = EngineStats()
         self.pending = ReorderBuffer(lateness, clock)
         self._expired_at = float("-inf")
+        # Expiry bookkeeping (see _expire): the positions of the correlations fed since they
+        # were last looked at, and the least `settled_until` of all the others.
+        self._fed: set[int] = set()
+        self._settled_until = float("inf")
         self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
         filters = [r for r in ruleset.rules if r.kind == "filter"]
@@ -262,8 +268,9 @@ class Engine:
                 raise rule_error(rule, f"correlation type {kind} is not supported")
             correlation = Correlation(rule, sources, self.stats, max_groups, sample_size)
             self.correlations.append(correlation)
+            rank = len(self.correlations) - 1
             for i, source in enumerate(sources):
-                feeds.setdefault(source.id, []).append(Feed(correlation, i))
+                feeds.setdefault(source.id, []).append(Feed(correlation, i, rank))
                 if not sigma.generate:
                     silenced.add(source.id)
         check_chains(self.correlations)
@@ -304,12 +311,15 @@ class Engine:
         out: list[Match],
     ) -> None:
         self.stats.rule_hits += len(hits)
-        feeds: list[Feed] = []
+        feeds: tuple[Feed, ...] = ()
+        merged = False  # the feeds of more than one rule: put in order again
         for i in hits:
             slot = slots[i]
             if slot.emit:
                 out.append(Match(slot.rule, (event,)))
-            feeds.extend(slot.feeds)
+            if slot.feeds:
+                merged = bool(feeds)
+                feeds += slot.feeds
         if not feeds:
             return
         t = epoch(event.get("@timestamp"))  # read only when a correlation needs it
@@ -317,18 +327,25 @@ class Engine:
             self.stats.untimed_events += 1
             return
         # later steps of an ordered chain first: one event never completes two steps at once
-        if not self.pending.push(t, event, (event, self._ordered(feeds))):
+        # (a slot's own feeds are in that order already)
+        if not self.pending.push(
+            t, event, (event, self._ordered(list(feeds)) if merged else feeds)
+        ):
             self.stats.late_events += 1
 
     def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
         """Feed the correlations the matches whose event time is settled, oldest first."""
+        fed = self._fed
         for t, (event, feeds) in due:
             if t > self._expired_at:  # windows that closed before this event, in time order
                 self._expired_at = t
                 self._expire(t, out)
             evidence = (event,)
-            for feed in feeds:
-                self._feed(feed, event, t, evidence, out)
+            for feed in feeds:  # _feed, inline: once or twice for each match released
+                fed.add(feed.rank)
+                fired = feed.correlation.feed(feed.source, event, t, evidence)
+                if fired is not None:
+                    self._fire(feed.correlation, fired, out)
 
     def _feed(
         self,
@@ -338,6 +355,7 @@ class Engine:
         evidence: tuple[dict[str, Any], ...],
         out: list[Match],
     ) -> None:
+        self._fed.add(feed.rank)
         fired = feed.correlation.feed(feed.source, event, t, evidence)
         if fired is not None:
             self._fire(feed.correlation, fired, out)
@@ -371,9 +389,35 @@ class Engine:
             self._feed(feed, chained, fired.time, fired.events, out)
 
     def _expire(self, now: float, out: list[Match]) -> None:
-        for correlation in self.correlations:
-            for fired in correlation.expire(now):
-                self._fire(correlation, fired, out)
+        """Each correlation, in order, expires what `now` has closed. One not fed since it was
+        last looked at has nothing to expire until its `settled_until`: unless `now` is past
+        the least of those, only the fed ones are looked at (most events feed one or two of
+        many), in the same order, with the same result as looking at every one."""
+        correlations = self.correlations
+        if now > self._settled_until:
+            self._fed.clear()
+            for correlation in correlations:
+                if now > correlation.settled_until:  # else expire() would find nothing to do
+                    for fired in correlation.expire(now):
+                        self._fire(correlation, fired, out)
+            self._settled_until = min([c.settled_until for c in correlations])
+            return
+        fed, visited = self._fed, -1
+        while fed:  # a correlation fired here may feed a later one: it is looked at too
+            later = [rank for rank in fed if rank > visited]
+            if not later:
+                break
+            visited = min(later)
+            fed.discard(visited)
+            correlation = correlations[visited]
+            self._expire_one(correlation, now, out)
+            self._settled_until = min(self._settled_until, correlation.settled_until)
+
+    def _expire_one(self, correlation: Correlation, now: float, out: list[Match]) -> None:
+        if now <= correlation.settled_until:  # expire() would find nothing to do
+            return
+        for fired in correlation.expire(now):
+            self._fire(correlation, fired, out)
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions
