@@ -245,6 +245,12 @@ class FieldIndex:
                 found |= ends
 
 
+# The fields whose lookup a LiteralIndex remembers (node field names are hostile: past this
+# many, a name is looked up anew each time rather than remembered).
+KNOWN_NAMES_MAX = 4096
+_UNKNOWN = object()
+
+
 class LiteralIndex:
     """Candidate rules (their positions in the category) of an event."""
 
@@ -255,38 +261,66 @@ class LiteralIndex:
                 by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
         keywords = by_field.pop(ANY_FIELD, None)
         self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
-        self.fields = {f: FieldIndex(f, keys) for f, keys in by_field.items()}
+        # A field keywords search is probed once, with its own literals and the keywords'
+        # (merged); one they do not search (in some category: matchers.searched_by_keywords),
+        # with its own (fields). Keywords search in a `slurm_job` event whatever they search
+        # in another.
+        self.fields = {
+            f: FieldIndex(f, keys)
+            for f, keys in by_field.items()
+            if keywords is None or not m.searched_by_keywords(f, None)
+        }
+        self._merged = {
+            f: FieldIndex(f, merged_keys(keys, keywords))
+            for f, keys in by_field.items()
+            if keywords is not None and m.searched_by_keywords(f, "slurm_job")
+        }
+        # name -> the FieldIndex its values are probed with (None: not probed), per whether
+        # the event is a `slurm_job` one (keywords search its `slurm.*` fields)
+        self._known: tuple[dict[str, FieldIndex | None], dict[str, FieldIndex | None]] = ({}, {})
+
+    def probe_of(self, name: str, category: Any) -> FieldIndex | None:
+        """What the values of the field `name` are probed with in an event of `category`:
+        the field's literals, and the keywords' when keywords search it (matchers.keyword)."""
+        if self.keywords is not None and m.searched_by_keywords(name, category):
+            return self._merged.get(name, self.keywords)
+        return self.fields.get(name)
 
     def candidates(self, event: dict[str, Any]) -> set[int]:
         """One pass over the event's fields (fewer than the index's, as a rule): each value is
-        folded once and looked up in its field's literals and, when keywords search that field
-        (matchers.keyword: the same fields, the same list elements), in the keywords'."""
+        folded once and probed once, with what probe_of says (remembered per field name)."""
         found: set[int] = set()
-        fields = self.fields
-        keywords = self.keywords
-        category = event.get("event.category") if keywords is not None else None
+        if self.keywords is None:
+            category = None
+            known = self._known[0]
+        else:
+            category = event.get("event.category")
+            known = self._known[category == "slurm_job"]
+        lookup = known.get
+        index: Any
         for name, value in event.items():
-            if value is None:
+            index = lookup(name, _UNKNOWN)
+            if index is _UNKNOWN:
+                index = self.probe_of(name, category)
+                if len(known) < KNOWN_NAMES_MAX:
+                    known[name] = index
+            if index is None or value is None:
                 continue
-            index = fields.get(name)
-            searched = (
-                keywords is not None
-                and value.__class__ is not dict
-                and m.searched_by_keywords(name, category)
-            )
-            if index is None and not searched:
-                continue
-            texts = (value.lower(),) if value.__class__ is str else probe_texts(value)
-            if searched:
-                assert keywords is not None
-                for text in texts:
-                    keywords.collect(text, found)
-                    if index is not None:
-                        index.collect(text, found)
-            elif index is not None:
-                for text in texts:
+            if value.__class__ is str:
+                index.collect(value.lower(), found)
+            elif value.__class__ is not dict:  # keywords skip objects; no string test reads one
+                for text in probe_texts(value):
                     index.collect(text, found)
         return found
+
+
+def merged_keys(
+    own: dict[tuple[str, str], set[int]], other: dict[tuple[str, str], set[int]]
+) -> dict[tuple[str, str], set[int]]:
+    merged = {key: set(rules) for key, rules in own.items()}
+    for key, rules in other.items():
+        merged.setdefault(key, set()).update(rules)
+    return merged
 
 
 def indexed_predicate(

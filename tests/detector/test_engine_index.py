@@ -8,7 +8,13 @@ from typing import Any
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import ANY_FIELD, FEW_LITERALS, LiteralIndex, required_keys
+from hpcsec.detector.engine.index import (
+    ANY_FIELD,
+    FEW_LITERALS,
+    KNOWN_NAMES_MAX,
+    LiteralIndex,
+    required_keys,
+)
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 
@@ -166,3 +172,48 @@ def test_few_literals_and_the_automaton_find_the_same_candidates():
         }
         assert many.candidates(event) == expected, text
         assert few.candidates(event) == {n for n in expected if n < FEW_LITERALS}, text
+
+
+def test_a_field_keywords_search_is_probed_with_its_literals_and_the_keywords():
+    """One probe per field: its own literals and the keywords', merged where keywords search
+    the field (`slurm.*` only in `slurm_job` events, never `hpcsec.*` or NOT_SEARCHED)."""
+    index = LiteralIndex(
+        [
+            frozenset({("process.command_line", "contains", "curl")}),
+            frozenset({(ANY_FIELD, "contains", "evil")}),
+            frozenset({("slurm.job.name", "eq", "miner")}),
+            frozenset({("hpcsec.asset", "startswith", "gpu")}),
+        ]
+    )
+    event = {
+        "event.category": "process",
+        "process.command_line": "curl EVIL.sh",
+        "slurm.job.name": "evil miner",
+        "hpcsec.asset": "gpu-evil-01",
+    }
+    assert index.candidates(event) == {0, 1, 3}
+    assert index.candidates({**event, "process.command_line": "ls"}) == {3}  # not slurm.*
+    # a slurm_job event's slurm.* fields are observed: keywords search them
+    slurm_job = {**event, "event.category": "slurm_job", "process.command_line": "ls"}
+    assert index.candidates(slurm_job) == {1, 3}
+    assert index.candidates({**slurm_job, "slurm.job.name": "MINER"}) == {2, 3}
+    # hpcsec.* is never searched by keywords; lists are probed element by element, objects not
+    assert index.candidates({"event.category": "x", "hpcsec.asset": "evil"}) == set()
+    assert index.candidates({"event.category": "x", "process.args": [1, None, "Evil"]}) == {1}
+    assert index.candidates({"event.category": "x", "process.args": {"a": "evil"}}) == set()
+
+
+def test_hostile_field_names_do_not_grow_the_index_nor_blind_it():
+    """The index remembers how to probe each field name it meets, but only so many: an event
+    with endless new names neither grows it past KNOWN_NAMES_MAX nor hides a literal."""
+    index = LiteralIndex(
+        [
+            frozenset({("process.name", "eq", "nc")}),
+            frozenset({(ANY_FIELD, "contains", "evil")}),
+        ]
+    )
+    flood = {f"x{n}": "benign" for n in range(2 * KNOWN_NAMES_MAX)}
+    assert index.candidates({"event.category": "p", **flood}) == set()
+    event = {"event.category": "p", **flood, "process.name": "NC", "late.name": "so evil"}
+    assert index.candidates(event) == {0, 1}
+    assert all(len(known) <= KNOWN_NAMES_MAX for known in index._known)
