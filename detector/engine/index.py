@@ -4,21 +4,17 @@ without, so that an event meets only those rules instead of every rule of its ca
 For each rule a set of *required keys* is read off its condition tree: (field, kind, literal)
 such that the rule cannot be true for an event unless one of the keys is found in the event
 (kind `eq`: the field's case-folded text equals the literal; `contains`, `startswith`,
-`endswith`: the literal occurs there). An AND needs only one of its parts' keys, an OR needs
-every branch's (their union). A regex gives a `contains` key of a literal every match contains
-(regex_literals.py); a keyword (a value without a field) gives keys of the field `ANY_FIELD`,
+`endswith`: the literal occurs there; `re`: the field's text has a match of the pattern). An AND
+needs only one of its parts' keys, an OR needs every branch's (their union). A regex gives a
+`contains` key of a literal every match contains (regex_literals.py), or, without one, an `re`
+key of its own pattern: the index searches all such patterns of a field in one pass
+(regex.PatternSet). A keyword (a value without a field) gives keys of the field `ANY_FIELD`,
 looked up in every value the keyword searches (matchers.searched_by_keywords). A NOT, a number
 or anything else gives no key, so a rule whose condition is not provably false without its keys
 is never pruned: it stays on the compiled path of its category (compile.py) and runs for every
-event, as before. The index
-only ever removes rules whose condition is false for the event; the rules it keeps are then
-evaluated by their own compiled code, so what matches is exactly what the category's function
-would have matched.
-
-Per event, each indexed field is read once: its value (each element of a list; numbers and
-booleans by their JSON spelling, as the string tests read them) is case-folded, looked up in one
-hash table of all the rules' `eq` literals for that field, and scanned once by one Aho-Corasick
-automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C).
+event, as before. The index only ever removes rules whose condition is false for the event;
+the rules it keeps are then evaluated by their own compiled code, so what matches is exactly
+what the category's function would have matched. How an event is probed: literal_index.py.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import ahocorasick
 from sigma.conditions import (
     ConditionAND,
     ConditionFieldEqualsValueExpression,
@@ -43,8 +38,9 @@ from sigma.types import (
     SigmaString,
 )
 
-from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
+from hpcsec.detector.engine.literal_index import AFFIXES, ANY_FIELD, Key, LiteralIndex
+from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex, flagged_pattern
 from hpcsec.detector.engine.regex_literals import required_literals
 from hpcsec.detector.engine.ruleset import LoadedRule
 from hpcsec.detector.engine.values import UnsupportedValue, keyword_value, string_shape
@@ -56,12 +52,6 @@ INDEX_MIN_RULES = 64
 # A keyword value (tested on every field of the event) or a regex (an RE2 search) costs about
 # what this many plain rules cost: it counts as many towards INDEX_MIN_RULES.
 COSTLY_VALUE_WEIGHT = 16
-
-Key = tuple[str, str, str]  # (field, eq|contains|startswith|endswith, case-folded literal)
-AFFIXES = ("contains", "startswith", "endswith")
-# The field of a keyword's keys: any field keywords search. No rule field has a control
-# character (rule files with one are refused), so no field of an event is named this.
-ANY_FIELD = "\x00keywords"
 
 
 def required_keys(node: Any) -> frozenset[Key] | None:
@@ -120,6 +110,8 @@ def keys_cost(keys: frozenset[Key]) -> float:
 def key_cost(kind: str, literal: str) -> float:
     if kind == "eq":
         return 0.001
+    if kind == "re":  # a pattern without a literal: assume it matches as often as a letter
+        return 1.0
     length = 1 if _COMMON.fullmatch(literal) else max(len(literal), 1)
     return (1.0 if kind == "contains" else 0.5) / (length * length)
 
@@ -153,7 +145,13 @@ def regex_keys(field: str, value: SigmaRegularExpression) -> frozenset[Key] | No
         return None
     ignorecase = SigmaRegularExpressionFlag.IGNORECASE in value.flags
     literals = required_literals(str(value.regexp), ignorecase)
-    return frozenset((field, "contains", literal) for literal in literals) or None
+    if literals:
+        return frozenset((field, "contains", literal) for literal in literals)
+    try:
+        compile_regex(value)  # the rule's own compile step says why it cannot run
+    except UnsupportedRegex:
+        return None
+    return frozenset({(field, "re", flagged_pattern(value))})
 
 
 def glob_literals(glob: Glob) -> list[tuple[str, str]]:
@@ -170,157 +168,6 @@ def glob_literals(glob: Glob) -> list[tuple[str, str]]:
         if offset + len(piece) == last.length:
             found.append(("endswith", piece))
     return [(kind, literal) for kind, literal in found if literal]
-
-
-def probe_texts(value: Any) -> Sequence[str]:
-    """The case-folded texts the string tests of compile.py compare for this event value."""
-    if value.__class__ is str:
-        return (value.lower(),)
-    values = value if value.__class__ is list else (value,)
-    texts = []
-    for each in values:
-        text = m.as_text(each) if each is not None else None
-        if text is not None:
-            texts.append(text.lower())
-    return texts
-
-
-# Up to this many substring literals, a field tests each with `in`; more go into one
-# Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
-FEW_LITERALS = 4
-
-
-class FieldIndex:
-    """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
-    when they are few)."""
-
-    __slots__ = ("automaton", "exact", "few", "field")
-
-    def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
-        self.field = field
-        self.exact: dict[str, frozenset[int]] = {}
-        affixes: dict[str, tuple[set[int], set[int], set[int]]] = {}
-        for (kind, literal), rules in keys.items():
-            if kind == "eq":
-                self.exact[literal] = frozenset(rules)
-            else:
-                affixes.setdefault(literal, (set(), set(), set()))[AFFIXES.index(kind)].update(
-                    rules
-                )
-        self.automaton: Any = None
-        self.few: tuple[tuple[str, frozenset[int], frozenset[int], frozenset[int]], ...] = ()
-        if 0 < len(affixes) <= FEW_LITERALS:
-            self.few = tuple(
-                (literal, frozenset(inside), frozenset(starts), frozenset(ends))
-                for literal, (inside, starts, ends) in affixes.items()
-            )
-        elif affixes:
-            self.automaton = ahocorasick.Automaton()
-            for literal, (inside, starts, ends) in affixes.items():
-                entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
-                self.automaton.add_word(literal, entry)
-            self.automaton.make_automaton()
-
-    def collect(self, text: str, found: set[int]) -> None:
-        rules = self.exact.get(text)
-        if rules:
-            found |= rules
-        for literal, inside, starts, ends in self.few:
-            if literal in text:
-                if inside:
-                    found |= inside
-                if starts and text.startswith(literal):
-                    found |= starts
-                if ends and text.endswith(literal):
-                    found |= ends
-        if self.automaton is None:
-            return
-        last = len(text) - 1
-        for end, (length, inside, starts, ends) in self.automaton.iter(text):
-            if inside:
-                found |= inside
-            if starts and end == length - 1:
-                found |= starts
-            if ends and end == last:
-                found |= ends
-
-
-# The fields whose lookup a LiteralIndex remembers (node field names are hostile: past this
-# many, a name is looked up anew each time rather than remembered).
-KNOWN_NAMES_MAX = 4096
-_UNKNOWN = object()
-
-
-class LiteralIndex:
-    """Candidate rules (their positions in the category) of an event."""
-
-    def __init__(self, rules: Sequence[frozenset[Key]]):
-        by_field: dict[str, dict[tuple[str, str], set[int]]] = {}
-        for position, keys in enumerate(rules):
-            for field, kind, literal in keys:
-                by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
-        keywords = by_field.pop(ANY_FIELD, None)
-        self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
-        # A field keywords search is probed once, with its own literals and the keywords'
-        # (merged); one they do not search (in some category: matchers.searched_by_keywords),
-        # with its own (fields). Keywords search in a `slurm_job` event whatever they search
-        # in another.
-        self.fields = {
-            f: FieldIndex(f, keys)
-            for f, keys in by_field.items()
-            if keywords is None or not m.searched_by_keywords(f, None)
-        }
-        self._merged = {
-            f: FieldIndex(f, merged_keys(keys, keywords))
-            for f, keys in by_field.items()
-            if keywords is not None and m.searched_by_keywords(f, "slurm_job")
-        }
-        # name -> the FieldIndex its values are probed with (None: not probed), per whether
-        # the event is a `slurm_job` one (keywords search its `slurm.*` fields)
-        self._known: tuple[dict[str, FieldIndex | None], dict[str, FieldIndex | None]] = ({}, {})
-
-    def probe_of(self, name: str, category: Any) -> FieldIndex | None:
-        """What the values of the field `name` are probed with in an event of `category`:
-        the field's literals, and the keywords' when keywords search it (matchers.keyword)."""
-        if self.keywords is not None and m.searched_by_keywords(name, category):
-            return self._merged.get(name, self.keywords)
-        return self.fields.get(name)
-
-    def candidates(self, event: dict[str, Any]) -> set[int]:
-        """One pass over the event's fields (fewer than the index's, as a rule): each value is
-        folded once and probed once, with what probe_of says (remembered per field name)."""
-        found: set[int] = set()
-        if self.keywords is None:
-            category = None
-            known = self._known[0]
-        else:
-            category = event.get("event.category")
-            known = self._known[category == "slurm_job"]
-        lookup = known.get
-        index: Any
-        for name, value in event.items():
-            index = lookup(name, _UNKNOWN)
-            if index is _UNKNOWN:
-                index = self.probe_of(name, category)
-                if len(known) < KNOWN_NAMES_MAX:
-                    known[name] = index
-            if index is None or value is None:
-                continue
-            if value.__class__ is str:
-                index.collect(value.lower(), found)
-            elif value.__class__ is not dict:  # keywords skip objects; no string test reads one
-                for text in probe_texts(value):
-                    index.collect(text, found)
-        return found
-
-
-def merged_keys(
-    own: dict[tuple[str, str], set[int]], other: dict[tuple[str, str], set[int]]
-) -> dict[tuple[str, str], set[int]]:
-    merged = {key: set(rules) for key, rules in own.items()}
-    for key, rules in other.items():
-        merged.setdefault(key, set()).update(rules)
-    return merged
 
 
 def indexed_predicate(

@@ -8,12 +8,12 @@ from typing import Any
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import (
+from hpcsec.detector.engine.index import required_keys
+from hpcsec.detector.engine.literal_index import (
     ANY_FIELD,
     FEW_LITERALS,
     KNOWN_NAMES_MAX,
     LiteralIndex,
-    required_keys,
 )
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
@@ -53,7 +53,10 @@ def test_keys_come_from_positive_parts_only():
     regex = {"sel": {"process.name|re": "^(py|ba)thon[0-9]"}, "condition": "sel"}
     assert required_keys(condition_of(regex)) == {("process.name", "contains", "thon")}
     short = {"sel": {"process.name|re": "^(py|ba)t?on[0-9]"}, "condition": "sel"}
-    assert required_keys(condition_of(short)) is None  # "on" shows in too many values
+    # "on" shows in too many values: the pattern itself is the key (searched in one RE2 pass)
+    assert required_keys(condition_of(short)) == {("process.name", "re", "^(py|ba)t?on[0-9]")}
+    flagged = {"sel": {"process.name|re|i|s": "^a.?b"}, "condition": "sel"}
+    assert required_keys(condition_of(flagged)) == {("process.name", "re", "(?is)^a.?b")}
     assert (
         required_keys(condition_of({"sel": {"process.name|cased": "NC"}, "condition": "sel"}))
         is None
