@@ -40,6 +40,12 @@ def probe_texts(value: Any) -> Sequence[str]:
     return texts
 
 
+# What a field's texts showed is remembered for texts up to MEMO_TEXT_MAX characters, at most
+# MEMO_MAX of them (then forgotten all at once): node telemetry repeats its values (names,
+# paths, users), and a text met again costs one lookup. Hostile texts can only make it forget.
+MEMO_MAX = 1024
+MEMO_TEXT_MAX = 128
+NO_RULES: frozenset[int] = frozenset()
 # Up to this many substring literals, a field tests each with `in`; more go into one
 # Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
 FEW_LITERALS = 4
@@ -57,7 +63,7 @@ class FieldIndex:
     """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
     when they are few); and the patterns of its `re` keys in one regex.PatternSet."""
 
-    __slots__ = ("automaton", "exact", "few", "field", "pattern_rules", "patterns")
+    __slots__ = ("automaton", "exact", "few", "field", "memo", "pattern_rules", "patterns")
 
     def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
         self.field = field
@@ -88,6 +94,22 @@ class FieldIndex:
             self.automaton.make_automaton()
         self.patterns = PatternSet(list(patterns)) if patterns else None
         self.pattern_rules = tuple(patterns.values())
+        self.memo: dict[str, frozenset[int]] = {}
+
+    def probe_text(self, text: str, found: set[int]) -> None:
+        """Add the rules whose keys a text shows (its literals case-folded, its patterns as
+        it is); remembered when the text is short, for the next event that shows it."""
+        own: set[int] = set()
+        self.collect(text.lower(), own)
+        if self.patterns is not None:
+            self.collect_patterns(text, own)
+        if own:
+            found |= own
+        if len(text) <= MEMO_TEXT_MAX:
+            memo = self.memo
+            if len(memo) >= MEMO_MAX:  # forget all at once: O(1) a text, whatever comes
+                memo.clear()
+            memo[text] = frozenset(own) if own else NO_RULES
 
     def collect_patterns(self, text: str, found: set[int]) -> None:
         """The rules of the patterns found in the text as it is (not case-folded)."""
@@ -181,9 +203,11 @@ class LiteralIndex:
             if index is None or value is None:
                 continue
             if value.__class__ is str:
-                index.collect(value.lower(), found)
-                if index.patterns is not None:
-                    index.collect_patterns(value, found)
+                rules = index.memo.get(value)
+                if rules is None:
+                    index.probe_text(value, found)
+                elif rules:
+                    found |= rules
             elif value.__class__ is not dict:  # keywords skip objects; no string test reads one
                 for text in probe_texts(value):
                     index.collect(text, found)

@@ -13,6 +13,8 @@ from hpcsec.detector.engine.literal_index import (
     ANY_FIELD,
     FEW_LITERALS,
     KNOWN_NAMES_MAX,
+    MEMO_MAX,
+    MEMO_TEXT_MAX,
     LiteralIndex,
 )
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
@@ -220,3 +222,35 @@ def test_hostile_field_names_do_not_grow_the_index_nor_blind_it():
     event = {"event.category": "p", **flood, "process.name": "NC", "late.name": "so evil"}
     assert index.candidates(event) == {0, 1}
     assert all(len(known) <= KNOWN_NAMES_MAX for known in index._known)
+
+
+def test_a_text_met_again_shows_what_it_showed_in_its_own_field_only():
+    """What a text showed is remembered per field and per way of probing it: the same text in
+    another field, or in a `slurm_job` event (keywords search `slurm.*` there), is probed anew."""
+    index = LiteralIndex(
+        [
+            frozenset({("process.name", "eq", "nc")}),
+            frozenset({("user.name", "contains", "nc")}),
+            frozenset({(ANY_FIELD, "contains", "evil")}),
+            frozenset({("process.name", "re", "^[A-Z]")}),
+        ]
+    )
+    for _ in range(2):  # the second time from memory
+        assert index.candidates({"event.category": "p", "process.name": "nc"}) == {0}
+        assert index.candidates({"event.category": "p", "process.name": "Nc"}) == {0, 3}
+        assert index.candidates({"event.category": "p", "user.name": "nc"}) == {1}
+        assert index.candidates({"event.category": "p", "slurm.job.name": "evil"}) == set()
+        assert index.candidates({"event.category": "slurm_job", "slurm.job.name": "evil"}) == {2}
+
+
+def test_hostile_texts_only_make_the_memory_forget():
+    index = LiteralIndex([frozenset({("process.name", "contains", "nc")})])
+    field = index.fields["process.name"]
+    for n in range(3 * MEMO_MAX):
+        assert index.candidates({"process.name": f"nc{n}"}) == {0}
+        assert index.candidates({"process.name": f"x{n}"}) == set()
+        assert len(field.memo) <= MEMO_MAX
+    long = "x" * MEMO_TEXT_MAX + "nc"
+    assert index.candidates({"process.name": long}) == {0}
+    assert long not in field.memo
+    assert index.candidates({"process.name": ["nc", "x"]}) == {0}  # lists are probed each time
