@@ -6,7 +6,8 @@ booleans by their JSON spelling, as the string tests read them) is case-folded, 
 hash table of all the rules' `eq` literals for that field, and scanned once by one Aho-Corasick
 automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C);
 the patterns of its `re` keys are searched in the value as it is, all in one RE2 pass.
-A field keywords search is probed once, with its own literals and the keywords' together.
+A field keywords search is probed once, with its own literals and the keywords' together. What
+a short text showed is remembered per field (MEMO_MAX): telemetry repeats its values.
 """
 
 from __future__ import annotations
