@@ -4,21 +4,17 @@ without, so that an event meets only those rules instead of every rule of its ca
 For each rule a set of *required keys* is read off its condition tree: (field, kind, literal)
 such that the rule cannot be true for an event unless one of the keys is found in the event
 (kind `eq`: the field's case-folded text equals the literal; `contains`, `startswith`,
-`endswith`: the literal occurs there). An AND needs only one of its parts' keys, an OR needs
-every branch's (their union). A regex gives a `contains` key of a literal every match contains
-(regex_literals.py); a keyword (a value without a field) gives keys of the field `ANY_FIELD`,
+`endswith`: the literal occurs there; `re`: the field's text has a match of the pattern). An AND
+needs only one of its parts' keys, an OR needs every branch's (their union). A regex gives a
+`contains` key of a literal every match contains (regex_literals.py), or, without one, an `re`
+key of its own pattern: the index searches all such patterns of a field in one pass
+(regex.PatternSet). A keyword (a value without a field) gives keys of the field `ANY_FIELD`,
 looked up in every value the keyword searches (matchers.searched_by_keywords). A NOT, a number
 or anything else gives no key, so a rule whose condition is not provably false without its keys
 is never pruned: it stays on the compiled path of its category (compile.py) and runs for every
-event, as before. The index
-only ever removes rules whose condition is false for the event; the rules it keeps are then
-evaluated by their own compiled code, so what matches is exactly what the category's function
-would have matched.
-
-Per event, each indexed field is read once: its value (each element of a list; numbers and
-booleans by their JSON spelling, as the string tests read them) is case-folded, looked up in one
-hash table of all the rules' `eq` literals for that field, and scanned once by one Aho-Corasick
-automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C).
+event, as before. The index only ever removes rules whose condition is false for the event;
+the rules it keeps are then evaluated by their own compiled code, so what matches is exactly
+what the category's function would have matched. How an event is probed: literal_index.py.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import ahocorasick
 from sigma.conditions import (
     ConditionAND,
     ConditionFieldEqualsValueExpression,
@@ -43,8 +38,9 @@ from sigma.types import (
     SigmaString,
 )
 
-from hpcsec.detector.engine import matchers as m
 from hpcsec.detector.engine.compile import CategoryCompiler, Predicate
+from hpcsec.detector.engine.literal_index import AFFIXES, ANY_FIELD, Key, LiteralIndex
+from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex, flagged_pattern
 from hpcsec.detector.engine.regex_literals import required_literals
 from hpcsec.detector.engine.ruleset import LoadedRule
 from hpcsec.detector.engine.values import UnsupportedValue, keyword_value, string_shape
@@ -56,12 +52,6 @@ INDEX_MIN_RULES = 64
 # A keyword value (tested on every field of the event) or a regex (an RE2 search) costs about
 # what this many plain rules cost: it counts as many towards INDEX_MIN_RULES.
 COSTLY_VALUE_WEIGHT = 16
-
-Key = tuple[str, str, str]  # (field, eq|contains|startswith|endswith, case-folded literal)
-AFFIXES = ("contains", "startswith", "endswith")
-# The field of a keyword's keys: any field keywords search. No rule field has a control
-# character (rule files with one are refused), so no field of an event is named this.
-ANY_FIELD = "\x00keywords"
 
 
 def required_keys(node: Any) -> frozenset[Key] | None:
@@ -120,6 +110,8 @@ def keys_cost(keys: frozenset[Key]) -> float:
 def key_cost(kind: str, literal: str) -> float:
     if kind == "eq":
         return 0.001
+    if kind == "re":  # a pattern without a literal: assume it matches as often as a letter
+        return 1.0
     length = 1 if _COMMON.fullmatch(literal) else max(len(literal), 1)
     return (1.0 if kind == "contains" else 0.5) / (length * length)
 
@@ -153,7 +145,13 @@ def regex_keys(field: str, value: SigmaRegularExpression) -> frozenset[Key] | No
         return None
     ignorecase = SigmaRegularExpressionFlag.IGNORECASE in value.flags
     literals = required_literals(str(value.regexp), ignorecase)
-    return frozenset((field, "contains", literal) for literal in literals) or None
+    if literals:
+        return frozenset((field, "contains", literal) for literal in literals)
+    try:
+        compile_regex(value)  # the rule's own compile step says why it cannot run
+    except UnsupportedRegex:
+        return None
+    return frozenset({(field, "re", flagged_pattern(value))})
 
 
 def glob_literals(glob: Glob) -> list[tuple[str, str]]:
@@ -170,123 +168,6 @@ def glob_literals(glob: Glob) -> list[tuple[str, str]]:
         if offset + len(piece) == last.length:
             found.append(("endswith", piece))
     return [(kind, literal) for kind, literal in found if literal]
-
-
-def probe_texts(value: Any) -> Sequence[str]:
-    """The case-folded texts the string tests of compile.py compare for this event value."""
-    if value.__class__ is str:
-        return (value.lower(),)
-    values = value if value.__class__ is list else (value,)
-    texts = []
-    for each in values:
-        text = m.as_text(each) if each is not None else None
-        if text is not None:
-            texts.append(text.lower())
-    return texts
-
-
-# Up to this many substring literals, a field tests each with `in`; more go into one
-# Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
-FEW_LITERALS = 4
-
-
-class FieldIndex:
-    """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
-    when they are few)."""
-
-    __slots__ = ("automaton", "exact", "few", "field")
-
-    def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
-        self.field = field
-        self.exact: dict[str, frozenset[int]] = {}
-        affixes: dict[str, tuple[set[int], set[int], set[int]]] = {}
-        for (kind, literal), rules in keys.items():
-            if kind == "eq":
-                self.exact[literal] = frozenset(rules)
-            else:
-                affixes.setdefault(literal, (set(), set(), set()))[AFFIXES.index(kind)].update(
-                    rules
-                )
-        self.automaton: Any = None
-        self.few: tuple[tuple[str, frozenset[int], frozenset[int], frozenset[int]], ...] = ()
-        if 0 < len(affixes) <= FEW_LITERALS:
-            self.few = tuple(
-                (literal, frozenset(inside), frozenset(starts), frozenset(ends))
-                for literal, (inside, starts, ends) in affixes.items()
-            )
-        elif affixes:
-            self.automaton = ahocorasick.Automaton()
-            for literal, (inside, starts, ends) in affixes.items():
-                entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
-                self.automaton.add_word(literal, entry)
-            self.automaton.make_automaton()
-
-    def collect(self, text: str, found: set[int]) -> None:
-        rules = self.exact.get(text)
-        if rules:
-            found |= rules
-        for literal, inside, starts, ends in self.few:
-            if literal in text:
-                if inside:
-                    found |= inside
-                if starts and text.startswith(literal):
-                    found |= starts
-                if ends and text.endswith(literal):
-                    found |= ends
-        if self.automaton is None:
-            return
-        last = len(text) - 1
-        for end, (length, inside, starts, ends) in self.automaton.iter(text):
-            if inside:
-                found |= inside
-            if starts and end == length - 1:
-                found |= starts
-            if ends and end == last:
-                found |= ends
-
-
-class LiteralIndex:
-    """Candidate rules (their positions in the category) of an event."""
-
-    def __init__(self, rules: Sequence[frozenset[Key]]):
-        by_field: dict[str, dict[tuple[str, str], set[int]]] = {}
-        for position, keys in enumerate(rules):
-            for field, kind, literal in keys:
-                by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
-        keywords = by_field.pop(ANY_FIELD, None)
-        self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
-        self.fields = {f: FieldIndex(f, keys) for f, keys in by_field.items()}
-
-    def candidates(self, event: dict[str, Any]) -> set[int]:
-        """One pass over the event's fields (fewer than the index's, as a rule): each value is
-        folded once and looked up in its field's literals and, when keywords search that field
-        (matchers.keyword: the same fields, the same list elements), in the keywords'."""
-        found: set[int] = set()
-        fields = self.fields
-        keywords = self.keywords
-        category = event.get("event.category") if keywords is not None else None
-        for name, value in event.items():
-            if value is None:
-                continue
-            index = fields.get(name)
-            searched = (
-                keywords is not None
-                and value.__class__ is not dict
-                and m.searched_by_keywords(name, category)
-            )
-            if index is None and not searched:
-                continue
-            texts = (value.lower(),) if value.__class__ is str else probe_texts(value)
-            if searched:
-                assert keywords is not None
-                for text in texts:
-                    keywords.collect(text, found)
-                    if index is not None:
-                        index.collect(text, found)
-            elif index is not None:
-                for text in texts:
-                    index.collect(text, found)
-        return found
 
 
 def indexed_predicate(

@@ -8,7 +8,15 @@ from typing import Any
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import ANY_FIELD, FEW_LITERALS, LiteralIndex, required_keys
+from hpcsec.detector.engine.index import required_keys
+from hpcsec.detector.engine.literal_index import (
+    ANY_FIELD,
+    FEW_LITERALS,
+    KNOWN_NAMES_MAX,
+    MEMO_MAX,
+    MEMO_TEXT_MAX,
+    LiteralIndex,
+)
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
 
@@ -47,7 +55,10 @@ def test_keys_come_from_positive_parts_only():
     regex = {"sel": {"process.name|re": "^(py|ba)thon[0-9]"}, "condition": "sel"}
     assert required_keys(condition_of(regex)) == {("process.name", "contains", "thon")}
     short = {"sel": {"process.name|re": "^(py|ba)t?on[0-9]"}, "condition": "sel"}
-    assert required_keys(condition_of(short)) is None  # "on" shows in too many values
+    # "on" shows in too many values: the pattern itself is the key (searched in one RE2 pass)
+    assert required_keys(condition_of(short)) == {("process.name", "re", "^(py|ba)t?on[0-9]")}
+    flagged = {"sel": {"process.name|re|i|s": "^a.?b"}, "condition": "sel"}
+    assert required_keys(condition_of(flagged)) == {("process.name", "re", "(?is)^a.?b")}
     assert (
         required_keys(condition_of({"sel": {"process.name|cased": "NC"}, "condition": "sel"}))
         is None
@@ -166,3 +177,80 @@ def test_few_literals_and_the_automaton_find_the_same_candidates():
         }
         assert many.candidates(event) == expected, text
         assert few.candidates(event) == {n for n in expected if n < FEW_LITERALS}, text
+
+
+def test_a_field_keywords_search_is_probed_with_its_literals_and_the_keywords():
+    """One probe per field: its own literals and the keywords', merged where keywords search
+    the field (`slurm.*` only in `slurm_job` events, never `hpcsec.*` or NOT_SEARCHED)."""
+    index = LiteralIndex(
+        [
+            frozenset({("process.command_line", "contains", "curl")}),
+            frozenset({(ANY_FIELD, "contains", "evil")}),
+            frozenset({("slurm.job.name", "eq", "miner")}),
+            frozenset({("hpcsec.asset", "startswith", "gpu")}),
+        ]
+    )
+    event = {
+        "event.category": "process",
+        "process.command_line": "curl EVIL.sh",
+        "slurm.job.name": "evil miner",
+        "hpcsec.asset": "gpu-evil-01",
+    }
+    assert index.candidates(event) == {0, 1, 3}
+    assert index.candidates({**event, "process.command_line": "ls"}) == {3}  # not slurm.*
+    # a slurm_job event's slurm.* fields are observed: keywords search them
+    slurm_job = {**event, "event.category": "slurm_job", "process.command_line": "ls"}
+    assert index.candidates(slurm_job) == {1, 3}
+    assert index.candidates({**slurm_job, "slurm.job.name": "MINER"}) == {2, 3}
+    # hpcsec.* is never searched by keywords; lists are probed element by element, objects not
+    assert index.candidates({"event.category": "x", "hpcsec.asset": "evil"}) == set()
+    assert index.candidates({"event.category": "x", "process.args": [1, None, "Evil"]}) == {1}
+    assert index.candidates({"event.category": "x", "process.args": {"a": "evil"}}) == set()
+
+
+def test_hostile_field_names_do_not_grow_the_index_nor_blind_it():
+    """The index remembers how to probe each field name it meets, but only so many: an event
+    with endless new names neither grows it past KNOWN_NAMES_MAX nor hides a literal."""
+    index = LiteralIndex(
+        [
+            frozenset({("process.name", "eq", "nc")}),
+            frozenset({(ANY_FIELD, "contains", "evil")}),
+        ]
+    )
+    flood = {f"x{n}": "benign" for n in range(2 * KNOWN_NAMES_MAX)}
+    assert index.candidates({"event.category": "p", **flood}) == set()
+    event = {"event.category": "p", **flood, "process.name": "NC", "late.name": "so evil"}
+    assert index.candidates(event) == {0, 1}
+    assert all(len(known) <= KNOWN_NAMES_MAX for known in index._known)
+
+
+def test_a_text_met_again_shows_what_it_showed_in_its_own_field_only():
+    """What a text showed is remembered per field and per way of probing it: the same text in
+    another field, or in a `slurm_job` event (keywords search `slurm.*` there), is probed anew."""
+    index = LiteralIndex(
+        [
+            frozenset({("process.name", "eq", "nc")}),
+            frozenset({("user.name", "contains", "nc")}),
+            frozenset({(ANY_FIELD, "contains", "evil")}),
+            frozenset({("process.name", "re", "^[A-Z]")}),
+        ]
+    )
+    for _ in range(2):  # the second time from memory
+        assert index.candidates({"event.category": "p", "process.name": "nc"}) == {0}
+        assert index.candidates({"event.category": "p", "process.name": "Nc"}) == {0, 3}
+        assert index.candidates({"event.category": "p", "user.name": "nc"}) == {1}
+        assert index.candidates({"event.category": "p", "slurm.job.name": "evil"}) == set()
+        assert index.candidates({"event.category": "slurm_job", "slurm.job.name": "evil"}) == {2}
+
+
+def test_hostile_texts_only_make_the_memory_forget():
+    index = LiteralIndex([frozenset({("process.name", "contains", "nc")})])
+    field = index.fields["process.name"]
+    for n in range(3 * MEMO_MAX):
+        assert index.candidates({"process.name": f"nc{n}"}) == {0}
+        assert index.candidates({"process.name": f"x{n}"}) == set()
+        assert len(field.memo) <= MEMO_MAX
+    long = "x" * MEMO_TEXT_MAX + "nc"
+    assert index.candidates({"process.name": long}) == {0}
+    assert long not in field.memo
+    assert index.candidates({"process.name": ["nc", "x"]}) == {0}  # lists are probed each time

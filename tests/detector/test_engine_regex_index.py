@@ -13,7 +13,13 @@ import re2
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
-from hpcsec.detector.engine.index import COSTLY_VALUE_WEIGHT, INDEX_MIN_RULES, category_weight
+from hpcsec.detector.engine.index import (
+    COSTLY_VALUE_WEIGHT,
+    INDEX_MIN_RULES,
+    category_weight,
+    required_keys,
+)
+from hpcsec.detector.engine.regex import PatternSet
 from hpcsec.detector.engine.regex_literals import UNSAFE_FOLDED, required_literals
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
@@ -260,3 +266,79 @@ def test_keyword_and_regex_values_weigh_a_small_category_into_the_index():
         str(sigma.rules[0].id),
         str(sigma.rules[2].id),
     ]
+
+
+# Patterns without a literal of MIN_LITERAL characters: their own `re` keys, all of a field's
+# searched in one RE2 pass (regex.PatternSet), as the rule's own test would search each.
+PATTERN_RULES = [
+    {"sel": {"process.name|re": "^[A-Z]{2}\\d"}, "condition": "sel"},
+    {"sel": {"process.name|re|i": "^[a-z]{2}\\d"}, "condition": "sel"},
+    {"sel": {"process.command_line|re|m": "^x$"}, "condition": "sel"},
+    {"sel": {"process.command_line|re|s": "a.b"}, "condition": "sel"},
+    {"sel": {"process.command_line|re": "^x$|a.b"}, "condition": "sel"},
+    {"sel": {"process.args|re": "^\\d{2}$|^t.ue$"}, "condition": "sel"},
+    {
+        "sel": {"process.command_line|re": ["\\s[a-f0-9]{8}\\s", "curl.+\\|\\s*sh"]},
+        "f": {"user.name": "root"},
+        "condition": "sel and not f",
+    },
+    {"sel": {"file.path|re": "[0-9]{2}"}, "condition": "sel"},
+]
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"process.name": "AB1"}, [0, 1]),
+        ({"process.name": "aB1"}, [1]),  # |re is case-sensitive, |re|i is not
+        ({"process.name": "ab"}, []),
+        ({"process.name": ["x", "AB1"]}, [0, 1]),  # list elements as they are, not folded
+        ({"process.command_line": "q\nx\ny"}, [2]),  # |m: ^ and $ at line breaks
+        ({"process.command_line": "x"}, [2, 4]),
+        ({"process.command_line": "a\nb"}, [3]),  # |s: . matches a newline
+        ({"process.command_line": "a-b"}, [3, 4]),
+        ({"process.args": 42}, [5]),  # numbers and booleans by their JSON spelling
+        ({"process.args": True}, [5]),
+        ({"process.args": ["x", None, "17"]}, [5]),
+        ({"process.args": {"n": "42"}}, []),
+        ({"process.args": None}, []),
+        ({"process.command_line": "run  0123cdef  now"}, [6]),
+        ({"process.command_line": "run  0123cdef  now", "user.name": "root"}, []),
+        ({"process.command_line": "CURL x | sh"}, []),  # the literal `curl`, case-sensitive
+        ({"process.command_line": "curl x |  sh"}, [6]),
+        ({"file.path": "/tmp/\udcff12"}, [7]),  # a lone surrogate: read, never an error
+        ({"file.path": "/tmp/\udcff"}, []),
+        ({"file.path": "\udcff\udcfe9\udcfd9"}, []),
+    ],
+)
+def test_patterns_without_literals_indexed_match_unindexed(
+    event: dict[str, Any], expected: list[int]
+):
+    assert_matches(PATTERN_RULES, [(event, expected)])
+
+
+def test_patterns_without_literals_are_keys_of_their_own():
+    ids, indexed, _ = engine_pair(PATTERN_RULES)
+    event = {"event.category": "process", "process.name": "zz", "process.command_line": "x"}
+    assert sorted(m.rule.id for m in indexed.evaluate([event])) == [ids[2], ids[4]]
+    detection = {"sel": {"process.name|re": "^[A-Z]{2}\\d"}, "condition": "sel"}
+    header = {"title": "t", "logsource": {"product": "hpc", "category": "process"}}
+    sigma = SigmaCollection.from_dicts([{**header, "detection": detection}]).rules[0]
+    keys = required_keys(sigma.detection.parsed_condition[0].parse())
+    assert keys == {("process.name", "re", "^[A-Z]{2}\\d")}
+
+
+def test_a_pattern_set_too_large_for_one_pass_searches_each_pattern():
+    """RE2 compiles each pattern but not their set: each is then searched on its own."""
+    patterns = [f"x{n}\\pL{{1,400}}y" for n in range(4)]
+    for pattern in patterns:
+        re2.compile(pattern)
+    patterns_set = PatternSet(patterns)
+    assert not patterns_set.one_pass
+    assert patterns_set.found("x1abcy x3éy") == [1, 3]
+    assert patterns_set.found("x1y") == []
+    small = PatternSet(["^[A-Z]{2}", "(?i)^[a-z]{2}", "(?s)a.b", "\\d"])
+    assert small.one_pass
+    assert small.found("AB") == [0, 1]
+    assert small.found("a\nb\udcff") == [2]
+    assert small.found("\udcff9") == [3]

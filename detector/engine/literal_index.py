@@ -1,0 +1,227 @@
+"""The literal index at run time: the candidate rules of an event, found from the keys of its
+rules (index.py says which keys a rule has and why a rule without them cannot match).
+
+Per event, each indexed field is read once: its value (each element of a list; numbers and
+booleans by their JSON spelling, as the string tests read them) is case-folded, looked up in one
+hash table of all the rules' `eq` literals for that field, and scanned once by one Aho-Corasick
+automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C);
+the patterns of its `re` keys are searched in the value as it is, all in one RE2 pass.
+A field keywords search is probed once, with its own literals and the keywords' together. What
+a short text showed is remembered per field (MEMO_MAX): telemetry repeats its values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ahocorasick
+
+from hpcsec.detector.engine import matchers as m
+from hpcsec.detector.engine.regex import PatternSet
+
+# (field, eq|contains|startswith|endswith, case-folded literal) or (field, re, pattern)
+Key = tuple[str, str, str]
+AFFIXES = ("contains", "startswith", "endswith")
+# The field of a keyword's keys: any field keywords search. No rule field has a control
+# character (rule files with one are refused), so no field of an event is named this.
+ANY_FIELD = "\x00keywords"
+
+
+def probe_texts(value: Any) -> Sequence[str]:
+    """The case-folded texts the string tests of compile.py compare for this event value."""
+    if value.__class__ is str:
+        return (value.lower(),)
+    values = value if value.__class__ is list else (value,)
+    texts = []
+    for each in values:
+        text = m.as_text(each) if each is not None else None
+        if text is not None:
+            texts.append(text.lower())
+    return texts
+
+
+# What a field's texts showed is remembered for texts up to MEMO_TEXT_MAX characters, at most
+# MEMO_MAX of them (then forgotten all at once): node telemetry repeats its values (names,
+# paths, users), and a text met again costs one lookup. Hostile texts can only make it forget.
+MEMO_MAX = 1024
+MEMO_TEXT_MAX = 128
+NO_RULES: frozenset[int] = frozenset()
+# Up to this many substring literals, a field tests each with `in`; more go into one
+# Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
+FEW_LITERALS = 4
+
+
+def raw_texts(value: Any) -> Sequence[str]:
+    """The texts, as they are, a regex test (matchers.regex) searches in this event value."""
+    if value.__class__ is str:
+        return (value,)
+    values = value if value.__class__ is list else (value,)
+    return [text for text in map(m.as_text, values) if text is not None]
+
+
+class FieldIndex:
+    """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
+    when they are few); and the patterns of its `re` keys in one regex.PatternSet."""
+
+    __slots__ = ("automaton", "exact", "few", "field", "memo", "pattern_rules", "patterns")
+
+    def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
+        self.field = field
+        self.exact: dict[str, frozenset[int]] = {}
+        affixes: dict[str, tuple[set[int], set[int], set[int]]] = {}
+        patterns: dict[str, frozenset[int]] = {}
+        for (kind, literal), rules in keys.items():
+            if kind == "eq":
+                self.exact[literal] = frozenset(rules)
+            elif kind == "re":
+                patterns[literal] = frozenset(rules)
+            else:
+                affixes.setdefault(literal, (set(), set(), set()))[AFFIXES.index(kind)].update(
+                    rules
+                )
+        self.automaton: Any = None
+        self.few: tuple[tuple[str, frozenset[int], frozenset[int], frozenset[int]], ...] = ()
+        if 0 < len(affixes) <= FEW_LITERALS:
+            self.few = tuple(
+                (literal, frozenset(inside), frozenset(starts), frozenset(ends))
+                for literal, (inside, starts, ends) in affixes.items()
+            )
+        elif affixes:
+            self.automaton = ahocorasick.Automaton()
+            for literal, (inside, starts, ends) in affixes.items():
+                entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
+                self.automaton.add_word(literal, entry)
+            self.automaton.make_automaton()
+        self.patterns = PatternSet(list(patterns)) if patterns else None
+        self.pattern_rules = tuple(patterns.values())
+        self.memo: dict[str, frozenset[int]] = {}
+
+    def probe_text(self, text: str, found: set[int]) -> None:
+        """Add the rules whose keys a text shows (its literals case-folded, its patterns as
+        it is); remembered when the text is short, for the next event that shows it."""
+        own: set[int] = set()
+        self.collect(text.lower(), own)
+        if self.patterns is not None:
+            self.collect_patterns(text, own)
+        if own:
+            found |= own
+        if len(text) <= MEMO_TEXT_MAX:
+            memo = self.memo
+            if len(memo) >= MEMO_MAX:  # forget all at once: O(1) a text, whatever comes
+                memo.clear()
+            memo[text] = frozenset(own) if own else NO_RULES
+
+    def collect_patterns(self, text: str, found: set[int]) -> None:
+        """The rules of the patterns found in the text as it is (not case-folded)."""
+        assert self.patterns is not None
+        for position in self.patterns.found(text):
+            found |= self.pattern_rules[position]
+
+    def collect(self, text: str, found: set[int]) -> None:
+        rules = self.exact.get(text)
+        if rules:
+            found |= rules
+        for literal, inside, starts, ends in self.few:
+            if literal in text:
+                if inside:
+                    found |= inside
+                if starts and text.startswith(literal):
+                    found |= starts
+                if ends and text.endswith(literal):
+                    found |= ends
+        if self.automaton is None:
+            return
+        last = len(text) - 1
+        for end, (length, inside, starts, ends) in self.automaton.iter(text):
+            if inside:
+                found |= inside
+            if starts and end == length - 1:
+                found |= starts
+            if ends and end == last:
+                found |= ends
+
+
+# The fields whose lookup a LiteralIndex remembers (node field names are hostile: past this
+# many, a name is looked up anew each time rather than remembered).
+KNOWN_NAMES_MAX = 4096
+_UNKNOWN = object()
+
+
+class LiteralIndex:
+    """Candidate rules (their positions in the category) of an event."""
+
+    def __init__(self, rules: Sequence[frozenset[Key]]):
+        by_field: dict[str, dict[tuple[str, str], set[int]]] = {}
+        for position, keys in enumerate(rules):
+            for field, kind, literal in keys:
+                by_field.setdefault(field, {}).setdefault((kind, literal), set()).add(position)
+        keywords = by_field.pop(ANY_FIELD, None)
+        self.keywords = FieldIndex(ANY_FIELD, keywords) if keywords else None
+        # A field keywords search is probed once, with its own literals and the keywords'
+        # (merged); one they do not search (in some category: matchers.searched_by_keywords),
+        # with its own (fields). Keywords search in a `slurm_job` event whatever they search
+        # in another.
+        self.fields = {
+            f: FieldIndex(f, keys)
+            for f, keys in by_field.items()
+            if keywords is None or not m.searched_by_keywords(f, None)
+        }
+        self._merged = {
+            f: FieldIndex(f, merged_keys(keys, keywords))
+            for f, keys in by_field.items()
+            if keywords is not None and m.searched_by_keywords(f, "slurm_job")
+        }
+        # name -> the FieldIndex its values are probed with (None: not probed), per whether
+        # the event is a `slurm_job` one (keywords search its `slurm.*` fields)
+        self._known: tuple[dict[str, FieldIndex | None], dict[str, FieldIndex | None]] = ({}, {})
+
+    def probe_of(self, name: str, category: Any) -> FieldIndex | None:
+        """What the values of the field `name` are probed with in an event of `category`:
+        the field's literals, and the keywords' when keywords search it (matchers.keyword)."""
+        if self.keywords is not None and m.searched_by_keywords(name, category):
+            return self._merged.get(name, self.keywords)
+        return self.fields.get(name)
+
+    def candidates(self, event: dict[str, Any]) -> set[int]:
+        """One pass over the event's fields (fewer than the index's, as a rule): each value is
+        folded once and probed once, with what probe_of says (remembered per field name)."""
+        found: set[int] = set()
+        if self.keywords is None:
+            category = None
+            known = self._known[0]
+        else:
+            category = event.get("event.category")
+            known = self._known[category == "slurm_job"]
+        lookup = known.get
+        index: Any
+        for name, value in event.items():
+            index = lookup(name, _UNKNOWN)
+            if index is _UNKNOWN:
+                index = self.probe_of(name, category)
+                if len(known) < KNOWN_NAMES_MAX:
+                    known[name] = index
+            if index is None or value is None:
+                continue
+            if value.__class__ is str:
+                rules = index.memo.get(value)
+                if rules is None:
+                    index.probe_text(value, found)
+                elif rules:
+                    found |= rules
+            elif value.__class__ is not dict:  # keywords skip objects; no string test reads one
+                for text in probe_texts(value):
+                    index.collect(text, found)
+                if index.patterns is not None:
+                    for text in raw_texts(value):
+                        index.collect_patterns(text, found)
+        return found
+
+
+def merged_keys(
+    own: dict[tuple[str, str], set[int]], other: dict[tuple[str, str], set[int]]
+) -> dict[tuple[str, str], set[int]]:
+    merged = {key: set(rules) for key, rules in own.items()}
+    for key, rules in other.items():
+        merged.setdefault(key, set()).update(rules)
+    return merged
