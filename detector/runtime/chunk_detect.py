@@ -147,7 +147,11 @@ def kept_of(chunk: DetectedChunk | chunked.ParsedChunk) -> tuple[int, Iterable[K
     """(valid events of the chunk, what the caller keeps of them in file order). A chunk
     parsed here (its worker failed) keeps every event: the caller evaluates them all."""
     if isinstance(chunk, chunked.ParsedChunk):
-        events = [e for array in chunk.events_json for e in orjson.loads(array)]
+        events = [
+            e
+            for array in chunk.arrays
+            for e in (orjson.loads(array) if isinstance(array, bytes) else array)
+        ]
         return chunk.events, ((n, e, False) for n, e in enumerate(events))
     context = set(chunk.context)
     events = orjson.loads(chunk.kept) if isinstance(chunk.kept, bytes) else chunk.kept

@@ -62,7 +62,8 @@ class Prepare:
 class ParsedChunk:
     """One chunk's valid events as a JSON array, and what its report would have said."""
 
-    events_json: list[bytes]  # arrays of PARSE_BATCH events
+    # PARSE_BATCH events each: JSON arrays from a worker, the lists when parsed in the caller
+    arrays: list[bytes] | list[list[Event]]
     lines: int
     events: int
     malformed: int
@@ -90,12 +91,14 @@ def parsed_events(
     return events, report
 
 
-def parse_chunk(path: str, start: int, end: int, prepare: Prepare | None) -> ParsedChunk:
-    """`parsed_events` as JSON arrays of PARSE_BATCH events, for the caller to read."""
+def parse_chunk(
+    path: str, start: int, end: int, prepare: Prepare | None, encode: bool = True
+) -> ParsedChunk:
+    """`parsed_events` in lists of PARSE_BATCH events, as JSON for the caller to read
+    (`encode`) or as they are (parsed in the caller)."""
     events, report = parsed_events(path, start, end, prepare)
-    arrays = [
-        orjson.dumps(events[at : at + PARSE_BATCH]) for at in range(0, len(events), PARSE_BATCH)
-    ]
+    lists = [events[at : at + PARSE_BATCH] for at in range(0, len(events), PARSE_BATCH)]
+    arrays: list[bytes] | list[list[Event]] = [orjson.dumps(a) for a in lists] if encode else lists
     return ParsedChunk(
         arrays, report.lines, report.events, report.malformed, report.malformed_lines
     )
@@ -137,8 +140,9 @@ def merge(report: InputReport, chunk: ChunkCounts, lines_before: int) -> None:
 
 
 def parse_in_caller(path: str, start: int, end: int, prepare: Prepare | None) -> ParsedChunk:
-    """A chunk no worker could do (the pool broke, or the worker raised), parsed here."""
-    return parse_chunk(path, start, end, prepare)
+    """A chunk no worker could do (the pool broke, or the worker raised), parsed here (not
+    written as JSON: what a worker could not write must not stop the caller)."""
+    return parse_chunk(path, start, end, prepare, encode=False)
 
 
 T = TypeVar("T", bound=ChunkCounts)
@@ -249,5 +253,5 @@ def read_parallel(
     path = os.path.abspath(path)
     workers = max(1, jobs - 1)
     for parsed in in_file_order(path, stream, report, workers, parse_chunk, prepare):
-        for array in parsed.events_json:
-            yield orjson.loads(array)
+        for array in parsed.arrays:
+            yield orjson.loads(array) if isinstance(array, bytes) else array
