@@ -93,8 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="--events: processes for a large file (N-1 parse while one evaluates; "
-        "default 2 when the machine has more than one CPU, 1 to stay on one core)",
+        help="--events: processes for a large file (all parse chunks and run the detection "
+        "rules; default 2 when the machine has more than one CPU, 1 to stay on one core)",
     )
     add_roots(p)
     p.set_defaults(func=run)
@@ -186,7 +186,7 @@ def split_by_level(alerts: list[Alert], min_level: str) -> tuple[list[Alert], li
 
 
 def jobs_of(args: argparse.Namespace) -> int:
-    if args.jobs is None:  # a second process halves the wait; more would wait on the first
+    if args.jobs is None:  # a second process about halves the wait
         return 2 if (os.cpu_count() or 1) > 1 else 1
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: needs at least 1")

@@ -112,13 +112,13 @@ def detect_chunk(
     end: int,
     prepare: chunked.Prepare | None,
     detect: Detect,
-    encode: bool = True,
+    engine: Engine | None = None,
 ) -> DetectedChunk:
     """Bytes [start, end) of `path` parsed and prepared as chunked.parse_chunk does, the
     detection rules run on them; what the caller needs of them (see the module's doc), as
-    JSON to send back (`encode`) or as they are (done in the caller)."""
+    JSON to send back, or as they are when the caller does the chunk with its `engine`."""
     events, report = chunked.parsed_events(path, start, end, prepare)
-    matched = {id(match.events[0]) for match in worker_engine(detect).evaluate(events)}
+    matched = {id(m.events[0]) for m in (engine or worker_engine(detect)).evaluate(events)}
     kept: list[Event] = []
     positions: list[int] = []
     context: list[int] = []
@@ -133,7 +133,7 @@ def detect_chunk(
             continue
         positions.append(position)
     return DetectedChunk(
-        orjson.dumps(kept) if encode else kept,
+        kept if engine is not None else orjson.dumps(kept),
         positions,
         context,
         report.lines,
@@ -200,7 +200,7 @@ def read_detected(
     (On two cores that beats two workers and an idle caller: no third process competes for
     them, and the caller starts on the first chunks while its worker is still starting.)"""
     task = functools.partial(detect_chunk, detect=detect)
-    local = functools.partial(detect_chunk, detect=detect, encode=False)
+    local = functools.partial(detect_chunk, detect=detect, engine=detect.engine())
     workers = max(1, jobs - 1)
     chunks = chunked.in_file_order(
         os.path.abspath(path), stream, report, workers, task, prepare, local

@@ -181,13 +181,13 @@ def in_file_order(
     ahead = workers * AHEAD_PER_WORKER + 1
     with ProcessPoolExecutor(workers, mp_context=context, initializer=tune_gc) as pool:
         window: deque[Slot] = deque()
-        handed_out = 0  # slots of the window with a worker's future
+        handed_out = 0  # slots of the window handed to the workers (done or not)
 
         def submit(start: int, end: int) -> None:
             nonlocal handed_out
+            handed_out += 1
             try:
                 window.append(Slot(start, end, pool.submit(task, path, start, end, prepare)))
-                handed_out += 1
             except BrokenProcessPool:
                 window.append(Slot(start, end, None))
 
@@ -205,7 +205,7 @@ def in_file_order(
                     local = None  # every chunk is handed out: wait for the workers
                 continue
             window.popleft()
-            if head.future is not None:
+            if head.result is None:
                 handed_out -= 1
             done = head.result if head.result is not None else _result(head, path, prepare)
             for start, end in islice(bounds, max(0, ahead - handed_out)):

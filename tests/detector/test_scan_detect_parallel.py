@@ -99,7 +99,7 @@ def write_sequences(path: Path, rounds: int) -> None:
 
 
 def test_workers_detect_and_the_caller_gives_the_same_output(
-    tmp_path, capsys, chunks_here, evaluated
+    tmp_path, capsys, chunks_here, evaluated, monkeypatch
 ):
     events = tmp_path / "events.jsonl"
     write_sequences(events, rounds=4)
@@ -107,9 +107,19 @@ def test_workers_detect_and_the_caller_gives_the_same_output(
     serial = scan(capsys, "--events", str(events), "--jobs", "1")
     total = sum(evaluated)
     evaluated.clear()
+    detected_by = set()  # bytes: a worker's JSON; list: done in the caller while it waited
+    real_kept_of = chunk_detect.kept_of
+
+    def kept_of(chunk: chunk_detect.DetectedChunk | chunked.ParsedChunk) -> tuple:
+        if isinstance(chunk, chunk_detect.DetectedChunk):
+            detected_by.add(type(chunk.kept))
+        return real_kept_of(chunk)
+
+    monkeypatch.setattr(chunk_detect, "kept_of", kept_of)
     parallel = scan(capsys, "--events", str(events), "--jobs", "2")
     assert parallel == serial
     assert chunks_here == []  # no worker failed
+    assert detected_by == {bytes, list}  # the worker starts while the caller detects
     alerts = [json.loads(line) for line in serial[1].splitlines()]
     kinds = {a["rule.kind"] for a in alerts}
     assert kinds == {"detection", "correlation"}
