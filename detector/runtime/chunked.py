@@ -9,6 +9,10 @@ chunks in file order, so events, and so alerts, come in the same order as when i
 file itself, and malformed lines keep their numbers: a chunk's are relative to its first
 line, shifted by the lines of the chunks before it. A worker that dies (killed, out of
 memory) costs only speed: its chunk, and every later one, is parsed in the caller.
+
+That is the path of a scan with a store, which keeps every event. Without one the workers
+also run the detection rules and send back only what the caller still needs (chunk_detect.py,
+on `in_file_order` below).
 """
 
 from __future__ import annotations
