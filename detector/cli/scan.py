@@ -217,7 +217,8 @@ def _scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | Non
     report = ScanReport()
     store_path = args.store or config.store_path
     # the store keeps every event: then the workers only parse, and this process evaluates
-    detect = None if store_path else Detect.of(pipeline.ruleset, pipeline.engine)
+    parallel = args.events and not store_path and jobs_of(args) > 1
+    detect = Detect.of(pipeline.ruleset, pipeline.engine) if parallel else None
     batches = sources_of(args, EventSources(config, report), detect)
     store = open_store(store_path, config.retention_days)
     for batch in batches:

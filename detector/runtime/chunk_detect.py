@@ -66,13 +66,18 @@ class Detect:
     @classmethod
     def of(cls, ruleset: RuleSet, engine: Engine) -> Detect | None:
         """None when the caller's engine hands correlations their matches before the end of
-        the input: it would then have to see every event, in batches, itself."""
+        the input (it would then have to see every event, in batches, itself), or when a
+        rule cannot be pickled (as the rule cache, rulecache.write, gives up on it): the
+        workers then only parse."""
         if engine.pending.lateness is not None:
             return None
         rules = [r for r in ruleset.rules if r.kind != "correlation"]
-        payload = pickle.dumps(
-            (rules, engine.placeholders, engine.index_min), protocol=pickle.HIGHEST_PROTOCOL
-        )
+        try:
+            payload = pickle.dumps(
+                (rules, engine.placeholders, engine.index_min), protocol=pickle.HIGHEST_PROTOCOL
+            )
+        except (pickle.PicklingError, RecursionError, TypeError, AttributeError):
+            return None
         return cls(payload, hashlib.sha256(payload).digest())
 
     def engine(self) -> Engine:

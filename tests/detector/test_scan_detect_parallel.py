@@ -20,6 +20,7 @@ from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import InputReport, read_jsonl
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
+from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.runtime import chunk_detect, chunked
 from hpcsec.detector.runtime.pipeline import Pipeline
 from tests.detector.test_scan_parallel import MALFORMED, write_events
@@ -286,3 +287,18 @@ def test_an_engine_that_correlates_before_the_end_is_not_split():
     assert chunk_detect.Detect.of(scan_pipeline.ruleset, scan_pipeline.engine) is not None
     agent_like = Pipeline.load(SiteConfig(), None, lateness_s=5.0)
     assert chunk_detect.Detect.of(agent_like.ruleset, agent_like.engine) is None
+
+
+class UnpicklableRule:
+    """A rule whose pySigma object could not be pickled (the rule cache gives up on it too)."""
+
+    kind = "detection"
+
+    def __init__(self) -> None:
+        self.sigma = lambda: None
+
+
+def test_rules_that_cannot_be_pickled_leave_the_workers_to_parse_only():
+    engine = Pipeline.load(SiteConfig(), None).engine
+    ruleset = RuleSet(rules=[UnpicklableRule()])  # type: ignore[list-item]
+    assert chunk_detect.Detect.of(ruleset, engine) is None
