@@ -46,7 +46,6 @@ CHUNK_BYTES = 2 * 2**20  # about 3,500 events: small enough to keep both process
 # are still in the CPU cache when the rules read them (a whole chunk at once costs more).
 PARSE_BATCH = 256
 AHEAD_PER_WORKER = 2  # chunks parsed ahead of the caller: bounds the memory they hold
-LOCAL_AHEAD = 4  # with the caller doing chunks too: at most this many times as many
 
 
 @dataclass(frozen=True)
@@ -186,8 +185,11 @@ def in_file_order(
     ahead = workers * AHEAD_PER_WORKER + 1
     with ProcessPoolExecutor(workers, mp_context=context, initializer=tune_gc) as pool:
         window: deque[Slot] = deque()
+        handed_out = 0  # slots of the window handed to the workers (done or not)
 
         def submit(start: int, end: int) -> None:
+            nonlocal handed_out
+            handed_out += 1
             try:
                 window.append(Slot(start, end, pool.submit(task, path, start, end, prepare)))
             except BrokenProcessPool:
@@ -198,32 +200,23 @@ def in_file_order(
         lines_before = report.lines
         while window:
             head = window[0]
-            if local is not None and _waiting(head):  # meanwhile, a later chunk done here:
-                more = list(islice(bounds, 1)) if len(window) < LOCAL_AHEAD * ahead else []
-                for start, end in more:  # the next one not handed out yet
-                    window.append(
-                        Slot(start, end, None, _done_here(local, path, start, end, prepare))
-                    )
-                if more or _take_back(window, local, path, prepare):  # or one no worker began
-                    continue
+            if local is not None and _waiting(head) and len(window) < 2 * ahead:
+                for start, end in islice(bounds, 1):  # a later chunk, done here meanwhile
+                    result = _done_here(local, path, start, end, prepare)
+                    window.append(Slot(start, end, None, result))
+                    break
+                else:
+                    local = None  # every chunk is handed out: wait for the workers
+                continue
             window.popleft()
+            if head.result is None:
+                handed_out -= 1
             done = head.result if head.result is not None else _result(head, path, prepare)
-            handed_out = sum(1 for slot in window if slot.result is None)
             for start, end in islice(bounds, max(0, ahead - handed_out)):
                 submit(start, end)
             merge(report, done, lines_before)
             lines_before = report.lines
             yield done
-
-
-def _take_back(window: deque[Slot], local: Task[T], path: str, prepare: Prepare | None) -> bool:
-    """Do here the last chunk handed out that no worker has begun (a worker still starting,
-    or the last chunks of the file); False when there is none."""
-    for slot in reversed(window):
-        if slot.future is not None and slot.future.cancel():
-            slot.future, slot.result = None, _done_here(local, path, slot.start, slot.end, prepare)
-            return True
-    return False
 
 
 def _waiting(slot: Slot) -> bool:
