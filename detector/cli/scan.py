@@ -19,6 +19,7 @@ from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.engine.config_names import config_name_errors
+from hpcsec.detector.runtime.chunk_detect import Detect
 from hpcsec.detector.runtime.chunked import tune_gc
 from hpcsec.detector.runtime.delivery import deliver_alerts, report_held, store_decision
 from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
@@ -92,8 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="--events: processes for a large file (N-1 parse while one evaluates; "
-        "default 2 when the machine has more than one CPU, 1 to stay on one core)",
+        help="--events: processes for a large file (all parse chunks and run the detection "
+        "rules; default 2 when the machine has more than one CPU, 1 to stay on one core)",
     )
     add_roots(p)
     p.set_defaults(func=run)
@@ -123,13 +124,15 @@ def run(args: argparse.Namespace) -> int:
             outputs.close()
 
 
-def sources_of(args: argparse.Namespace, sources: EventSources) -> Iterator[SourceBatch]:
+def sources_of(
+    args: argparse.Namespace, sources: EventSources, detect: Detect | None = None
+) -> Iterator[SourceBatch]:
     if (args.pcap or args.interface) and (args.events or args.snapshot or args.demo):
         raise UsageError("--pcap and --interface go with a live scan, not --events/--snapshot")
     if args.pcap and not os.path.isfile(args.pcap):
         raise UsageError(f"--pcap {args.pcap}: no such file")
     if args.events:
-        return sources.from_events_file(args.events, BATCH, jobs_of(args))
+        return sources.from_events_file(args.events, BATCH, jobs_of(args), detect)
     if args.snapshot or args.demo:
         return sources.from_snapshot(args.snapshot, demo=args.demo)
     return sources.live(args)
@@ -183,7 +186,7 @@ def split_by_level(alerts: list[Alert], min_level: str) -> tuple[list[Alert], li
 
 
 def jobs_of(args: argparse.Namespace) -> int:
-    if args.jobs is None:  # a second process halves the wait; more would wait on the first
+    if args.jobs is None:  # a second process about halves the wait
         return 2 if (os.cpu_count() or 1) > 1 else 1
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: needs at least 1")
@@ -212,8 +215,12 @@ def scan_gc() -> Iterator[None]:
 def _scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None) -> int:
     config = pipeline.config
     report = ScanReport()
-    batches = sources_of(args, EventSources(config, report))
-    store = open_store(args.store or config.store_path, config.retention_days)
+    store_path = args.store or config.store_path
+    # the store keeps every event: then the workers only parse, and this process evaluates
+    parallel = args.events and not store_path and jobs_of(args) > 1
+    detect = Detect.of(pipeline.ruleset, pipeline.engine) if parallel else None
+    batches = sources_of(args, EventSources(config, report), detect)
+    store = open_store(store_path, config.retention_days)
     for batch in batches:
         step = pipeline.process([batch])
         if store is not None:

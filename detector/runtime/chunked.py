@@ -9,21 +9,26 @@ chunks in file order, so events, and so alerts, come in the same order as when i
 file itself, and malformed lines keep their numbers: a chunk's are relative to its first
 line, shifted by the lines of the chunks before it. A worker that dies (killed, out of
 memory) costs only speed: its chunk, and every later one, is parsed in the caller.
+
+That is the path of a scan with a store, which keeps every event. Without one the workers
+also run the detection rules and send back only what the caller still needs (chunk_detect.py,
+on `in_file_order` below).
 """
 
 from __future__ import annotations
 
 import gc
 import io
+import logging
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import islice
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import orjson
 
@@ -32,6 +37,8 @@ from hpcsec.detector.core.eventio import InputReport, read_jsonl_blocks
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import apply_policy
 from hpcsec.detector.enrich.policy import apply_fleet_majority
+
+logger = logging.getLogger(__name__)
 
 PARALLEL_MIN_BYTES = 8 * 2**20  # below this, starting a worker costs more than it saves
 CHUNK_BYTES = 2 * 2**20  # about 3,500 events: small enough to keep both processes busy
@@ -59,7 +66,8 @@ class Prepare:
 class ParsedChunk:
     """One chunk's valid events as a JSON array, and what its report would have said."""
 
-    events_json: list[bytes]  # arrays of PARSE_BATCH events
+    # PARSE_BATCH events each: JSON arrays from a worker, the lists when parsed in the caller
+    arrays: list[bytes] | list[list[Event]]
     lines: int
     events: int
     malformed: int
@@ -72,9 +80,11 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def parse_chunk(path: str, start: int, end: int, prepare: Prepare | None) -> ParsedChunk:
+def parsed_events(
+    path: str, start: int, end: int, prepare: Prepare | None
+) -> tuple[list[Event], InputReport]:
     """The events of bytes [start, end) of `path`, checked as `read_jsonl` checks them, then
-    given what `prepare` says when it is given (see `read_parallel`)."""
+    given what `prepare` says when it is given (see `read_parallel`), and their report."""
     with open(path, "rb") as stream:
         stream.seek(start)
         data = stream.read(end - start)
@@ -82,9 +92,17 @@ def parse_chunk(path: str, start: int, end: int, prepare: Prepare | None) -> Par
     events = [e for block in read_jsonl_blocks(io.BytesIO(data), report) for e in block]
     if prepare is not None:
         prepare.apply(events)
-    arrays = [
-        orjson.dumps(events[at : at + PARSE_BATCH]) for at in range(0, len(events), PARSE_BATCH)
-    ]
+    return events, report
+
+
+def parse_chunk(
+    path: str, start: int, end: int, prepare: Prepare | None, encode: bool = True
+) -> ParsedChunk:
+    """`parsed_events` in lists of PARSE_BATCH events, as JSON for the caller to read
+    (`encode`) or as they are (parsed in the caller)."""
+    events, report = parsed_events(path, start, end, prepare)
+    lists = [events[at : at + PARSE_BATCH] for at in range(0, len(events), PARSE_BATCH)]
+    arrays: list[bytes] | list[list[Event]] = [orjson.dumps(a) for a in lists] if encode else lists
     return ParsedChunk(
         arrays, report.lines, report.events, report.malformed, report.malformed_lines
     )
@@ -102,7 +120,20 @@ def chunk_bounds(stream: BinaryIO, size: int, chunk: int) -> Iterator[tuple[int,
         start = end
 
 
-def merge(report: InputReport, chunk: ParsedChunk, lines_before: int) -> None:
+class ChunkCounts(Protocol):
+    """What a chunk's result says about its lines, for the file's report."""
+
+    @property
+    def lines(self) -> int: ...
+    @property
+    def events(self) -> int: ...
+    @property
+    def malformed(self) -> int: ...
+    @property
+    def malformed_lines(self) -> list[tuple[int, str]]: ...
+
+
+def merge(report: InputReport, chunk: ChunkCounts, lines_before: int) -> None:
     """Add a chunk's counts and malformed lines (renumbered) to the file's report."""
     for line_no, why in chunk.malformed_lines:
         report.reject(lines_before + line_no, why)
@@ -113,8 +144,103 @@ def merge(report: InputReport, chunk: ParsedChunk, lines_before: int) -> None:
 
 
 def parse_in_caller(path: str, start: int, end: int, prepare: Prepare | None) -> ParsedChunk:
-    """A chunk no worker could parse (the pool broke), parsed here."""
-    return parse_chunk(path, start, end, prepare)
+    """A chunk no worker could do (the pool broke, or the worker raised), parsed here (not
+    written as JSON: what a worker could not write must not stop the caller)."""
+    return parse_chunk(path, start, end, prepare, encode=False)
+
+
+T = TypeVar("T", bound=ChunkCounts)
+Task = Callable[[str, int, int, Prepare | None], T]
+
+
+@dataclass
+class Slot:
+    """One chunk on its way: a worker's future, or the result the caller got itself."""
+
+    start: int
+    end: int
+    future: Future[Any] | None
+    result: Any = None
+
+
+def in_file_order(
+    path: str,
+    stream: BinaryIO,
+    report: InputReport,
+    workers: int,
+    task: Task[T],
+    prepare: Prepare | None,
+    local: Task[T] | None = None,
+) -> Iterator[T | ParsedChunk]:
+    """`task`'s result for each chunk of the regular file `stream` (opened from `path`), in
+    file order, each one's counts merged into `report` before it is yielded.
+
+    `workers` processes do the chunks; AHEAD_PER_WORKER chunks each are handed out ahead,
+    which bounds the memory their results hold. With `local`, the caller does a later chunk
+    itself (`local`, as `task` would) whenever the next one's worker is not done yet, so its
+    core is not left idle. A chunk whose worker died or raised (an input no test foresaw)
+    is parsed here instead (`parse_in_caller`): a ParsedChunk, whatever `task` returns."""
+    bounds = chunk_bounds(stream, os.fstat(stream.fileno()).st_size, CHUNK_BYTES)
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    ahead = workers * AHEAD_PER_WORKER + 1
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=tune_gc) as pool:
+        window: deque[Slot] = deque()
+        handed_out = 0  # slots of the window handed to the workers (done or not)
+
+        def submit(start: int, end: int) -> None:
+            nonlocal handed_out
+            handed_out += 1
+            try:
+                window.append(Slot(start, end, pool.submit(task, path, start, end, prepare)))
+            except BrokenProcessPool:
+                window.append(Slot(start, end, None))
+
+        for start, end in islice(bounds, ahead):
+            submit(start, end)
+        lines_before = report.lines
+        while window:
+            head = window[0]
+            if local is not None and _waiting(head) and len(window) < 2 * ahead:
+                for start, end in islice(bounds, 1):  # a later chunk, done here meanwhile
+                    result = _done_here(local, path, start, end, prepare)
+                    window.append(Slot(start, end, None, result))
+                    break
+                else:
+                    local = None  # every chunk is handed out: wait for the workers
+                continue
+            window.popleft()
+            if head.result is None:
+                handed_out -= 1
+            done = head.result if head.result is not None else _result(head, path, prepare)
+            for start, end in islice(bounds, max(0, ahead - handed_out)):
+                submit(start, end)
+            merge(report, done, lines_before)
+            lines_before = report.lines
+            yield done
+
+
+def _waiting(slot: Slot) -> bool:
+    return slot.future is not None and not slot.future.done()
+
+
+def _result(slot: Slot, path: str, prepare: Prepare | None) -> Any:
+    """A worker's result, or the chunk parsed here when its worker died or raised."""
+    try:
+        if slot.future is not None:
+            return slot.future.result()
+    except BrokenProcessPool:
+        pass
+    except Exception as exc:  # a bug a worker hit: this chunk is parsed here
+        logger.warning("a worker failed on %s, bytes %d-%d: %r", path, slot.start, slot.end, exc)
+    return parse_in_caller(path, slot.start, slot.end, prepare)
+
+
+def _done_here(local: Task[T], path: str, start: int, end: int, prepare: Prepare | None) -> Any:
+    try:
+        return local(path, start, end, prepare)
+    except Exception as exc:  # as a worker's failure: this chunk is parsed here
+        logger.warning("failed on %s, bytes %d-%d: %r", path, start, end, exc)
+        return parse_in_caller(path, start, end, prepare)
 
 
 def read_parallel(
@@ -129,33 +255,7 @@ def read_parallel(
     and no other event: that moves a fifth of the caller's work to them, so the caller that
     evaluates keeps up with the parsing."""
     path = os.path.abspath(path)
-    size = os.fstat(stream.fileno()).st_size
-    bounds = chunk_bounds(stream, size, CHUNK_BYTES)
     workers = max(1, jobs - 1)
-    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=tune_gc) as pool:
-        pending: deque[tuple[int, int, Future[ParsedChunk] | None]] = deque()
-
-        def submit(start: int, end: int) -> None:
-            try:
-                pending.append((start, end, pool.submit(parse_chunk, path, start, end, prepare)))
-            except BrokenProcessPool:
-                pending.append((start, end, None))
-
-        for start, end in islice(bounds, workers * AHEAD_PER_WORKER + 1):
-            submit(start, end)
-        lines_before = report.lines
-        while pending:
-            start, end, future = pending.popleft()
-            try:
-                parsed = future.result() if future is not None else None
-            except BrokenProcessPool:
-                parsed = None
-            if parsed is None:
-                parsed = parse_in_caller(path, start, end, prepare)
-            for start, end in islice(bounds, 1):
-                submit(start, end)
-            merge(report, parsed, lines_before)
-            lines_before = report.lines
-            for array in parsed.events_json:
-                yield orjson.loads(array)
+    for parsed in in_file_order(path, stream, report, workers, parse_chunk, prepare):
+        for array in parsed.arrays:
+            yield orjson.loads(array) if isinstance(array, bytes) else array

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.stage import AlertStage
@@ -35,11 +35,14 @@ class SourceBatch:
     """Events read together, and what enrichment needs about the node they were read on
     (None: events from a file, with no node to look at). `enriched`: the enrichment steps
     the source already applied (a worker process that parsed the events gave them site
-    policy: see runtime/chunked.py); the pipeline runs only the others."""
+    policy: see runtime/chunked.py); the pipeline runs only the others. `context`: events
+    read with these that are not evaluated again (worker processes ran the rules on them:
+    runtime/chunk_detect.py) but that enrichment relates these to."""
 
     events: list[Event]
     node: NodeView | None
     enriched: frozenset[str] = frozenset()
+    context: list[Event] = field(default_factory=list)
 
 
 def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Event]]:
@@ -52,6 +55,9 @@ def capture(ctx: SensorContext, events: list[Event]) -> tuple[NodeView, list[Eve
 
 def enrich(enricher: Enricher, batch: SourceBatch) -> list[Event]:
     """Slurm job and site-policy fields for a batch's events (the one place that enriches)."""
+    if batch.context:  # enriched with the events, so that each step sees the whole batch
+        enricher.enrich([*batch.events, *batch.context], batch.node, skip=batch.enriched)
+        return batch.events
     return enricher.enrich(batch.events, batch.node, skip=batch.enriched)
 
 
@@ -62,8 +68,11 @@ def coalesce(batches: Sequence[SourceBatch]) -> list[SourceBatch]:
     for batch in batches:
         if merged and merged[-1].node is batch.node and merged[-1].enriched == batch.enriched:
             merged[-1].events.extend(batch.events)
+            merged[-1].context.extend(batch.context)
         else:
-            merged.append(SourceBatch(list(batch.events), batch.node, batch.enriched))
+            merged.append(
+                SourceBatch(list(batch.events), batch.node, batch.enriched, list(batch.context))
+            )
     return merged
 
 

@@ -21,7 +21,7 @@ from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import POLICY_STEP
 from hpcsec.detector.enrich.policy import annotate_fleet_majority, apply_fleet_majority
 from hpcsec.detector.enrich.view import FILE_EVENTS_NOTE
-from hpcsec.detector.runtime import chunked, registry
+from hpcsec.detector.runtime import chunk_detect, chunked, registry
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch, capture
 from hpcsec.detector.runtime.sensorset import SensorSet
@@ -181,9 +181,13 @@ class EventSources:
             self.report.events += len(batch)
             yield SourceBatch(batch, None, enriched)
 
-    def from_events_file(self, path: str, size: int, jobs: int = 1) -> Iterator[SourceBatch]:
+    def from_events_file(
+        self, path: str, size: int, jobs: int = 1, detect: chunk_detect.Detect | None = None
+    ) -> Iterator[SourceBatch]:
         """`jobs` > 1: a regular file of at least chunked.PARALLEL_MIN_BYTES is parsed by
-        `jobs - 1` worker processes while this one evaluates (same events, same order)."""
+        `jobs - 1` worker processes while this one evaluates (same events, same order); with
+        `detect`, by `jobs` workers that also run the detection rules, and the batches hold
+        only the events this process must still evaluate (runtime/chunk_detect.py)."""
         report = InputReport("stdin" if path == "-" else path)
         self.report.inputs.append(report)
         self.report.notes.append(FILE_EVENTS_NOTE)
@@ -206,6 +210,9 @@ class EventSources:
                 and info.st_size >= chunked.PARALLEL_MIN_BYTES
             ):
                 prepare = chunked.Prepare(self.config, majority)
+                if detect is not None:
+                    yield from self._detected(path, stream, report, jobs, prepare, detect, size)
+                    return
                 blocks = chunked.read_parallel(path, stream, report, jobs, prepare)
                 enriched = POLICY_STEP  # the workers applied the majority and the site policy
             else:
@@ -213,6 +220,24 @@ class EventSources:
                 if majority:
                     blocks = (apply_fleet_majority(events, majority) for events in blocks)
             yield from self._batches(blocks, size, enriched)
+
+    def _detected(
+        self,
+        path: str,
+        stream: BinaryIO,
+        report: InputReport,
+        jobs: int,
+        prepare: chunked.Prepare,
+        detect: chunk_detect.Detect,
+        size: int,
+    ) -> Iterator[SourceBatch]:
+        """The batches of `chunk_detect.read_detected`; each counts all of its events."""
+        for count, events, context in chunk_detect.read_detected(
+            path, stream, report, jobs, prepare, detect, size
+        ):
+            self.report.events += count
+            if events:  # the context only ever serves events to evaluate
+                yield SourceBatch(events, None, POLICY_STEP, context)
 
     def _sampled(self, ctx: SensorContext, runs: list[SensorRun]) -> SourceBatch:
         self.report.sensor_runs.extend(runs)

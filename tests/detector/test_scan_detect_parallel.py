@@ -1,0 +1,304 @@
+"""`scan --events --jobs 2` with the detection rules run in the worker processes
+(runtime/chunk_detect.py): the caller evaluates only what they send back, and the alerts,
+the summary, the malformed-line report and the store must be exactly those of `--jobs 1`."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import orjson
+import pytest
+
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.eventio import InputReport, read_jsonl
+from hpcsec.detector.core.schema import Event
+from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
+from hpcsec.detector.engine.ruleset import RuleSet
+from hpcsec.detector.runtime import chunk_detect, chunked
+from hpcsec.detector.runtime.pipeline import Pipeline
+from tests.detector.test_scan_parallel import MALFORMED, write_events
+
+GPU_RULE = """\
+title: A GPU two users share
+id: 6a0b3b7e-1c4d-4f4e-9a51-5b0f1c2d3e4f
+status: test
+description: fires on the gpu_users enrichment, which relates the events of a batch
+logsource: {product: hpc, category: gpu_device}
+detection:
+  selection:
+    gpu.process_user_count: 2
+  condition: selection
+level: low
+"""
+
+
+@pytest.fixture
+def chunks_here(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Parallel from the first byte, in chunks of 4 KiB; the chunks parsed in the caller
+    because a worker failed (not those it detected itself while waiting)."""
+    parsed_here: list[tuple[int, int]] = []
+    monkeypatch.setattr(chunked, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)
+    parse_here = chunked.parse_in_caller
+
+    def counted(
+        path: str, start: int, end: int, prepare: chunked.Prepare | None
+    ) -> chunked.ParsedChunk:
+        parsed_here.append((start, end))
+        return parse_here(path, start, end, prepare)
+
+    monkeypatch.setattr(chunked, "parse_in_caller", counted)
+    return parsed_here
+
+
+@pytest.fixture
+def evaluated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many events the caller's engine evaluated, per call."""
+    counts: list[int] = []
+    real = Pipeline.evaluate
+
+    def counting(self: Pipeline, events: list[Event]) -> list:
+        counts.append(len(events))
+        return real(self, events)
+
+    monkeypatch.setattr(Pipeline, "evaluate", counting)
+    return counts
+
+
+def scan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(["scan", "--format", "jsonl", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def write_sequences(path: Path, rounds: int) -> None:
+    """The bundled rules' matching test events, then every correlation test sequence of
+    theirs (firing or not), a round two days after the one before, with malformed lines and
+    filler events no rule matches in between."""
+    write_events(path, rounds=2)
+    ruleset = load_rules([str(bundled_rules_dir())], with_tests=True)
+    sequences = [s for test in ruleset.tests for s in test.sequences]
+    lines = []
+    for r in range(rounds):
+        for n, sequence in enumerate(sequences):
+            for i, event in enumerate(sequence.events):
+                when = datetime.fromisoformat(str(event["@timestamp"])) + timedelta(days=2 * r)
+                at = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                lines.append(json.dumps({**event, "@timestamp": at, "event.id": f"{r}-{n}-{i}"}))
+                lines += [json.dumps({"event.category": "process", "process.name": "ls"})] * (i % 3)
+            if n % 5 == 2:
+                lines.append(MALFORMED[(r + n) % len(MALFORMED)])
+    with path.open("a") as out:
+        out.write("\n" + "\n".join(lines) + "\n")
+
+
+def test_workers_detect_and_the_caller_gives_the_same_output(
+    tmp_path, capsys, chunks_here, evaluated, monkeypatch
+):
+    events = tmp_path / "events.jsonl"
+    write_sequences(events, rounds=4)
+    assert events.stat().st_size > 20 * 4096
+    serial = scan(capsys, "--events", str(events), "--jobs", "1")
+    total = sum(evaluated)
+    evaluated.clear()
+    detected_by = set()  # bytes: a worker's JSON; list: done in the caller while it waited
+    real_kept_of = chunk_detect.kept_of
+
+    def kept_of(chunk: chunk_detect.DetectedChunk | chunked.ParsedChunk) -> tuple:
+        if isinstance(chunk, chunk_detect.DetectedChunk):
+            detected_by.add(type(chunk.kept))
+        return real_kept_of(chunk)
+
+    monkeypatch.setattr(chunk_detect, "kept_of", kept_of)
+    parallel = scan(capsys, "--events", str(events), "--jobs", "2")
+    assert parallel == serial
+    assert chunks_here == []  # no worker failed
+    assert detected_by == {bytes, list}  # the worker starts while the caller detects
+    alerts = [json.loads(line) for line in serial[1].splitlines()]
+    kinds = {a["rule.kind"] for a in alerts}
+    assert kinds == {"detection", "correlation"}
+    assert len({a["rule.id"] for a in alerts if a["rule.kind"] == "correlation"}) >= 8
+    assert "malformed line(s) of" in serial[2]
+    assert f"hpcsec: {total} events evaluated" in serial[2]
+    assert sum(evaluated) < total  # the caller evaluated only what the workers kept
+
+
+def gpu_events(rounds: int) -> list[dict]:
+    """gpu_process and gpu_device events of four GPUs, one to three users on each, with
+    filler events between them, so that the batches of 256 events that relate them begin
+    and end in every place of the 4 KiB chunks."""
+    out: list[dict] = []
+    for r in range(rounds):
+        for gpu in range(4):
+            for user in range(1 + (r + gpu) % 3):
+                out.append(
+                    {
+                        "@timestamp": f"2026-11-01T{r % 24:02d}:00:00.000Z",
+                        "event.category": "gpu_process",
+                        "host.name": f"gpu{r % 5:03d}",
+                        "gpu.uuid": f"GPU-{gpu}",
+                        "user.name": f"u{user}",
+                        "process.pid": 100 + user,
+                    }
+                )
+            out.append(
+                {
+                    "@timestamp": f"2026-11-01T{r % 24:02d}:00:01.000Z",
+                    "event.category": "gpu_device",
+                    "host.name": f"gpu{r % 5:03d}",
+                    "gpu.uuid": f"GPU-{gpu}",
+                    "gpu.index": gpu,
+                }
+            )
+        out += [{"event.category": "process", "process.name": f"p{r}-{i}"} for i in range(r % 7)]
+    return out
+
+
+def test_gpu_users_relate_events_across_chunks_as_in_one_process(tmp_path, capsys, chunks_here):
+    """gpu_users relates the gpu_device and gpu_process events of one batch: the caller does
+    it for the workers, so a batch cut by a chunk's end is enriched as a whole."""
+    rules = tmp_path / "shared_gpu.yml"
+    rules.write_text(GPU_RULE)
+    events = tmp_path / "events.jsonl"
+    lines = [json.dumps(e) for e in gpu_events(rounds=60)]
+    lines[7:7] = ["not json", ""]  # the batches' places move by the lines skipped
+    events.write_text("\n".join(lines) + "\n")
+    assert events.stat().st_size > 10 * 4096
+    argv = ("--events", str(events), "--rules", str(rules), "--no-dedup")
+    serial = scan(capsys, *argv, "--jobs", "1")
+    parallel = scan(capsys, *argv, "--jobs", "2")
+    assert parallel == serial
+    assert chunks_here == []
+    fired = [json.loads(line) for line in serial[1].splitlines()]
+    shared = [a for a in fired if a["rule.id"] == "6a0b3b7e-1c4d-4f4e-9a51-5b0f1c2d3e4f"]
+    assert len(shared) > 10
+
+
+def test_a_killed_worker_gives_the_same_output(tmp_path, capsys, chunks_here, monkeypatch):
+    """The chunks of a worker that died are parsed and evaluated in the caller."""
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=6)
+    serial = scan(capsys, "--events", str(events), "--jobs", "1")
+    real_merge = chunked.merge
+    merged = []
+
+    def kill_workers_after_two_chunks(*args: object) -> None:
+        merged.append(args[1])
+        if len(merged) == 2:
+            for child in multiprocessing.active_children():
+                if child.pid is not None:
+                    os.kill(child.pid, signal.SIGKILL)
+        real_merge(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chunked, "merge", kill_workers_after_two_chunks)
+    assert scan(capsys, "--events", str(events), "--jobs", "2") == serial
+    assert chunks_here  # the chunks after the kill were parsed here
+    assert any(isinstance(c, chunk_detect.DetectedChunk) for c in merged)
+
+
+def fails_on_the_first_chunk(
+    path: str, start: int, end: int, prepare: chunked.Prepare | None
+) -> chunked.ParsedChunk:
+    """A worker's task that meets a bug on the file's first chunk."""
+    if start == 0:
+        raise ValueError("a bug no test foresaw")
+    return chunked.parse_chunk(path, start, end, prepare)
+
+
+def test_a_chunk_whose_worker_raised_is_parsed_in_the_caller(tmp_path, chunks_here):
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=2)
+    with events.open("rb") as stream:
+        one = InputReport(str(events))
+        expected = list(read_jsonl(stream, one))
+        stream.seek(0)
+        two = InputReport(str(events))
+        chunks = chunked.in_file_order(str(events), stream, two, 1, fails_on_the_first_chunk, None)
+        read = [
+            e
+            for c in chunks
+            for a in c.arrays
+            for e in (orjson.loads(a) if isinstance(a, bytes) else a)
+        ]
+    assert read == expected and two == one
+    assert [start for start, _ in chunks_here] == [0]
+
+
+def stored(path: Path) -> tuple[list, list]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        events = con.execute("SELECT * FROM events ORDER BY event_id").fetchall()
+        alerts = con.execute(
+            "SELECT * EXCLUDE (stored_at) FROM alerts ORDER BY alert_id"
+        ).fetchall()
+    finally:
+        con.close()
+    return events, alerts
+
+
+def test_with_a_store_every_event_is_stored_as_in_one_process(tmp_path, capsys, chunks_here):
+    """The store keeps every event: the workers then only parse, the caller evaluates."""
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=3)
+    runs = []
+    for jobs in ("1", "2"):
+        store = tmp_path / f"store{jobs}.duckdb"
+        runs.append(scan(capsys, "--events", str(events), "--jobs", jobs, "--store", str(store)))
+    assert runs[1] == runs[0]
+    one, two = stored(tmp_path / "store1.duckdb"), stored(tmp_path / "store2.duckdb")
+    assert len(one[0]) > 100 and one[1]
+    assert two == one
+
+
+def test_batches_are_cut_as_in_one_process_wherever_the_chunks_end():
+    """batches_of: each batch holds the kept events of `size` consecutive events of the
+    file, whatever the chunks' sizes; the context events stay apart."""
+    events = [{"n": n} for n in range(1000)]
+    expected = []
+    for at in range(0, 1000, 64):
+        batch = events[at : at + 64]
+        kept = [e for e in batch if e["n"] % 5 == 0]
+        context = [e for e in batch if e["n"] % 7 == 0 and e["n"] % 5 != 0]
+        expected.append((len(batch), kept, context))
+    for sizes in ([1000], [1] * 1000, [63, 1, 64, 65, 0, 807], [500, 500]):
+        chunks, at = [], 0
+        for size in sizes:
+            kept = [
+                (n - at, events[n], n % 5 != 0)
+                for n in range(at, at + size)
+                if n % 5 == 0 or n % 7 == 0
+            ]
+            chunks.append((size, kept))
+            at += size
+        assert list(chunk_detect.batches_of(chunks, 64)) == expected
+
+
+def test_an_engine_that_correlates_before_the_end_is_not_split():
+    """Skipping the events no rule matched is exact only when the correlations wait for the
+    whole input, as a scan's engine does."""
+    scan_pipeline = Pipeline.load(SiteConfig(), None)
+    assert chunk_detect.Detect.of(scan_pipeline.ruleset, scan_pipeline.engine) is not None
+    agent_like = Pipeline.load(SiteConfig(), None, lateness_s=5.0)
+    assert chunk_detect.Detect.of(agent_like.ruleset, agent_like.engine) is None
+
+
+class UnpicklableRule:
+    """A rule whose pySigma object could not be pickled (the rule cache gives up on it too)."""
+
+    kind = "detection"
+
+    def __init__(self) -> None:
+        self.sigma = lambda: None
+
+
+def test_rules_that_cannot_be_pickled_leave_the_workers_to_parse_only():
+    engine = Pipeline.load(SiteConfig(), None).engine
+    ruleset = RuleSet(rules=[UnpicklableRule()])  # type: ignore[list-item]
+    assert chunk_detect.Detect.of(ruleset, engine) is None
