@@ -1,6 +1,6 @@
 """SigmaHQ-scale rule sets: thousands of rules against the pySigma SQLite backend's SQL.
 
-    python -m bench sigmahq [--rules-dir DIR] [--events N] [--no-sqlite]
+    python -m bench sigmahq [--rules-dir DIR] [--events N] [--unique-events N] [--no-sqlite]
 
 The rules are SigmaHQ's (`rules/`, `rules-emerging-threats/`, `rules-threat-hunting/`): DIR
 holds them as files or as `rules.tar.xz` (default: $HPCSEC_SIGMAHQ, else ../shared/sigmahq
@@ -15,8 +15,12 @@ same rules through the rule cache in a fresh process (rule_load.py: cached load,
 category's first evaluation, steady state, rule memory); the engine's events/s and peak RSS,
 with the literal index (index.py) and without (every rule of the category per event), and
 whether both found exactly the same (event, rule) matches (the index may only skip rules that
-cannot match: the bench fails when they differ); then the SQLite backend's SQL on sqlite3 over
-the same events (table load reported apart).
+cannot match: the bench fails when they differ). Two workloads: `repeated values`, the events
+as generated (their benign values are drawn from a few dozen, so the index's memory of texts
+it has seen answers most of them), and `unique values`, the first 50K (--unique-events) again
+with every benign value made distinct (as under a flood of new values, where nothing is
+remembered); the bench also fails when that changes which rules match. Then the SQLite
+backend's SQL on sqlite3 over the repeated events (table load reported apart).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ DEFAULT_DIR = REPO.parent / "shared" / "sigmahq"
 PARTS = ("rules", "rules-emerging-threats", "rules-threat-hunting")
 BENIGN = ["svchost", "explorer", "chrome", "python3", "bash", "systemd", "update", "backup"]
 HIT_SHARE = 0.05
+UNIQUE_EVENTS = 50_000
+FIXED = ("event.category", "@timestamp")  # the bench's own fields, not a rule's
 
 
 def children_cpu() -> float:
@@ -94,17 +100,44 @@ def event_of(
     return event
 
 
-def generate(ruleset: RuleSet, n: int, seed: int = 15) -> list[dict[str, Any]]:
+def generate(ruleset: RuleSet, n: int, seed: int = 15) -> tuple[list[dict[str, Any]], list[bool]]:
+    """n events, and for each whether it carries benign values (the background)."""
     rng = random.Random(seed)
     rules = [r for r in ruleset.rules if r.kind == "detection"]
     events: list[dict[str, Any]] = []
+    background: list[bool] = []
     while len(events) < n:
         rule = rng.choice(rules)
-        event = event_of(rule.sigma, rng, rng.random() < HIT_SHARE, rule.header.category)
+        hit = rng.random() < HIT_SHARE
+        event = event_of(rule.sigma, rng, hit, rule.header.category)
         if event is not None:
             event["@timestamp"] = "2026-12-01T00:00:00Z"
             events.append(event)
-    return events
+            background.append(not hit)
+    return events, background
+
+
+def unique_values(events: list[dict[str, Any]], background: list[bool]) -> list[dict[str, Any]]:
+    """The same events, each benign value made unlike any other by a counter directory
+    (`C:\\Program Files\\bash\\7f3a\\bash.exe`): the start, the end and each name of the
+    value stay as they were, so the same rules match (the bench checks it), but no text is
+    ever met twice, as under a flood of distinct values (what the index remembers is no use)."""
+    unique: list[dict[str, Any]] = []
+    for n, (event, benign) in enumerate(zip(events, background, strict=True)):
+        if benign:
+            event = {
+                field: unique_text(value, n)
+                if field not in FIXED and isinstance(value, str)
+                else value
+                for field, value in event.items()
+            }
+        unique.append(event)
+    return unique
+
+
+def unique_text(text: str, n: int) -> str:
+    head, _, name = text.rpartition("\\")
+    return f"{head}\\{n:x}\\{name}"
 
 
 MatchSet = set[tuple[tuple[int, ...], str]]  # (positions of the events, rule id)
@@ -134,6 +167,12 @@ def main(argv: list[str]) -> int:
         "--rules-dir", type=Path, default=Path(os.environ.get("HPCSEC_SIGMAHQ", DEFAULT_DIR))
     )
     parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument(
+        "--unique-events",
+        type=int,
+        default=UNIQUE_EVENTS,
+        help="how many of the events are run again with every benign value made unique",
+    )
     parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite peer")
     parser.add_argument(
         "--scaling",
@@ -158,27 +197,48 @@ def main(argv: list[str]) -> int:
             f"categories: load {parsed + built:.2f} s CPU (parse {parsed:.2f} + {workers:.2f} "
             f"in worker processes, compile {built:.2f})"
         )
-        events = generate(ruleset, args.events)
+        events, background = generate(ruleset, args.events)
         cached_load(paths, events, Path(scratch))
         if args.scaling:
             scaling(ruleset, events)
             return 0
-        cpu, found = run_matches(engine, events)
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(
-            f"engine, indexed:   {len(events) / cpu:>10,.0f} events/s  {len(found):,} matches  "
-            f"peak RSS {rss:.0f} MB"
-        )
         plain = Engine(ruleset, index_min=10**9)
-        cpu_plain, found_plain = run_matches(plain, events)
-        print(
-            f"engine, unindexed: {len(events) / cpu_plain:>10,.0f} events/s  "
-            f"{len(found_plain):,} matches  (indexed is {cpu_plain / cpu:.1f}x)"
-        )
-        same = differential(match_set(found, events), match_set(found_plain, events))
+        same, repeated, rate = workload("repeated values", engine, plain, events)
+        count = min(args.unique_events, len(events))
+        if count > 0:
+            unique = unique_values(events[:count], background[:count])
+            same_unique, found_unique, _ = workload("unique values", engine, plain, unique)
+            kept = {(positions, rule) for positions, rule in repeated if positions[-1] < count}
+            print(
+                f"unique values change no match: {found_unique == kept} "
+                f"({len(found_unique):,} pairs; {len(kept):,} on the same events as generated)"
+            )
+            same = same and same_unique and found_unique == kept
         if not args.no_sqlite:
-            sqlite_peer(ruleset, events, Path(scratch), len(events) / cpu)
+            sqlite_peer(ruleset, events, Path(scratch), rate)
     return 0 if same else 1
+
+
+def workload(
+    name: str, engine: Engine, plain: Engine, events: list[dict[str, Any]]
+) -> tuple[bool, MatchSet, float]:
+    """One workload through the indexed and the unindexed engine: events/s of each, whether
+    both found the same (event, rule) pairs, those pairs and the indexed events/s."""
+    cpu, found = run_matches(engine, events)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"{name} ({len(events):,} events): engine, indexed: {len(events) / cpu:>10,.0f} "
+        f"events/s  {len(found):,} matches  peak RSS {rss:.0f} MB"
+    )
+    cpu_plain, found_plain = run_matches(plain, events)
+    print(
+        f"{name} ({len(events):,} events): engine, unindexed: "
+        f"{len(events) / cpu_plain:>10,.0f} events/s  {len(found_plain):,} matches  "
+        f"(indexed is {cpu_plain / cpu:.1f}x)"
+    )
+    indexed = match_set(found, events)
+    same = differential(indexed, match_set(found_plain, events))
+    return same, indexed, len(events) / cpu
 
 
 def differential(indexed: MatchSet, plain: MatchSet) -> bool:
