@@ -7,11 +7,13 @@ hash table of all the rules' `eq` literals for that field, and scanned once by o
 automaton holding all their `contains`/`startswith`/`endswith` literals (pyahocorasick, C);
 the patterns of its `re` keys are searched in the value as it is, all in one RE2 pass.
 A field keywords search is probed once, with its own literals and the keywords' together. What
-a short text showed is remembered per field (MEMO_MAX): telemetry repeats its values.
+a short text showed is remembered per field (MEMO_MAX; all fields together MEMO_TOTAL_MAX):
+telemetry repeats its values.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,8 +46,12 @@ def probe_texts(value: Any) -> Sequence[str]:
 # What a field's texts showed is remembered for texts up to MEMO_TEXT_MAX characters, at most
 # MEMO_MAX of them (then forgotten all at once): node telemetry repeats its values (names,
 # paths, users), and a text met again costs one lookup. Hostile texts can only make it forget.
+# All fields' memos of the process together hold at most MEMO_TOTAL_MAX texts (then all are
+# forgotten at once): a flood of distinct texts over SigmaHQ's ~170 indexed fields would
+# otherwise hold 170 x 1024 of them (~40 MB); at most ~250 bytes a text, this bounds it to ~8 MB.
 MEMO_MAX = 1024
 MEMO_TEXT_MAX = 128
+MEMO_TOTAL_MAX = 32768
 NO_RULES: frozenset[int] = frozenset()
 # Up to this many substring literals, a field tests each with `in`; more go into one
 # Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
@@ -60,11 +66,51 @@ def raw_texts(value: Any) -> Sequence[str]:
     return [text for text in map(m.as_text, values) if text is not None]
 
 
+class MemoBudget:
+    """The texts all FieldIndex memos of the process hold together (MEMO_TOTAL_MAX): every
+    engine's, so rebuilding one on a rule reload cannot multiply it."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        # the fields whose memo holds texts: weakly, so a discarded engine is freed
+        self.holders: weakref.WeakSet[FieldIndex] = weakref.WeakSet()
+
+    def take(self, field: FieldIndex) -> None:
+        """Room for one more text in the memo of `field`: all memos are forgotten when full
+        (once every `limit` texts, so O(1) a text amortised)."""
+        if self.used >= self.limit:
+            for holder in list(self.holders):
+                holder.memo.clear()
+            self.holders.clear()
+            self.used = 0
+        if not field.memo:
+            self.holders.add(field)
+        self.used += 1
+
+    def forget(self, field: FieldIndex) -> None:
+        """Forget the texts of one field's memo."""
+        self.used -= len(field.memo)
+        field.memo.clear()
+
+
+MEMOS = MemoBudget(MEMO_TOTAL_MAX)
+
+
 class FieldIndex:
     """The literals of one field: exact values in a dict, the rest in one automaton (a tuple
     when they are few); and the patterns of its `re` keys in one regex.PatternSet."""
 
-    __slots__ = ("automaton", "exact", "few", "field", "memo", "pattern_rules", "patterns")
+    __slots__ = (
+        "__weakref__",
+        "automaton",
+        "exact",
+        "few",
+        "field",
+        "memo",
+        "pattern_rules",
+        "patterns",
+    )
 
     def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
         self.field = field
@@ -107,10 +153,10 @@ class FieldIndex:
         if own:
             found |= own
         if len(text) <= MEMO_TEXT_MAX:
-            memo = self.memo
-            if len(memo) >= MEMO_MAX:  # forget all at once: O(1) a text, whatever comes
-                memo.clear()
-            memo[text] = frozenset(own) if own else NO_RULES
+            if len(self.memo) >= MEMO_MAX:  # forget all at once: O(1) a text, whatever comes
+                MEMOS.forget(self)
+            MEMOS.take(self)
+            self.memo[text] = frozenset(own) if own else NO_RULES
 
     def collect_patterns(self, text: str, found: set[int]) -> None:
         """The rules of the patterns found in the text as it is (not case-folded)."""
