@@ -26,6 +26,7 @@ backend's SQL on sqlite3 over the repeated events (table load reported apart).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import resource
@@ -122,11 +123,12 @@ def unique_values(events: list[dict[str, Any]], background: list[bool]) -> list[
     (`C:\\Program Files\\bash\\7f3a\\bash.exe`): the start, the end and each name of the
     value stay as they were, so the same rules match (the bench checks it), but no text is
     ever met twice, as under a flood of distinct values (what the index remembers is no use)."""
+    counter = itertools.count()
     unique: list[dict[str, Any]] = []
-    for n, (event, benign) in enumerate(zip(events, background, strict=True)):
+    for event, benign in zip(events, background, strict=True):
         if benign:
             event = {
-                field: unique_text(value, n)
+                field: unique_text(value, next(counter))
                 if field not in FIXED and isinstance(value, str)
                 else value
                 for field, value in event.items()
