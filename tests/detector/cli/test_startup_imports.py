@@ -153,6 +153,15 @@ def test_rule_readers_import_the_parser_but_no_plugin(argv: list[str], tmp_path:
     assert heavy_in(warm, HEAVY + SIGMA_PARSER + YAML + UNUSED_BY_READERS) == []
 
 
+def test_rules_list_without_a_config_imports_no_config_parser(tmp_path: Path) -> None:
+    """`rules list` with no --config lists the bundled rules (and --rules): the site config's
+    parser is not imported; with --config it is, and the config's rules are listed too."""
+    imported_by(["rules", "list"], tmp_path)  # fills the rule cache
+    assert "hpcsec.detector.config.site" not in imported_by(["rules", "list"], tmp_path)
+    with_config = imported_by(["rules", "list", "--config", str(SITE_CONFIG)], tmp_path)
+    assert "hpcsec.detector.config.site" in with_config
+
+
 def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
     """The plugins are imported where they are used: `rules check` still runs them."""
     modules = imported_by(["rules", "check"], tmp_path)
