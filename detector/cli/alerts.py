@@ -25,7 +25,8 @@ from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible_json
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
-from hpcsec.detector.store.alert_store import DISPOSITIONS, AlertQuery, Store, parse_since
+from hpcsec.detector.store.query import AlertQuery, parse_since
+from hpcsec.detector.store.rows import DISPOSITIONS
 
 HELD = {
     "silenced": "silenced",
@@ -130,6 +131,10 @@ def render_table(alerts: list[dict[str, Any]], width: int | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # DuckDB (with the store) is imported here, where a store is opened: `hpcsec alerts
+    # --help` and a mistyped option must not pay a quarter of a second for it
+    from hpcsec.detector.store.alert_store import Store
+
     config = load_config(args.config)
     path = args.store or config.store_path
     if not path:

@@ -10,8 +10,6 @@ import sys
 from hpcsec.detector.cli.common import add_config_and_rules
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import rfc3339
-from hpcsec.detector.report.gather import scan_alerts, store_alerts
-from hpcsec.detector.report.page import render
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, where a report is made: gathering pulls in the engine (pySigma) and the
+    # store (DuckDB), which `hpcsec report --help` must not pay for
+    from hpcsec.detector.report.gather import scan_alerts, store_alerts
+    from hpcsec.detector.report.page import render
+
     if args.store and args.rules:
         raise UsageError("--rules goes with a scan (--demo, --snapshot, --events), not --store")
     if args.store:

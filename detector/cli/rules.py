@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 from hpcsec.detector.cli.common import add_config_and_rules
-from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.engine import rulecache
@@ -17,7 +16,8 @@ from hpcsec.detector.engine.loader import load_rules, rule_paths_for
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 # `rules list` reads the rule cache's headers and must not pay for pySigma's parser: the
-# actions that need it (show, check, test, convert) import their modules when they run.
+# actions that need it (show, check, test, convert) import their modules when they run. The
+# site config's parser (config.site) likewise: `rules list` without --config has no config.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -177,6 +177,10 @@ def _listed_paths(args: argparse.Namespace) -> list[str]:
                 f"rules {args.rules_action}: give PATH, or --config/--rules/--no-default-rules"
             )
         return list(args.paths)
+    if args.config is None:  # the bundled rules and --rules: no config parser to import
+        return rule_paths_for(None, args.rules, default_rules=not args.no_default_rules)
+    from hpcsec.detector.config.site import load_config  # a config given: its parser
+
     config = load_config(args.config)
     return rule_paths_for(config, args.rules, default_rules=not args.no_default_rules)
 
@@ -222,6 +226,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_test(args: argparse.Namespace) -> int:
+    from hpcsec.detector.config.site import load_config
     from hpcsec.detector.engine.ruletests import coverage_gaps, run_tests
 
     ruleset = load_rules(_paths(args))
@@ -252,6 +257,7 @@ def _backend_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    from hpcsec.detector.config.site import load_config
     from hpcsec.detector.engine.convert import convert_ruleset
 
     config = load_config(args.config)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hpcsec.rules
-from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.errors import RuleError, UsageError, location
 from hpcsec.detector.engine import crossfile, rulecache
 from hpcsec.detector.engine.ruleset import BUNDLED, RuleSet
+
+if TYPE_CHECKING:  # the config parser is not imported by `rules list`, which has no config
+    from hpcsec.detector.config.site import SiteConfig
 
 RULE_SUFFIXES = (".yml", ".yaml")
 TESTS_DIR = "tests"  # beside the rule files: their test events, not rules
@@ -83,14 +85,14 @@ def rule_sources(paths: Sequence[str | Path], errors: list[RuleError]) -> dict[P
 
 
 def rule_paths_for(
-    config: SiteConfig, rule_paths: Sequence[str] | None, *, default_rules: bool = True
+    config: SiteConfig | None, rule_paths: Sequence[str] | None, *, default_rules: bool = True
 ) -> list[str]:
     """The rules a pipeline runs, in load order: the bundled ones (unless `default_rules` is
     off), then the config's `rules:`, then the command line's `--rules`. Local rules add to
     the bundled ones, as a local rules file does in Falco: their filters apply to bundled
     rules, and a local rule reusing a bundled rule's id is an error."""
     paths = [str(bundled_rules_dir())] if default_rules else []
-    paths += [*config.rule_paths, *(rule_paths or ())]
+    paths += [*(config.rule_paths if config is not None else ()), *(rule_paths or ())]
     if not paths:
         raise UsageError("--no-default-rules needs rules: --rules PATH or `rules:` in the config")
     return paths

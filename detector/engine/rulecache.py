@@ -3,13 +3,14 @@ skip the YAML and pySigma parse of every file that did not change (most of their
 
 An entry holds what one rule file gave: its rules and its errors. It is keyed by a SHA-256 of
 everything that result depends on: the file's path and bytes, the threshold values, the
-hpcsec version and the source of the code that parses rules, Python's and pySigma's versions
-(`fingerprint`). Any change is a new key; a load reads the entries of the files that did not
-change and parses only the others (loader.py). What is decided across files (duplicate ids,
-correlation references, test events) is not cached: it runs over the assembled set at every
-load (crossfile.py). After a load that wrote entries, the oldest entries that load did not
-use are removed while there are more than `2 * used + SPARE_ENTRIES`, so edits and other
-rule sets cannot fill the disk.
+hpcsec version and the code that parses rules (each source file's identity on disk, see
+code_state: a reinstall or a copy of the same code is a miss, an edit is never a hit), Python's
+and pySigma's versions (`fingerprint`). Any change is a new key; a load reads the entries of
+the files that did not change and parses only the others (loader.py). What is decided across
+files (duplicate ids, correlation references, test events) is not cached: it runs over the
+assembled set at every load (crossfile.py). After a load that wrote entries, the oldest
+entries that load did not use are removed while there are more than `2 * used +
+SPARE_ENTRIES`, so edits and other rule sets cannot fill the disk.
 
 Entries are pickles, so only the user who runs hpcsec may be able to write them: the cache is
 `$XDG_CACHE_HOME/hpcsec` (else `~/.cache/hpcsec`), created 0700; it is used only when it is a
@@ -32,6 +33,7 @@ import os
 import pickle
 import stat
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,6 +48,8 @@ from hpcsec.detector.engine.ruleset import LoadedRule, RuleHeader, RuleSet
 FORMAT = b"hpcsec-rulecache-3"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
+# a code file changed this recently is identified by its bytes as well (code_state)
+RACY_NS = 3_000_000_000
 SPARE_ENTRIES = 64  # entries kept beyond twice those of the last load (other rule sets, edits)
 # what names a rule file's entry: pruning removes only those (the directory is shared with
 # other caches of hpcsec)
@@ -63,19 +67,40 @@ class FileEntry(NamedTuple):
     references: list[References]  # one per rule of ruleset.rules
 
 
-def fingerprint() -> bytes | None:
+def fingerprint(code_dirs: Sequence[Path] = CODE_DIRS) -> bytes | None:
     """What every entry depends on besides its file: versions and the parsing code (None when
     the code cannot be read: no caching)."""
     digest = hashlib.sha256(FORMAT)
     for name in ("hpcsec", "pySigma"):
         digest.update(f"{name} {installed_version(name)}\n".encode())
     digest.update(sys.version.encode())
+    now = time.time_ns()
     try:
-        for code in sorted(p for d in CODE_DIRS for p in d.glob("*.py")):
-            digest.update(code.read_bytes())
+        for directory in code_dirs:
+            for name in sorted(os.listdir(directory)):
+                if name.endswith(".py"):
+                    digest.update(code_state(os.path.join(directory, name), now))
     except OSError:
         return None
     return digest.digest()
+
+
+def code_state(path: str, now_ns: int) -> bytes:
+    """What identifies one code file's contents, without reading it: its path, device, inode,
+    size, mtime and ctime. Writing to a file sets both times, putting the mtime back sets the
+    ctime (which only the clock sets), and replacing a file gives a new inode: an edit changes
+    this. On a file system whose clock ticks coarsely, an edit within the same tick as the
+    last one keeps the times, so a file changed less than RACY_NS ago is identified by its
+    bytes too (git's racy-clean check)."""
+    info = os.stat(path)
+    state = (
+        f"{path}\0{info.st_dev} {info.st_ino} {info.st_size} "
+        f"{info.st_mtime_ns} {info.st_ctime_ns}\n".encode()
+    )
+    if now_ns - max(info.st_mtime_ns, info.st_ctime_ns) < RACY_NS:
+        with open(path, "rb") as code:
+            state += hashlib.sha256(code.read()).digest()
+    return state
 
 
 def file_key(

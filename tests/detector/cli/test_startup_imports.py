@@ -106,6 +106,20 @@ def test_light_commands_import_nothing_heavy(argv: list[str], tmp_path: Path) ->
     assert heavy_in(modules, HEAVY + SIGMA_PARSER + YAML) == []
 
 
+# what no sub-command's --help may import: the store's database, the HTTP client, the packet and
+# netlink libraries, Parquet (those are imported where the command runs)
+NOT_FOR_HELP = ("duckdb", "httpx", "rich", "pyarrow", "scapy", "pyroute2", "jinja2", "requests")
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_command_help_imports_the_store_or_a_client(command: str, tmp_path: Path) -> None:
+    """`hpcsec alerts --help` (and every other sub-command's) prints what the module registers
+    without importing DuckDB or an HTTP client: those load where the command runs."""
+    modules = imported_by([command, "--help"], tmp_path)
+    assert f"hpcsec.detector.cli.{command}" in modules  # its own options were registered
+    assert heavy_in(modules, NOT_FOR_HELP) == []
+
+
 def test_the_prolog_imports_only_what_it_uses(tmp_path: Path) -> None:
     """Run as slurmd runs it (a job id in the environment): it records the job start and
     imports nothing of the epilog's checks."""
@@ -137,6 +151,15 @@ def test_rule_readers_import_the_parser_but_no_plugin(argv: list[str], tmp_path:
     assert heavy_in(cold, HEAVY) == []
     warm = imported_by(argv, tmp_path)
     assert heavy_in(warm, HEAVY + SIGMA_PARSER + YAML + UNUSED_BY_READERS) == []
+
+
+def test_rules_list_without_a_config_imports_no_config_parser(tmp_path: Path) -> None:
+    """`rules list` with no --config lists the bundled rules (and --rules): the site config's
+    parser is not imported; with --config it is, and the config's rules are listed too."""
+    imported_by(["rules", "list"], tmp_path)  # fills the rule cache
+    assert "hpcsec.detector.config.site" not in imported_by(["rules", "list"], tmp_path)
+    with_config = imported_by(["rules", "list", "--config", str(SITE_CONFIG)], tmp_path)
+    assert "hpcsec.detector.config.site" in with_config
 
 
 def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
