@@ -46,6 +46,11 @@ CHUNK_BYTES = 2 * 2**20  # about 3,500 events: small enough to keep both process
 # are still in the CPU cache when the rules read them (a whole chunk at once costs more).
 PARSE_BATCH = 256
 AHEAD_PER_WORKER = 2  # chunks parsed ahead of the caller: bounds the memory they hold
+# Chunks the caller may do itself (`local`) ahead of the next worker's: enough to cover a
+# starting worker (a spawn, the imports, its engine: about a second, some ten chunks), which
+# a cap of a few chunks left the caller waiting out. A chunk done here holds what the caller
+# keeps of it (chunk_detect.py: the matched events), a small part of its 2 MiB.
+LOCAL_AHEAD = 16
 
 
 @dataclass(frozen=True)
@@ -178,8 +183,9 @@ def in_file_order(
     `workers` processes do the chunks; AHEAD_PER_WORKER chunks each are handed out ahead,
     which bounds the memory their results hold. With `local`, the caller does a later chunk
     itself (`local`, as `task` would) whenever the next one's worker is not done yet, so its
-    core is not left idle. A chunk whose worker died or raised (an input no test foresaw)
-    is parsed here instead (`parse_in_caller`): a ParsedChunk, whatever `task` returns."""
+    core is not left idle, up to LOCAL_AHEAD chunks ahead. A chunk whose worker died or
+    raised (an input no test foresaw) is parsed here instead (`parse_in_caller`): a
+    ParsedChunk, whatever `task` returns."""
     bounds = chunk_bounds(stream, os.fstat(stream.fileno()).st_size, CHUNK_BYTES)
     context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
     ahead = workers * AHEAD_PER_WORKER + 1
@@ -200,7 +206,7 @@ def in_file_order(
         lines_before = report.lines
         while window:
             head = window[0]
-            if local is not None and _waiting(head) and len(window) < 2 * ahead:
+            if local is not None and _waiting(head) and len(window) - handed_out < LOCAL_AHEAD:
                 for start, end in islice(bounds, 1):  # a later chunk, done here meanwhile
                     result = _done_here(local, path, start, end, prepare)
                     window.append(Slot(start, end, None, result))

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -302,3 +303,51 @@ def test_rules_that_cannot_be_pickled_leave_the_workers_to_parse_only():
     engine = Pipeline.load(SiteConfig(), None).engine
     ruleset = RuleSet(rules=[UnpicklableRule()])  # type: ignore[list-item]
     assert chunk_detect.Detect.of(ruleset, engine) is None
+
+
+def parsed_once_released(
+    path: str, start: int, end: int, prepare: chunked.Prepare | None
+) -> chunked.ParsedChunk:
+    """A worker slow to start: before its first chunk it waits for the caller's go-ahead (a
+    file), as a spawned worker takes a while to import and build its engine; 20 s at most,
+    so that a caller that stops and waits for it fails the test rather than hangs it."""
+    go = Path(path + ".go")
+    for _ in range(200 if start == 0 else 0):
+        if go.exists():
+            break
+        threading.Event().wait(0.1)
+    return chunked.parse_chunk(path, start, end, prepare)
+
+
+def test_the_caller_keeps_detecting_while_its_worker_starts(tmp_path, monkeypatch):
+    """The caller does up to LOCAL_AHEAD chunks itself ahead of a worker not done yet (not
+    three, to then wait out the worker's start-up); the chunks still come in file order."""
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=4)
+    done_here: list[int] = []
+
+    def local(path: str, start: int, end: int, prepare: chunked.Prepare | None) -> object:
+        done_here.append(start)
+        if len(done_here) == chunked.LOCAL_AHEAD:
+            Path(path + ".go").touch()  # the worker may go on
+        return chunked.parse_chunk(path, start, end, prepare, encode=False)
+
+    with events.open("rb") as stream:
+        one = InputReport(str(events))
+        expected = list(read_jsonl(stream, one))
+        stream.seek(0)
+        two = InputReport(str(events))
+        chunks = chunked.in_file_order(
+            str(events), stream, two, 1, parsed_once_released, None, local
+        )
+        first = next(chunks)  # the worker's first chunk, once the caller let it go
+        here_before_first = len(done_here)
+        read = [
+            e
+            for c in (first, *chunks)
+            for a in c.arrays
+            for e in (orjson.loads(a) if isinstance(a, bytes) else a)
+        ]
+    assert here_before_first == chunked.LOCAL_AHEAD
+    assert read == expected and two == one
