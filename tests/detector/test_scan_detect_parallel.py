@@ -41,25 +41,6 @@ level: low
 
 
 @pytest.fixture
-def chunks_here(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Parallel from the first byte, in chunks of 4 KiB; the chunks parsed in the caller
-    because a worker failed (not those it detected itself while waiting)."""
-    parsed_here: list[tuple[int, int]] = []
-    monkeypatch.setattr(chunked, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)
-    parse_here = chunked.parse_in_caller
-
-    def counted(
-        path: str, start: int, end: int, prepare: chunked.Prepare | None
-    ) -> chunked.ParsedChunk:
-        parsed_here.append((start, end))
-        return parse_here(path, start, end, prepare)
-
-    monkeypatch.setattr(chunked, "parse_in_caller", counted)
-    return parsed_here
-
-
-@pytest.fixture
 def evaluated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many events the caller's engine evaluated, per call."""
     counts: list[int] = []
@@ -101,7 +82,7 @@ def write_sequences(path: Path, rounds: int) -> None:
 
 
 def test_workers_detect_and_the_caller_gives_the_same_output(
-    tmp_path, capsys, chunks_here, evaluated, monkeypatch
+    tmp_path, capsys, small_chunks, evaluated, monkeypatch
 ):
     events = tmp_path / "events.jsonl"
     write_sequences(events, rounds=4)
@@ -120,7 +101,7 @@ def test_workers_detect_and_the_caller_gives_the_same_output(
     monkeypatch.setattr(chunk_detect, "kept_of", kept_of)
     parallel = scan(capsys, "--events", str(events), "--jobs", "2")
     assert parallel == serial
-    assert chunks_here == []  # no worker failed
+    assert small_chunks == []  # no worker failed
     assert detected_by == {bytes, list}  # the worker starts while the caller detects
     alerts = [json.loads(line) for line in serial[1].splitlines()]
     kinds = {a["rule.kind"] for a in alerts}
@@ -162,7 +143,7 @@ def gpu_events(rounds: int) -> list[dict]:
     return out
 
 
-def test_gpu_users_relate_events_across_chunks_as_in_one_process(tmp_path, capsys, chunks_here):
+def test_gpu_users_relate_events_across_chunks_as_in_one_process(tmp_path, capsys, small_chunks):
     """gpu_users relates the gpu_device and gpu_process events of one batch: the caller does
     it for the workers, so a batch cut by a chunk's end is enriched as a whole."""
     rules = tmp_path / "shared_gpu.yml"
@@ -176,13 +157,13 @@ def test_gpu_users_relate_events_across_chunks_as_in_one_process(tmp_path, capsy
     serial = scan(capsys, *argv, "--jobs", "1")
     parallel = scan(capsys, *argv, "--jobs", "2")
     assert parallel == serial
-    assert chunks_here == []
+    assert small_chunks == []
     fired = [json.loads(line) for line in serial[1].splitlines()]
     shared = [a for a in fired if a["rule.id"] == "6a0b3b7e-1c4d-4f4e-9a51-5b0f1c2d3e4f"]
     assert len(shared) > 10
 
 
-def test_a_killed_worker_gives_the_same_output(tmp_path, capsys, chunks_here, monkeypatch):
+def test_a_killed_worker_gives_the_same_output(tmp_path, capsys, small_chunks, monkeypatch):
     """The chunks of a worker that died are parsed and evaluated in the caller."""
     events = tmp_path / "events.jsonl"
     write_events(events, rounds=6)
@@ -200,7 +181,7 @@ def test_a_killed_worker_gives_the_same_output(tmp_path, capsys, chunks_here, mo
 
     monkeypatch.setattr(chunked, "merge", kill_workers_after_two_chunks)
     assert scan(capsys, "--events", str(events), "--jobs", "2") == serial
-    assert chunks_here  # the chunks after the kill were parsed here
+    assert small_chunks  # the chunks after the kill were parsed here
     assert any(isinstance(c, chunk_detect.DetectedChunk) for c in merged)
 
 
@@ -213,7 +194,7 @@ def fails_on_the_first_chunk(
     return chunked.parse_chunk(path, start, end, prepare)
 
 
-def test_a_chunk_whose_worker_raised_is_parsed_in_the_caller(tmp_path, chunks_here):
+def test_a_chunk_whose_worker_raised_is_parsed_in_the_caller(tmp_path, small_chunks):
     events = tmp_path / "events.jsonl"
     write_events(events, rounds=2)
     with events.open("rb") as stream:
@@ -229,7 +210,7 @@ def test_a_chunk_whose_worker_raised_is_parsed_in_the_caller(tmp_path, chunks_he
             for e in (orjson.loads(a) if isinstance(a, bytes) else a)
         ]
     assert read == expected and two == one
-    assert [start for start, _ in chunks_here] == [0]
+    assert [start for start, _ in small_chunks] == [0]
 
 
 def stored(path: Path) -> tuple[list, list]:
@@ -244,7 +225,7 @@ def stored(path: Path) -> tuple[list, list]:
     return events, alerts
 
 
-def test_with_a_store_every_event_is_stored_as_in_one_process(tmp_path, capsys, chunks_here):
+def test_with_a_store_every_event_is_stored_as_in_one_process(tmp_path, capsys, small_chunks):
     """The store keeps every event: the workers then only parse, the caller evaluates."""
     events = tmp_path / "events.jsonl"
     write_events(events, rounds=3)

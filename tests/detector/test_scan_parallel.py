@@ -63,24 +63,6 @@ def scan(events: Path, jobs: int, capsys: pytest.CaptureFixture[str]) -> tuple[i
     return rc, out, err
 
 
-@pytest.fixture
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Parallel from the first byte, in chunks of 4 KiB; the chunks parsed in the caller."""
-    in_caller: list[tuple[int, int]] = []
-    monkeypatch.setattr(chunked, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)
-    parse_here = chunked.parse_in_caller
-
-    def counted(
-        path: str, start: int, end: int, prepare: chunked.Prepare | None
-    ) -> chunked.ParsedChunk:
-        in_caller.append((start, end))
-        return parse_here(path, start, end, prepare)
-
-    monkeypatch.setattr(chunked, "parse_in_caller", counted)
-    return in_caller
-
-
 def test_parallel_scan_gives_the_same_alerts_and_report(tmp_path, capsys, small_chunks):
     events = tmp_path / "events.jsonl"
     write_events(events, rounds=6)
