@@ -397,10 +397,8 @@ class Engine:
         if now > self._settled_until:
             self._fed.clear()
             for correlation in correlations:
-                if now > correlation.settled_until:  # else expire() would find nothing to do
-                    for fired in correlation.expire(now):
-                        self._fire(correlation, fired, out)
-            self._settled_until = min([c.settled_until for c in correlations])
+                self._expire_one(correlation, now, out)
+            self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
             return
         fed, visited = self._fed, -1
         while fed:  # a correlation fired here may feed a later one: it is looked at too
