@@ -9,6 +9,7 @@ import gc
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 
 from hpcsec.detector.alerts.incidents import summarize_incidents
 from hpcsec.detector.alerts.model import Alert, level_rank
@@ -19,7 +20,7 @@ from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.engine.config_names import config_name_errors
-from hpcsec.detector.runtime.chunk_detect import Detect
+from hpcsec.detector.runtime.chunk_detect import Detect, start_workers
 from hpcsec.detector.runtime.chunked import tune_gc
 from hpcsec.detector.runtime.delivery import deliver_alerts, report_held, store_decision
 from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, open_store
@@ -104,6 +105,18 @@ def run(args: argparse.Namespace) -> int:
     config_path = args.config
     if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
         config_path = str(demo_snapshot_dir() / "site-config.yml")
+    # the workers start now, so their start overlaps the load of the rules
+    workers = start_workers(args.events, jobs_of(args))
+    try:
+        return _run(args, config_path, workers)
+    finally:
+        if workers is not None:
+            workers.shutdown(cancel_futures=True)
+
+
+def _run(
+    args: argparse.Namespace, config_path: str | None, workers: ProcessPoolExecutor | None
+) -> int:
     config = load_config(config_path)
     pipeline = Pipeline.load(
         config, args.rules, default_rules=not args.no_default_rules, dedup=not args.no_dedup
@@ -118,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         config=config,
     )
     try:
-        return scan(args, pipeline, outputs)
+        return scan(args, pipeline, outputs, workers)
     finally:
         if outputs is not None:
             outputs.close()
@@ -193,9 +206,14 @@ def jobs_of(args: argparse.Namespace) -> int:
     return int(args.jobs)
 
 
-def scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None) -> int:
+def scan(
+    args: argparse.Namespace,
+    pipeline: Pipeline,
+    outputs: OutputSet | None,
+    workers: ProcessPoolExecutor | None = None,
+) -> int:
     with scan_gc():
-        return _scan(args, pipeline, outputs)
+        return _scan(args, pipeline, outputs, workers)
 
 
 @contextlib.contextmanager
@@ -212,14 +230,19 @@ def scan_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _scan(args: argparse.Namespace, pipeline: Pipeline, outputs: OutputSet | None) -> int:
+def _scan(
+    args: argparse.Namespace,
+    pipeline: Pipeline,
+    outputs: OutputSet | None,
+    workers: ProcessPoolExecutor | None,
+) -> int:
     config = pipeline.config
     report = ScanReport()
     store_path = args.store or config.store_path
     # the store keeps every event: then the workers only parse, and this process evaluates
     parallel = args.events and not store_path and jobs_of(args) > 1
     detect = Detect.of(pipeline.ruleset, pipeline.engine) if parallel else None
-    batches = sources_of(args, EventSources(config, report), detect)
+    batches = sources_of(args, EventSources(config, report, workers), detect)
     store = open_store(store_path, config.retention_days)
     for batch in batches:
         step = pipeline.process([batch])

@@ -25,11 +25,14 @@ caller (chunked.in_file_order), which then evaluates all of its events itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import pickle
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -190,6 +193,34 @@ def batches_of(
         yield total - batch * size, evaluate, context
 
 
+def warm_up() -> None:
+    """A worker's first task: taking it imports this module, and so the engine's."""
+
+
+def start_workers(path: str | None, jobs: int) -> ProcessPoolExecutor | None:
+    """The `jobs - 1` workers a scan of the events file `path` will use, started before the
+    caller loads its rules: their start (a spawn, the imports: about a second of the other
+    core) then overlaps that load and the firmware pass instead of following them. None when
+    the scan will not use any (one job, stdin, a file too small to pay)."""
+    if jobs < 2 or not path or path == "-" or not chunked.worth_workers(path):
+        return None
+    pool = chunked.new_pool(jobs - 1)
+    pool.submit(warm_up)
+    return pool
+
+
+def build_engine(pool: ProcessPoolExecutor, detect: Detect) -> None:
+    """Has a started worker build its engine now (the caller meanwhile reads the firmware
+    lines), not at its first chunk. A worker that died costs nothing here: its chunks are
+    then parsed in the caller (chunked.in_file_order)."""
+    with contextlib.suppress(BrokenProcessPool):
+        pool.submit(_build_engine, detect)
+
+
+def _build_engine(detect: Detect) -> None:  # in a worker: returns nothing to send back
+    worker_engine(detect)
+
+
 def read_detected(
     path: str,
     stream: BinaryIO,
@@ -198,6 +229,7 @@ def read_detected(
     prepare: chunked.Prepare,
     detect: Detect,
     size: int,
+    pool: ProcessPoolExecutor | None = None,
 ) -> Iterator[tuple[int, list[Event], list[Event]]]:
     """`batches_of` the regular file `stream` (opened from `path`), its chunks detected by
     `jobs - 1` workers and by the caller, which does a chunk whenever the next worker's is
@@ -208,6 +240,6 @@ def read_detected(
     local = functools.partial(detect_chunk, detect=detect, engine=detect.engine())
     workers = max(1, jobs - 1)
     chunks = chunked.in_file_order(
-        os.path.abspath(path), stream, report, workers, task, prepare, local
+        os.path.abspath(path), stream, report, workers, task, prepare, local, pool
     )
     yield from batches_of(map(kept_of, chunks), size)

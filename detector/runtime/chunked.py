@@ -17,11 +17,13 @@ on `in_file_order` below).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import logging
 import multiprocessing
 import os
+import stat
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -168,6 +170,21 @@ class Slot:
     result: Any = None
 
 
+def worth_workers(path: str) -> bool:
+    """Whether `path` is a regular file large enough for workers to pay (PARALLEL_MIN_BYTES)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size >= PARALLEL_MIN_BYTES
+
+
+def new_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` processes; each starts at the first task it is handed."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=tune_gc)
+
+
 def in_file_order(
     path: str,
     stream: BinaryIO,
@@ -176,6 +193,7 @@ def in_file_order(
     task: Task[T],
     prepare: Prepare | None,
     local: Task[T] | None = None,
+    pool: ProcessPoolExecutor | None = None,
 ) -> Iterator[T | ParsedChunk]:
     """`task`'s result for each chunk of the regular file `stream` (opened from `path`), in
     file order, each one's counts merged into `report` before it is yielded.
@@ -185,11 +203,12 @@ def in_file_order(
     itself (`local`, as `task` would) whenever the next one's worker is not done yet, so its
     core is not left idle, up to LOCAL_AHEAD chunks ahead. A chunk whose worker died or
     raised (an input no test foresaw) is parsed here instead (`parse_in_caller`): a
-    ParsedChunk, whatever `task` returns."""
+    ParsedChunk, whatever `task` returns. `pool`: `workers` processes started earlier
+    (chunk_detect.start_workers), which whoever started them shuts down."""
     bounds = chunk_bounds(stream, os.fstat(stream.fileno()).st_size, CHUNK_BYTES)
-    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
     ahead = workers * AHEAD_PER_WORKER + 1
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=tune_gc) as pool:
+    with contextlib.ExitStack() as owned:
+        executor = pool if pool is not None else owned.enter_context(new_pool(workers))
         window: deque[Slot] = deque()
         handed_out = 0  # slots of the window handed to the workers (done or not)
 
@@ -197,7 +216,7 @@ def in_file_order(
             nonlocal handed_out
             handed_out += 1
             try:
-                window.append(Slot(start, end, pool.submit(task, path, start, end, prepare)))
+                window.append(Slot(start, end, executor.submit(task, path, start, end, prepare)))
             except BrokenProcessPool:
                 window.append(Slot(start, end, None))
 
@@ -250,7 +269,12 @@ def _done_here(local: Task[T], path: str, start: int, end: int, prepare: Prepare
 
 
 def read_parallel(
-    path: str, stream: BinaryIO, report: InputReport, jobs: int, prepare: Prepare | None = None
+    path: str,
+    stream: BinaryIO,
+    report: InputReport,
+    jobs: int,
+    prepare: Prepare | None = None,
+    pool: ProcessPoolExecutor | None = None,
 ) -> Iterator[list[Event]]:
     """The events of the regular file `stream` (opened from `path`), parsed by `jobs - 1`
     worker processes while the caller uses them, in lists of up to PARSE_BATCH; the same
@@ -262,6 +286,6 @@ def read_parallel(
     evaluates keeps up with the parsing."""
     path = os.path.abspath(path)
     workers = max(1, jobs - 1)
-    for parsed in in_file_order(path, stream, report, workers, parse_chunk, prepare):
+    for parsed in in_file_order(path, stream, report, workers, parse_chunk, prepare, None, pool):
         for array in parsed.arrays:
             yield orjson.loads(array) if isinstance(array, bytes) else array

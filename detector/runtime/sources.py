@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -87,7 +89,7 @@ def demo_snapshot_dir() -> Path:
     return Path(str(files("hpcsec.demo")))
 
 
-def fleet_majority(stream: BinaryIO) -> dict[str, str]:
+def fleet_majority(stream: io.BufferedIOBase) -> dict[str, str]:
     """Per firmware component, the version most hosts of an events file run (see policy).
 
     A first pass that parses only firmware lines, so the majority is known before the
@@ -114,7 +116,9 @@ def fleet_majority(stream: BinaryIO) -> dict[str, str]:
     }
 
 
-def lines_containing(stream: BinaryIO, needle: bytes, block: int = SEARCH_BLOCK) -> Iterator[bytes]:
+def lines_containing(
+    stream: io.BufferedIOBase, needle: bytes, block: int = SEARCH_BLOCK
+) -> Iterator[bytes]:
     """The lines of `stream` (split on b"\\n" as iterating it does) that contain `needle`.
 
     The file is read into one buffer, again and again: a fresh block per read (and the
@@ -171,9 +175,12 @@ def snapshot_samples(
 class EventSources:
     """Scan's sources; each yields SourceBatches (not enriched yet: the pipeline does it)."""
 
-    def __init__(self, config: SiteConfig, report: ScanReport):
+    def __init__(
+        self, config: SiteConfig, report: ScanReport, workers: ProcessPoolExecutor | None = None
+    ):
         self.config = config
         self.report = report
+        self.workers = workers  # started early for an events file (chunk_detect.start_workers)
 
     def _batches(
         self, blocks: Iterator[list[Event]], size: int, enriched: frozenset[str] = frozenset()
@@ -212,6 +219,8 @@ class EventSources:
         except OSError as exc:
             raise UsageError(f"cannot read events file {path}: {exc.strerror}") from None
         with stream:
+            if self.workers is not None and detect is not None:
+                chunk_detect.build_engine(self.workers, detect)
             majority = fleet_majority(stream)
             stream.seek(0)
             info = os.fstat(stream.fileno())
@@ -226,7 +235,7 @@ class EventSources:
                 if detect is not None:
                     yield from self._detected(path, stream, report, jobs, prepare, detect, size)
                     return
-                blocks = chunked.read_parallel(path, stream, report, jobs, prepare)
+                blocks = chunked.read_parallel(path, stream, report, jobs, prepare, self.workers)
                 enriched = POLICY_STEP  # the workers applied the majority and the site policy
             else:
                 blocks = read_jsonl_blocks(stream, report, size)
@@ -246,7 +255,7 @@ class EventSources:
     ) -> Iterator[SourceBatch]:
         """The batches of `chunk_detect.read_detected`; each counts all of its events."""
         for count, events, context in chunk_detect.read_detected(
-            path, stream, report, jobs, prepare, detect, size
+            path, stream, report, jobs, prepare, detect, size, self.workers
         ):
             self.report.events += count
             if events:  # the context only ever serves events to evaluate
