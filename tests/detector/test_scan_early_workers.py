@@ -71,6 +71,10 @@ def test_no_worker_starts_where_the_scan_would_not_use_it(tmp_path, monkeypatch)
     small.write_bytes(b"{}\n" * 10)
     assert small.stat().st_size < chunked.PARALLEL_MIN_BYTES
     assert chunk_detect.start_workers(str(small), 2) is None
+    below = tmp_path / "below.jsonl"  # a worker would cost more than it saves (chunked.py)
+    with below.open("wb") as sparse:
+        sparse.truncate(17 * 2**20)
+    assert chunk_detect.start_workers(str(below), 2) is None
     monkeypatch.setattr(chunked, "PARALLEL_MIN_BYTES", 0)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
