@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.demo and not config_path:  # the demo node's own policy (assets, baselines, admins)
         config_path = str(demo_snapshot_dir() / "site-config.yml")
     # the workers start now, so their start overlaps the load of the rules
-    workers = start_workers(args.events, jobs_of(args))
+    workers = start_workers(args.events, jobs_of(args)) if args.events else None
     try:
         return _run(args, config_path, workers)
     finally:
