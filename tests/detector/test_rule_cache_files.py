@@ -48,17 +48,17 @@ def entries(cache: Path) -> list[str]:
 
 @pytest.fixture
 def parsed(monkeypatch) -> list[str]:
-    """The files parse_entry parses in this process (the real one runs; a spawned worker
+    """The files load_file parses in this process (the real one runs; a spawned worker
     process has the real one only)."""
     seen: list[str] = []
-    real = coldload.parse_entry
+    real = coldload.load_file
 
-    def spy(path, data, threshold_values):
+    def spy(path, ruleset, threshold_values=None, origin="", data=None):
         seen.append(path.name)
         time.sleep(0.02)  # lets the pool's thread hand the first groups to the worker
-        return real(path, data, threshold_values)
+        return real(path, ruleset, threshold_values, origin, data)
 
-    monkeypatch.setattr(coldload, "parse_entry", spy)
+    monkeypatch.setattr(coldload, "load_file", spy)
     return seen
 
 
@@ -178,11 +178,16 @@ def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
     monkeypatch.setattr(coldload, "GROUP_FILES", 2)
     monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
     parsed.clear()
+    encoded: list[int] = []
+    real_encode = rulecache.encode
+    monkeypatch.setattr(rulecache, "encode", lambda *a: encoded.append(1) or real_encode(*a))
     parallel = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    monkeypatch.setattr(rulecache, "encode", real_encode)
     assert 0 < len(parsed) < 9  # the caller parsed groups from the end, a worker the others
     assert errors_of(parallel) == errors_of(serial) and len(serial.errors) == 3
     assert summary(parallel) == summary(serial) and parallel.rules == serial.rules
     assert all(r.sigma_loaded for r in parallel.rules)  # parsed rules keep their objects
+    assert encoded == []  # the caller's share became rules without a pickle round trip
     cached = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=tmp_path / "c")
     assert errors_of(cached) == errors_of(serial) and summary(cached) == summary(serial)
 
