@@ -3,18 +3,18 @@ pySigma with errors at their line (parse.py), duplicates dropped, correlation re
 resolved across files, and the test events beside them (ruletests.py).
 
 A file parses alone into what the rule cache keeps of it (`parse_entry`: its rules, lazy,
-and its errors; rulecache.py), so many files parse in worker processes (`parse_entries`) and
-come back in file order: the errors are those of one process reading the files in turn.
+and its errors; rulecache.py), so many files parse in worker processes (`in_parallel`) and
+come back in file order: the errors are those of one process reading the files in turn. The
+caller parses a share of the files itself, into rules (or the entries to write), and takes in
+the workers' entries as they arrive.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import pickle
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,26 +22,31 @@ from typing import Any, TypeVar
 from hpcsec.detector.core.errors import HpcsecError, RuleError, location
 from hpcsec.detector.core.yamlsrc import decode_source, iter_documents, load_documents
 from hpcsec.detector.engine import correlation_rules, crossfile, rulecache, ruletests, thresholds
+from hpcsec.detector.engine.coldpool import (
+    PARALLEL_MIN_FILES,
+    Workers,
+    gc_paused,
+    start_workers,
+)
 from hpcsec.detector.engine.collection import rule_documents
 from hpcsec.detector.engine.parse import parse_document
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
-# Fewer files than this parse in the caller. A spawned worker costs about 0.5 s of CPU (its
-# interpreter and pySigma's imports) before its first file, and a SigmaHQ file about 1 ms to
-# parse: below a second of parsing the caller would mostly wait for it (bench/rule_load.py).
-PARALLEL_MIN_FILES = 1000
 GROUP_FILES = 25  # files per task handed to a worker; the caller takes tasks from the end
 T = TypeVar("T")
 
 
+@gc_paused()
 def parse_files(
     ruleset: RuleSet,
     sources: Mapping[Path, str],
     threshold_values: Mapping[str, Any] | None,
     with_tests: bool,
+    workers: Workers | None = None,
 ) -> None:
-    """Add the rules of `sources` (file -> origin) to `ruleset`, errors to ruleset.errors."""
-    if len(sources) < PARALLEL_MIN_FILES:
+    """Add the rules of `sources` (file -> origin) to `ruleset`, errors to ruleset.errors
+    (`workers`: coldpool.start_workers's for these files, if started already)."""
+    if workers is None and len(sources) < PARALLEL_MIN_FILES:
         for path, origin in sources.items():
             load_file(path, ruleset, threshold_values, origin)
     else:
@@ -52,6 +57,7 @@ def parse_files(
             threshold_values,
             lambda path, _: _parsed_part(path, threshold_values),
             lambda path, _, entry: _received_part(path, entry, threshold_values),
+            workers,
         )
         for origin, part in zip(sources.values(), parts, strict=True):
             for rule in part.rules:
@@ -164,41 +170,20 @@ def parse_entry(
         return None
 
 
+@gc_paused()
 def _parse_group(
     items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
 ) -> list[bytes | None]:
     return [parse_entry(path, data, threshold_values) for path, data in items]
 
 
-def workers_for(files: int) -> int:
-    """Worker processes for a parse of `files` files beside the caller: one per other CPU,
-    each with PARALLEL_MIN_FILES files or more to parse."""
-    if files < PARALLEL_MIN_FILES:
-        return 0
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(0, min(cpus - 1, files // PARALLEL_MIN_FILES))
-
-
-def parse_entries(
-    items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
-) -> list[bytes | None]:
-    """parse_entry of each (path, bytes), in order (in_parallel)."""
-    return in_parallel(
-        items,
-        threshold_values,
-        lambda path, data: parse_entry(path, data, threshold_values),
-        lambda path, data, entry: entry,
-    )
-
-
+@gc_paused()
 def in_parallel(
     items: Sequence[tuple[Path, bytes | None]],
     threshold_values: Mapping[str, Any] | None,
     here: Callable[[Path, bytes | None], T],
     received: Callable[[Path, bytes | None, bytes | None], T],
+    workers: Workers | None = None,
 ) -> list[T]:
     """One result per (path, bytes), in order: `here(path, data)` for the files the caller
     parses, `received(path, data, entry)` for the parse_entry a worker sent back.
@@ -206,21 +191,22 @@ def in_parallel(
     With enough files, groups go to worker processes (spawned: the caller may hold threads),
     a few at a time from the front, while the caller parses groups from the end and takes in
     each worker's results as soon as they arrive: what it does with them counts in its share,
-    so that the two finish together. A group whose worker failed is parsed here."""
-    groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
-    workers = workers_for(len(items))
-    if workers == 0:
+    so that the two finish together. A group whose worker failed is parsed here. `workers`:
+    those coldpool.start_workers started for these files (else started here), shut down
+    here."""
+    workers = workers if workers is not None else start_workers(len(items))
+    if workers is None:
         return [here(path, data) for path, data in items]
+    groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
     results: list[list[T] | None] = [None] * len(groups)
     pending = deque(range(len(groups)))
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with workers.pool as pool:
         running: dict[Future[list[bytes | None]], int] = {}
         while pending or running:
             for future in [f for f in running if f.done()]:
                 i = running.pop(future)
                 results[i] = _take_in(groups[i], future, here, received)
-            while pending and len(running) < workers + 1:  # one queued: no worker waits
+            while pending and len(running) < workers.processes + 1:  # one queued: no worker waits
                 try:
                     future = pool.submit(_parse_group, groups[pending[0]], threshold_values)
                 except BrokenProcessPool:  # no worker can start: the caller parses the rest

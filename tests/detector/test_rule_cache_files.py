@@ -4,6 +4,7 @@ errors a parse gives, and old entries do not pile up."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.spawn
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcsec.detector.core.errors import RuleError
-from hpcsec.detector.engine import coldload, rulecache
+from hpcsec.detector.engine import coldload, coldpool, rulecache
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
 
@@ -174,9 +175,9 @@ def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
     )
     write(tmp_path / "r7.yml", 1)  # a duplicate id
     serial = load_rules([tmp_path], with_tests=False, collect_errors=True)
-    monkeypatch.setattr(coldload, "PARALLEL_MIN_FILES", 2)
+    monkeypatch.setattr(coldpool, "PARALLEL_MIN_FILES", 2)
     monkeypatch.setattr(coldload, "GROUP_FILES", 2)
-    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     parsed.clear()
     encoded: list[int] = []
     real_encode = rulecache.encode
@@ -196,7 +197,7 @@ def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch)
     for n in range(6):
         write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
     serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
     python = multiprocessing.spawn.get_executable()
     multiprocessing.spawn.set_executable("/bin/false")  # worker interpreters that exit at once
@@ -230,3 +231,29 @@ def test_an_entry_holds_the_bytes_its_key_was_made_of_when_the_file_changes_mean
     assert [
         str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in again.rules
     ] == ["after"]
+
+
+def test_the_garbage_collector_is_paused_while_files_parse_and_restored_after(
+    tmp_path, monkeypatch
+):
+    """Every parsed rule stays alive during a load: a collection walks them all again."""
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    enabled_while_parsing: list[bool] = []
+    real = coldload.load_file
+
+    def spy(path, ruleset, threshold_values=None, origin="", data=None):
+        enabled_while_parsing.append(gc.isenabled())
+        return real(path, ruleset, threshold_values, origin, data)
+
+    monkeypatch.setattr(coldload, "load_file", spy)
+    assert gc.isenabled()
+    load_rules([tmp_path], with_tests=False)
+    load_rules([tmp_path], with_tests=False, cache=tmp_path / "cache")
+    assert enabled_while_parsing == [False] * 6 and gc.isenabled()
+    gc.disable()  # a caller that runs without it keeps it off
+    try:
+        load_rules([tmp_path], with_tests=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
