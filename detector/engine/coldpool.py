@@ -64,7 +64,7 @@ def gc_paused() -> Iterator[None]:
     """The cyclic garbage collector off for a parse: every rule parsed stays alive, so each
     full collection walks all the rules so far again, a third of a cold load's CPU in the
     caller. What a parse leaves as garbage is a file's worth at most (its YAML nodes, a
-    rejected rule's objects), freed by reference counting or by the next collection after.
+    rejected rule's objects), freed by reference counting or by the next full collection.
     Process-wide: other threads' cycles wait for the load's end too."""
     was_enabled = gc.isenabled()
     gc.disable()
@@ -72,4 +72,8 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            # what the load allocated goes to the oldest generation unexamined: enabled
+            # as it is, the next allocation would walk all of it as one young generation
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
