@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import multiprocessing.spawn
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -257,3 +259,17 @@ def test_the_garbage_collector_is_paused_while_files_parse_and_restored_after(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_cold_load_compiles_nothing(tmp_path):
+    """Each category's match function is built at its first event (Engine(lazy=True)), not
+    while the rules load: a fresh interpreter loads rules without importing the compiler."""
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    code = (
+        "import sys; from hpcsec.detector.engine.loader import load_rules; "
+        f"rules = load_rules([{str(tmp_path)!r}], with_tests=False); "
+        "print(len(rules.rules), 'hpcsec.detector.engine.compile' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "False"]
