@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import hpcsec.rules
 from hpcsec.detector.core.errors import RuleError, UsageError, location
 from hpcsec.detector.engine import crossfile, rulecache
-from hpcsec.detector.engine.coldpool import start_workers
 from hpcsec.detector.engine.ruleset import BUNDLED, RuleSet
 
 if TYPE_CHECKING:  # the config parser is not imported by `rules list`, which has no config
@@ -120,8 +119,11 @@ def load_rules(
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
     if cache is None or not _load_through_cache(ruleset, sources, threshold_values, cache):
-        workers = start_workers(len(sources))  # importing the parser while this process does
-        # on a cache miss only (see the module's docstring)
+        # on a cache miss only (see the module's docstring), the workers first: they import
+        # the parser while this process does
+        from hpcsec.detector.engine.coldpool import start_workers
+
+        workers = start_workers(len(sources))
         from hpcsec.detector.engine.coldload import parse_files
 
         parse_files(ruleset, sources, threshold_values, with_tests, workers)
@@ -161,8 +163,10 @@ def _load_through_cache(
             found[path] = cache.read(key) if key is not None else None
         missing = [path for path in sources if found[path] is None]
         if missing:
-            workers = start_workers(len(missing))  # importing the parser while this does
-            # on a miss only (see the module's docstring)
+            # on a miss only (see the module's docstring), the workers first (as above)
+            from hpcsec.detector.engine.coldpool import start_workers
+
+            workers = start_workers(len(missing))
             from hpcsec.detector.engine.coldload import in_parallel, parse_entry
 
             def store(path: Path, entry: bytes | None) -> rulecache.FileEntry | None:

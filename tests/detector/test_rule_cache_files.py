@@ -273,3 +273,23 @@ def test_a_cold_load_compiles_nothing(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["3", "False"]
+
+
+def test_a_warm_load_imports_no_worker_pool(tmp_path):
+    """The worker processes of a parse cost imports a load from the cache does not pay."""
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    code = (
+        "import sys; from pathlib import Path; "
+        "from hpcsec.detector.engine.loader import load_rules; "
+        f"rules = load_rules([{str(tmp_path)!r}], with_tests=False, "
+        f"cache=Path({str(tmp_path / 'cache')!r})); "
+        "print(len(rules.rules), "
+        "any(m in sys.modules for m in ('hpcsec.detector.engine.coldpool', "
+        "'concurrent.futures.process')))"
+    )
+    for expected in (["3", "True"], ["3", "False"]):  # cold (parsed), then warm
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.split() == expected
