@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rule_worker_failures import FailsInWorkers
 
 from hpcsec.detector.core.errors import RuleError
 from hpcsec.detector.engine import coldload, coldpool, rulecache
@@ -293,3 +294,38 @@ def test_a_warm_load_imports_no_worker_pool(tmp_path):
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         )
         assert out.stdout.split() == expected
+
+
+def test_groups_whose_worker_raises_are_parsed_by_the_caller(tmp_path, monkeypatch):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for n in range(8):
+        write(rules / f"r{n}.yml", n, value=f"tool{n}")
+    (rules / "r5.yml").write_text("title: [unclosed\n")
+    serial = load_rules([rules], with_tests=False, collect_errors=True)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    real = coldload.load_file
+    parsed: list[str] = []
+    for cache in (None, tmp_path / "cache"):
+        marker = tmp_path / f"worker-raised-{cache is None}"
+        parsed.clear()
+
+        def spy(path, ruleset, threshold_values=None, origin="", data=None, *, marker=marker):
+            deadline = time.monotonic() + 60
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)  # until a worker has failed on a group
+            parsed.append(path.name)
+            return real(path, ruleset, threshold_values, origin, data)
+
+        monkeypatch.setattr(coldload, "load_file", spy)
+        loaded = load_rules(
+            [rules],
+            with_tests=False,
+            collect_errors=True,
+            threshold_values=FailsInWorkers(marker),
+            cache=cache,
+        )
+        assert marker.exists()
+        assert sorted(parsed) == sorted(f"r{n}.yml" for n in range(8))  # all of them, here
+        assert summary(loaded) == summary(serial) and errors_of(loaded) == errors_of(serial)
