@@ -4,7 +4,9 @@
 them) loads them with no cache, into an empty rule cache (every file parsed, in worker
 processes beside the caller, and written), from the warm cache, and from the cache after one
 rule file changed (that file alone is parsed): CPU of the loading process and of its workers,
-and wall time (noisy on a shared machine; CPU is the figure to compare).
+and wall time (noisy on a shared machine; CPU is the figure to compare). `--phases`: the CPU
+of each phase of a cold parse per file (YAML, pySigma, conditions, pickling an entry and
+unpickling it), in one process: what each process pays for each file of its share.
 
 `python -m bench sigmahq` runs `report` after its cold load: the rules are written to a scratch
 rule cache, the events to a JSONL file, and a new interpreter (so that nothing is imported
@@ -167,6 +169,77 @@ def fresh_load(paths: list[Path], cache: Path | None) -> dict[str, Any]:
     return figures
 
 
+PHASES_CODE = """
+import json, sys, time
+from collections import defaultdict
+from pathlib import Path
+start = time.process_time()
+from hpcsec.detector.engine import coldload, correlation_rules, parse, rulecache
+from hpcsec.detector.engine.coldpool import gc_paused
+from hpcsec.detector.engine.loader import rule_sources
+from hpcsec.detector.engine.ruleset import RuleSet
+cpu = defaultdict(float)
+cpu["imports"] = time.process_time() - start
+def timed(owner, name, phase):
+    real = getattr(owner, name)
+    def measured(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            cpu[phase] += time.process_time() - start
+    setattr(owner, name, measured)
+timed(coldload, "load_documents", "YAML (libyaml compose, lines)")
+timed(parse.SigmaRule, "from_dict", "pySigma SigmaRule.from_dict")
+timed(parse, "condition_errors", "conditions parsed")
+timed(parse, "regex_errors", "regexes checked (RE2)")
+files = list(rule_sources([Path(p) for p in json.loads(sys.argv[1])], []))
+with gc_paused():
+    start = time.process_time()
+    parts = []
+    for path in files:
+        parts.append(RuleSet())
+        coldload.load_file(path, parts[-1])
+    cpu["parse in all"] = time.process_time() - start
+    start = time.process_time()
+    rules = [rule for part in parts for rule in part.rules]
+    for rule in rules:
+        rule.header
+    cpu["headers"] = time.process_time() - start
+    start = time.process_time()
+    entries = [
+        rulecache.encode(part, [correlation_rules.references_of(r) for r in part.rules])
+        for part in parts
+    ]
+    cpu["entries pickled"] = time.process_time() - start
+    start = time.process_time()
+    for entry in entries:
+        for rule in rulecache.decode_entry(entry).ruleset.rules:
+            rule.sigma
+    cpu["entries unpickled"] = time.process_time() - start
+print(json.dumps({"files": len(files), "rules": len(rules), "cpu": cpu}))
+"""
+
+
+def phases(paths: list[Path]) -> None:
+    """CPU of each phase of a cold parse, one process, every file in turn (GC paused, as in
+    a load): what a worker and the caller each pay per file of their share."""
+    arg = json.dumps([str(p) for p in paths])
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", PHASES_CODE, arg],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    f = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"cold parse of {f['files']} files ({f['rules']} rules), one process:")
+    for phase, seconds in f["cpu"].items():
+        per_file = f" {1000 * seconds / f['files']:6.3f} ms per file" if phase != "imports" else ""
+        print(f"  {phase:<30} {seconds:6.2f} s CPU{per_file}")
+
+
 def _line(what: str, f: dict[str, Any], peer: dict[str, Any] | None = None) -> str:
     total = f["cpu"] + f["workers_cpu"]
     ratio = ""
@@ -191,6 +264,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--rules-dir", type=Path, default=Path(os.environ.get("HPCSEC_SIGMAHQ", DEFAULT_DIR))
     )
+    parser.add_argument(
+        "--phases", action="store_true", help="CPU of each phase of a cold parse, per file"
+    )
     args = parser.parse_args(argv)
     if not args.rules_dir.is_dir():
         print(f"skipped: no SigmaHQ rules at {args.rules_dir} (--rules-dir or $HPCSEC_SIGMAHQ)")
@@ -198,6 +274,9 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         paths = rule_paths(args.rules_dir, Path(scratch) / "rules")
         cache = Path(scratch) / "cache"
+        if args.phases:
+            phases(paths)
+            return 0
         cold = fresh_load(paths, None)
         print(_line("cold, no cache:", cold))
         print(_line("cold, empty cache:", fresh_load(paths, cache), cold))

@@ -3,56 +3,95 @@ pySigma with errors at their line (parse.py), duplicates dropped, correlation re
 resolved across files, and the test events beside them (ruletests.py).
 
 A file parses alone into what the rule cache keeps of it (`parse_entry`: its rules, lazy,
-and its errors; rulecache.py), so many files parse in worker processes (`parse_entries`) and
-come back in file order: the errors are those of one process reading the files in turn.
+and its errors; rulecache.py), so many files parse in worker processes (`in_parallel`) and
+come back in file order: the errors are those of one process reading the files in turn. The
+caller parses a share of the files itself, into rules (or the entries to write), and takes in
+the workers' entries as they arrive.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
 import pickle
 from collections import deque
-from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpcsec.detector.core.errors import HpcsecError, RuleError, location
 from hpcsec.detector.core.yamlsrc import decode_source, iter_documents, load_documents
 from hpcsec.detector.engine import correlation_rules, crossfile, rulecache, ruletests, thresholds
+from hpcsec.detector.engine.coldpool import (
+    PARALLEL_MIN_FILES,
+    Workers,
+    gc_paused,
+    start_workers,
+)
 from hpcsec.detector.engine.collection import rule_documents
 from hpcsec.detector.engine.parse import parse_document
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 
-# Fewer files than this parse in the caller. A spawned worker costs about 0.5 s of CPU (its
-# interpreter and pySigma's imports) before its first file, and a SigmaHQ file about 1 ms to
-# parse: below a second of parsing the caller would mostly wait for it (bench/rule_load.py).
-PARALLEL_MIN_FILES = 1000
-GROUP_FILES = 50  # files per task handed to a worker; the caller takes tasks from the end
+GROUP_FILES = 25  # files per task handed to a worker; the caller takes tasks from the end
+T = TypeVar("T")
 
 
+@gc_paused()
 def parse_files(
     ruleset: RuleSet,
     sources: Mapping[Path, str],
     threshold_values: Mapping[str, Any] | None,
     with_tests: bool,
+    workers: Workers | None = None,
 ) -> None:
-    """Add the rules of `sources` (file -> origin) to `ruleset`, errors to ruleset.errors."""
-    if len(sources) < PARALLEL_MIN_FILES:
+    """Add the rules of `sources` (file -> origin) to `ruleset`, errors to ruleset.errors
+    (`workers`: coldpool.start_workers's for these files, if started already)."""
+    if workers is None and len(sources) < PARALLEL_MIN_FILES:
         for path, origin in sources.items():
             load_file(path, ruleset, threshold_values, origin)
     else:
-        items = [(path, None) for path in sources]
-        entries = parse_entries(items, threshold_values)
-        for (path, origin), data in zip(sources.items(), entries, strict=True):
-            add_entry(ruleset, path, origin, data, threshold_values, eager=True)
+        # the caller's share is parsed into rules here, never pickled; a worker's entries are
+        # unpickled as they arrive, so that this work counts in the caller's share
+        parts = in_parallel(
+            [(path, None) for path in sources],
+            threshold_values,
+            lambda path, _: _parsed_part(path, threshold_values),
+            lambda path, _, entry: _received_part(path, entry, threshold_values),
+            workers,
+        )
+        for origin, part in zip(sources.values(), parts, strict=True):
+            for rule in part.rules:
+                rule.origin = origin
+            ruleset.files += part.files
+            ruleset.rules += part.rules
+            ruleset.errors += part.errors
     crossfile.drop_duplicate_ids(ruleset)
     correlation_rules.resolve_correlations(ruleset)
     for path in sources if with_tests else ():
         ruletests.load_tests_for(path, ruleset)
+
+
+def _parsed_part(path: Path, threshold_values: Mapping[str, Any] | None) -> RuleSet:
+    part = RuleSet()
+    load_file(path, part, threshold_values)
+    for rule in part.rules:
+        rule.header  # noqa: B018  # made now, in the share balanced with the workers'
+    return part
+
+
+def _received_part(
+    path: Path, entry: bytes | None, threshold_values: Mapping[str, Any] | None
+) -> RuleSet:
+    """A worker's entry as rules holding their pySigma objects, as parsed ones do; parsed here
+    when the worker could not make one."""
+    decoded = rulecache.decode_entry(entry) if entry is not None else None
+    if decoded is None:
+        return _parsed_part(path, threshold_values)
+    rules = decoded.ruleset.rules
+    decoded.ruleset.rules = [
+        LoadedRule(r.sigma, r.path, r.line, r.vector, r.key_lines) for r in rules
+    ]
+    return decoded.ruleset
 
 
 def add_entry(
@@ -61,11 +100,10 @@ def add_entry(
     origin: str,
     data: bytes | None,
     threshold_values: Mapping[str, Any] | None,
-    eager: bool = False,
 ) -> list[rulecache.References]:
     """Add the rules and errors of one file's entry (`data`, from parse_entry) to `ruleset`;
-    a file whose entry could not be made (None) is parsed here. `eager`: rules hold their
-    pySigma objects, as parsed ones do. Returns the rules' references (crossfile.py)."""
+    a file whose entry could not be made (None) is parsed here. Returns the rules'
+    references (crossfile.py)."""
     entry = rulecache.decode_entry(data) if data is not None else None
     if entry is None:
         part = RuleSet()
@@ -75,10 +113,6 @@ def add_entry(
         part, references = entry.ruleset, entry.references
     for rule in part.rules:
         rule.origin = origin
-    if eager and entry is not None:
-        part.rules = [
-            LoadedRule(r.sigma, r.path, r.line, r.vector, r.key_lines, origin) for r in part.rules
-        ]
     ruleset.files.append(str(path))
     ruleset.rules += part.rules
     ruleset.errors += part.errors
@@ -138,58 +172,66 @@ def parse_entry(
         return None
 
 
+@gc_paused()
 def _parse_group(
     items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
 ) -> list[bytes | None]:
     return [parse_entry(path, data, threshold_values) for path, data in items]
 
 
-def workers_for(files: int) -> int:
-    """Worker processes for a parse of `files` files beside the caller: one per other CPU,
-    each with PARALLEL_MIN_FILES files or more to parse."""
-    if files < PARALLEL_MIN_FILES:
-        return 0
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(0, min(cpus - 1, files // PARALLEL_MIN_FILES))
+@gc_paused()
+def in_parallel(
+    items: Sequence[tuple[Path, bytes | None]],
+    threshold_values: Mapping[str, Any] | None,
+    here: Callable[[Path, bytes | None], T],
+    received: Callable[[Path, bytes | None, bytes | None], T],
+    workers: Workers | None = None,
+) -> list[T]:
+    """One result per (path, bytes), in order: `here(path, data)` for the files the caller
+    parses, `received(path, data, entry)` for the parse_entry a worker sent back.
 
-
-def parse_entries(
-    items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
-) -> list[bytes | None]:
-    """parse_entry of each (path, bytes), in order. With enough files, groups go to worker
-    processes (spawned: the caller may hold threads), a few at a time from the front, while
-    the caller parses groups from the end; a group whose worker failed is parsed here."""
+    With enough files, groups go to worker processes (spawned: the caller may hold threads),
+    a few at a time from the front, while the caller parses groups from the end and takes in
+    each worker's results as soon as they arrive: what it does with them counts in its share,
+    so that the two finish together. A group whose worker failed is parsed here. `workers`:
+    those coldpool.start_workers started for these files (else started here), shut down
+    here."""
+    workers = workers if workers is not None else start_workers(len(items))
+    if workers is None:
+        return [here(path, data) for path, data in items]
     groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
-    workers = workers_for(len(items))
-    if workers == 0:
-        return _parse_group(items, threshold_values)
-    results: list[list[bytes | None] | None] = [None] * len(groups)
+    results: list[list[T] | None] = [None] * len(groups)
     pending = deque(range(len(groups)))
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with workers.pool as pool:
         running: dict[Future[list[bytes | None]], int] = {}
         while pending or running:
             for future in [f for f in running if f.done()]:
-                with contextlib.suppress(Exception):  # a worker lost: parsed below
-                    results[running[future]] = future.result()
-                del running[future]
-            while pending and len(running) < 2 * workers:
+                i = running.pop(future)
+                results[i] = _take_in(groups[i], future, here, received)
+            while pending and len(running) < workers.processes + 1:  # one queued: no worker waits
                 try:
-                    running[pool.submit(_parse_group, groups[pending[0]], threshold_values)] = (
-                        pending[0]
-                    )
+                    future = pool.submit(_parse_group, groups[pending[0]], threshold_values)
                 except BrokenProcessPool:  # no worker can start: the caller parses the rest
                     break
-                pending.popleft()
+                running[future] = pending.popleft()
             if pending:
                 i = pending.pop()
-                results[i] = _parse_group(groups[i], threshold_values)
+                results[i] = [here(path, data) for path, data in groups[i]]
             elif running:
                 wait(running, return_when=FIRST_COMPLETED)
-    out: list[bytes | None] = []
-    for group, result in zip(groups, results, strict=True):
-        out += result if result is not None else _parse_group(group, threshold_values)
-    return out
+    return [one for result in results if result is not None for one in result]
+
+
+def _take_in(
+    group: Sequence[tuple[Path, bytes | None]],
+    future: Future[list[bytes | None]],
+    here: Callable[[Path, bytes | None], T],
+    received: Callable[[Path, bytes | None, bytes | None], T],
+) -> list[T]:
+    try:
+        entries = future.result()
+    except Exception:  # a worker lost or failed: its files are parsed here
+        entries = None
+    if entries is None or len(entries) != len(group):
+        return [here(path, data) for path, data in group]
+    return [received(path, data, entry) for (path, data), entry in zip(group, entries, strict=True)]

@@ -119,10 +119,14 @@ def load_rules(
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
     if cache is None or not _load_through_cache(ruleset, sources, threshold_values, cache):
-        # on a cache miss only (see the module's docstring)
+        # on a cache miss only (see the module's docstring), the workers first: they import
+        # the parser while this process does
+        from hpcsec.detector.engine.coldpool import start_workers
+
+        workers = start_workers(len(sources))
         from hpcsec.detector.engine.coldload import parse_files
 
-        parse_files(ruleset, sources, threshold_values, with_tests)
+        parse_files(ruleset, sources, threshold_values, with_tests, workers)
     elif with_tests:
         from hpcsec.detector.engine.ruletests import load_tests_for
 
@@ -159,15 +163,27 @@ def _load_through_cache(
             found[path] = cache.read(key) if key is not None else None
         missing = [path for path in sources if found[path] is None]
         if missing:
-            # on a miss only (see the module's docstring)
-            from hpcsec.detector.engine.coldload import parse_entries
+            # on a miss only (see the module's docstring), the workers first (as above)
+            from hpcsec.detector.engine.coldpool import start_workers
 
-            parsed = parse_entries([(p, datas[p]) for p in missing], threshold_values)
-            for path, entry in zip(missing, parsed, strict=True):
+            workers = start_workers(len(missing))
+            from hpcsec.detector.engine.coldload import in_parallel, parse_entry
+
+            def store(path: Path, entry: bytes | None) -> rulecache.FileEntry | None:
                 key = keys[path]
                 if entry is not None and key is not None:
                     cache.write(key, entry)
-                found[path] = rulecache.decode_entry(entry) if entry is not None else None
+                return rulecache.decode_entry(entry) if entry is not None else None
+
+            # a worker's entries are written as they arrive, while it parses the next files
+            parsed = in_parallel(
+                [(p, datas[p]) for p in missing],
+                threshold_values,
+                lambda path, data: store(path, parse_entry(path, data, threshold_values)),
+                lambda path, _, entry: store(path, entry),
+                workers,
+            )
+            found.update(zip(missing, parsed, strict=True))
             cache.prune({k for k in keys.values() if k is not None})
     references = _assemble(ruleset, sources, found, datas, threshold_values)
     crossfile.drop_duplicate_ids(ruleset, references)

@@ -4,15 +4,19 @@ errors a parse gives, and old entries do not pile up."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.spawn
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from rule_worker_failures import FailsInWorkers
 
 from hpcsec.detector.core.errors import RuleError
-from hpcsec.detector.engine import coldload, rulecache
+from hpcsec.detector.engine import coldload, coldpool, rulecache
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
 
@@ -48,17 +52,17 @@ def entries(cache: Path) -> list[str]:
 
 @pytest.fixture
 def parsed(monkeypatch) -> list[str]:
-    """The files parse_entry parses in this process (the real one runs; a spawned worker
+    """The files load_file parses in this process (the real one runs; a spawned worker
     process has the real one only)."""
     seen: list[str] = []
-    real = coldload.parse_entry
+    real = coldload.load_file
 
-    def spy(path, data, threshold_values):
+    def spy(path, ruleset, threshold_values=None, origin="", data=None):
         seen.append(path.name)
         time.sleep(0.02)  # lets the pool's thread hand the first groups to the worker
-        return real(path, data, threshold_values)
+        return real(path, ruleset, threshold_values, origin, data)
 
-    monkeypatch.setattr(coldload, "parse_entry", spy)
+    monkeypatch.setattr(coldload, "load_file", spy)
     return seen
 
 
@@ -174,15 +178,20 @@ def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
     )
     write(tmp_path / "r7.yml", 1)  # a duplicate id
     serial = load_rules([tmp_path], with_tests=False, collect_errors=True)
-    monkeypatch.setattr(coldload, "PARALLEL_MIN_FILES", 2)
+    monkeypatch.setattr(coldpool, "PARALLEL_MIN_FILES", 2)
     monkeypatch.setattr(coldload, "GROUP_FILES", 2)
-    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     parsed.clear()
+    encoded: list[int] = []
+    real_encode = rulecache.encode
+    monkeypatch.setattr(rulecache, "encode", lambda *a: encoded.append(1) or real_encode(*a))
     parallel = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    monkeypatch.setattr(rulecache, "encode", real_encode)
     assert 0 < len(parsed) < 9  # the caller parsed groups from the end, a worker the others
     assert errors_of(parallel) == errors_of(serial) and len(serial.errors) == 3
     assert summary(parallel) == summary(serial) and parallel.rules == serial.rules
     assert all(r.sigma_loaded for r in parallel.rules)  # parsed rules keep their objects
+    assert encoded == []  # the caller's share became rules without a pickle round trip
     cached = load_rules([tmp_path], with_tests=False, collect_errors=True, cache=tmp_path / "c")
     assert errors_of(cached) == errors_of(serial) and summary(cached) == summary(serial)
 
@@ -191,7 +200,7 @@ def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch)
     for n in range(6):
         write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
     serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldload, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
     python = multiprocessing.spawn.get_executable()
     multiprocessing.spawn.set_executable("/bin/false")  # worker interpreters that exit at once
@@ -225,3 +234,98 @@ def test_an_entry_holds_the_bytes_its_key_was_made_of_when_the_file_changes_mean
     assert [
         str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in again.rules
     ] == ["after"]
+
+
+def test_the_garbage_collector_is_paused_while_files_parse_and_restored_after(
+    tmp_path, monkeypatch
+):
+    """Every parsed rule stays alive during a load: a collection walks them all again."""
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    enabled_while_parsing: list[bool] = []
+    real = coldload.load_file
+
+    def spy(path, ruleset, threshold_values=None, origin="", data=None):
+        enabled_while_parsing.append(gc.isenabled())
+        return real(path, ruleset, threshold_values, origin, data)
+
+    monkeypatch.setattr(coldload, "load_file", spy)
+    assert gc.isenabled()
+    load_rules([tmp_path], with_tests=False)
+    load_rules([tmp_path], with_tests=False, cache=tmp_path / "cache")
+    assert enabled_while_parsing == [False] * 6 and gc.isenabled()
+    gc.disable()  # a caller that runs without it keeps it off
+    try:
+        load_rules([tmp_path], with_tests=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_cold_load_compiles_nothing(tmp_path):
+    """Each category's match function is built at its first event (Engine(lazy=True)), not
+    while the rules load: a fresh interpreter loads rules without importing the compiler."""
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    code = (
+        "import sys; from hpcsec.detector.engine.loader import load_rules; "
+        f"rules = load_rules([{str(tmp_path)!r}], with_tests=False); "
+        "print(len(rules.rules), 'hpcsec.detector.engine.compile' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", "False"]
+
+
+def test_a_warm_load_imports_no_worker_pool(tmp_path):
+    """The worker processes of a parse cost imports a load from the cache does not pay."""
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    code = (
+        "import sys; from pathlib import Path; "
+        "from hpcsec.detector.engine.loader import load_rules; "
+        f"rules = load_rules([{str(tmp_path)!r}], with_tests=False, "
+        f"cache=Path({str(tmp_path / 'cache')!r})); "
+        "print(len(rules.rules), "
+        "any(m in sys.modules for m in ('hpcsec.detector.engine.coldpool', "
+        "'concurrent.futures.process')))"
+    )
+    for expected in (["3", "True"], ["3", "False"]):  # cold (parsed), then warm
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.split() == expected
+
+
+def test_groups_whose_worker_raises_are_parsed_by_the_caller(tmp_path, monkeypatch):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for n in range(8):
+        write(rules / f"r{n}.yml", n, value=f"tool{n}")
+    (rules / "r5.yml").write_text("title: [unclosed\n")
+    serial = load_rules([rules], with_tests=False, collect_errors=True)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    real = coldload.load_file
+    parsed: list[str] = []
+    for cache in (None, tmp_path / "cache"):
+        marker = tmp_path / f"worker-raised-{cache is None}"
+        parsed.clear()
+
+        def spy(path, ruleset, threshold_values=None, origin="", data=None, *, marker=marker):
+            deadline = time.monotonic() + 60
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)  # until a worker has failed on a group
+            parsed.append(path.name)
+            return real(path, ruleset, threshold_values, origin, data)
+
+        monkeypatch.setattr(coldload, "load_file", spy)
+        loaded = load_rules(
+            [rules],
+            with_tests=False,
+            collect_errors=True,
+            threshold_values=FailsInWorkers(marker),
+            cache=cache,
+        )
+        assert marker.exists()
+        assert sorted(parsed) == sorted(f"r{n}.yml" for n in range(8))  # all of them, here
+        assert summary(loaded) == summary(serial) and errors_of(loaded) == errors_of(serial)

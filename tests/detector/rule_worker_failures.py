@@ -1,0 +1,22 @@
+"""What a rule load's worker processes import to fail (test_rule_cache_files.py): kept apart
+from the test module, whose imports would make each spawned worker slow to start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class FailsInWorkers(dict):
+    """Thresholds that a worker process cannot read: its parse of a group raises there, after
+    creating `marker` (so that a test knows a worker got that far)."""
+
+    def __init__(self, marker: Path) -> None:
+        super().__init__()
+        self.parent, self.marker = os.getpid(), marker
+
+    def __len__(self) -> int:
+        if os.getpid() != self.parent:
+            self.marker.touch()
+            raise RuntimeError("read in a worker")
+        return 0
