@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
-import traceback
 from typing import Any
 
 from hpcsec.detector.core import log
@@ -153,12 +151,14 @@ def _one_line(text: str) -> str:
 
 def report_internal_error(exc: BaseException, debug: bool) -> int:
     """One line on stderr for a bug; the traceback where it helps without flooding."""
+    import traceback  # only for a bug: a command that runs well does not import it
+
     what = _one_line(f"{type(exc).__name__}: {exc}")
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
         where = "above"
     elif log.under_systemd(os.environ):
-        logging.getLogger(log.LOGGER_NAME).error("traceback", exc_info=exc)
+        log.get_logger().error("traceback", exc_info=exc)
         where = "in the journal"
     else:
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from hpcsec.detector.core import log
 from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.core.private_fs import make_private_dir, open_private, write_private_file
 from hpcsec.detector.core.schema import new_event, rfc3339
@@ -32,8 +32,6 @@ from hpcsec.detector.slurm.hookstate import HOOK_EVENTS_FILE
 if TYPE_CHECKING:
     from hpcsec.detector.slurm.jobs import SlurmCommands
     from hpcsec.detector.slurm.parse import PidJob
-
-logger = logging.getLogger(__name__)
 
 GPU_MEMORY_SLACK = 64 << 20  # bytes above the prolog's reading that still count as released
 
@@ -63,7 +61,7 @@ def run_hook(settings: HookSettings, env: dict[str, str]) -> None:
     except (HookUsage, HpcsecError) as exc:
         print(f"hpcsec slurm {settings.hook}: {exc}", file=sys.stderr)
     except Exception as exc:  # never drain the node because of us; the traceback is a bug
-        logger.error(
+        log.get_logger(__name__).error(  # `logging` imported only here: see core/log.py
             "slurm %s: internal error: %s: %s",
             settings.hook,
             type(exc).__name__,
