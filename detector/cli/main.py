@@ -11,11 +11,16 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Any
 
 from hpcsec.detector.core import log
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import HpcsecError
+
+# typing.TYPE_CHECKING without importing typing, which `hpcsec --help` would import for this
+# alone (mypy reads any name TYPE_CHECKING so)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Sub-commands in the order `--help` lists them (module name under detector/cli/) and their
 # one-line help. The lines are kept here, not read from the modules, so that `hpcsec --help`

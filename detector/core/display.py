@@ -19,10 +19,8 @@ doubling backslashes would show those differently from the events themselves.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit  # pathlib imports it: free
 
 # Explicit ranges rather than a table built from unicodedata at import: the Slurm prolog
 # imports this and runs before every job. C0 controls are added below: JSON escapes those
@@ -60,7 +58,7 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\U{code:08x}"
 
 
-def visible(value: Any) -> str:
+def visible(value: object) -> str:
     """`value` as text whose every character shows: controls and invisible characters escaped."""
     text = value if isinstance(value, str) else str(value)
     return _INVISIBLE.sub(_escape, text)
@@ -95,6 +93,8 @@ def redacted_url(url: str) -> str:
     or query. `https://hooks.example/T0/B0/XXX?token=…` -> `https://hooks.example:443#1a2b3c`.
     The hash tells two URLs of one host apart without showing either. Malformed URLs (a
     mistyped scheme) lose everything but what is recognisably a scheme and a host."""
+    import hashlib  # here, not at the top: every command imports this module for `visible`
+
     if url == "-":
         return url
     digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:6]

@@ -13,14 +13,18 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
 
+# typing.TYPE_CHECKING without importing typing (mypy reads any name TYPE_CHECKING so):
+# every command imports this module, most without using typing at run time
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
+    from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
     from types import ModuleType
+    from typing import TextIO
 
 LOGGER_NAME = "hpcsec"
 LOG_FILE_NAME = "hpcsec.log"
@@ -80,7 +84,9 @@ class _SetupOnImport:
     other finders find it and wraps its loader so that the pending setup runs right after
     `logging` has been executed. It removes itself on that first import."""
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if name != "logging":
             return None
         if self in sys.meta_path:
@@ -98,10 +104,10 @@ class _SetupOnImport:
 class _ThenApply:
     """A loader that is `loader` but applies the pending setup once the module has run."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Loader) -> None:
         self._loader = loader
 
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package…
+    def __getattr__(self, name: str) -> object:  # get_source, get_filename, is_package…
         return getattr(self._loader, name)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:

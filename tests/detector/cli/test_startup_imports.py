@@ -111,6 +111,15 @@ def test_light_commands_import_nothing_heavy(argv: list[str], tmp_path: Path) ->
     assert heavy_in(modules, HEAVY + SIGMA_PARSER + YAML + UNUSED_BY_SHORT_COMMANDS) == []
 
 
+# what `hpcsec --help` (which imports no command module) does without besides: every command
+# imports core/errors, core/display and core/log, and none of them needs these at run time
+UNUSED_BY_HELP = ("typing", "dataclasses", "inspect", "hashlib", "datetime")
+
+
+def test_help_imports_no_typing_dataclasses_or_hashlib(tmp_path: Path) -> None:
+    assert heavy_in(imported_by(["--help"], tmp_path), UNUSED_BY_HELP) == []
+
+
 # what no sub-command's --help may import: the store's database, the HTTP client, the packet and
 # netlink libraries, Parquet (those are imported where the command runs)
 NOT_FOR_HELP = ("duckdb", "httpx", "rich", "pyarrow", "scapy", "pyroute2", "jinja2", "requests")
