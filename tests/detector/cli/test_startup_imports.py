@@ -178,6 +178,15 @@ def test_rules_list_without_a_config_imports_no_config_parser(tmp_path: Path) ->
     assert "hpcsec.detector.config.site" in with_config
 
 
+def test_rules_list_defines_no_dataclass(tmp_path: Path) -> None:
+    """The rule set's classes (engine/ruleset.py) are not dataclasses and --fields' choices are
+    written out: `rules list` imports neither `dataclasses` (with inspect, ast and dis) nor the
+    field tables. (`config check` still does, for the site config's classes.)"""
+    imported_by(["rules", "list"], tmp_path)  # fills the rule cache
+    modules = imported_by(["rules", "list"], tmp_path)
+    assert heavy_in(modules, ("dataclasses", "inspect", "hpcsec.detector.engine.fieldmaps")) == []
+
+
 def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
     """The plugins are imported where they are used: `rules check` still runs them."""
     modules = imported_by(["rules", "check"], tmp_path)
