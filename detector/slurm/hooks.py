@@ -19,7 +19,6 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -29,7 +28,12 @@ from hpcsec.detector.core.private_fs import make_private_dir, open_private, writ
 from hpcsec.detector.core.schema import new_event, rfc3339
 from hpcsec.detector.slurm.hookstate import HOOK_EVENTS_FILE
 
+# typing.TYPE_CHECKING without importing typing (mypy reads any name TYPE_CHECKING so): the
+# prolog runs before every job and nothing of it needs typing at run time
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from hpcsec.detector.slurm.jobs import SlurmCommands
     from hpcsec.detector.slurm.parse import PidJob
 
