@@ -43,8 +43,9 @@ SIGMA_PARSER = ("sigma", "pyparsing")
 YAML = ("yaml",)
 # imported only where used: orjson (with uuid and platform) by the JSON outputs, shutil (with bz2
 # and lzma) by argparse's own help formatter, which the command line replaces; uuid reads a
-# rule id that is not in the canonical form (engine/crossfile.py)
-UNUSED_BY_READERS = ("orjson", "shutil", "bz2", "lzma", "uuid", "platform")
+# rule id that is not in the canonical form (engine/crossfile.py); difflib suggests a name for
+# a config's unknown one
+UNUSED_BY_READERS = ("orjson", "shutil", "bz2", "lzma", "uuid", "platform", "difflib")
 # what only the epilog uses (Slurm commands, their parsers, the process readers) and what
 # neither hook needs (socket for the host name, secrets for a temporary name)
 UNUSED_BY_PROLOG = (
