@@ -19,6 +19,7 @@ doubling backslashes would show those differently from the events themselves.
 
 from __future__ import annotations
 
+import functools
 import re
 from urllib.parse import urlsplit  # pathlib imports it: free
 
@@ -43,8 +44,15 @@ _INVISIBLE_IN_JSON = (
     "\U000e0000-\U000e007f"  # tag characters: invisible ASCII look-alikes
     "\U000e0100-\U000e01ef"  # variation selectors supplement
 )
-_INVISIBLE = re.compile(f"[\x00-\x1f{_INVISIBLE_IN_JSON}]")
-_INVISIBLE_JSON = re.compile(f"[{_INVISIBLE_IN_JSON}]")
+_INVISIBLE = f"[\x00-\x1f{_INVISIBLE_IN_JSON}]"
+_INVISIBLE_JSON = f"[{_INVISIBLE_IN_JSON}]"
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """The classes above compiled when first needed: each is a few milliseconds of a short
+    command's start-up (the compiler builds a map of the Basic Multilingual Plane)."""
+    return re.compile(pattern)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -61,7 +69,9 @@ def _escape(match: re.Match[str]) -> str:
 def visible(value: object) -> str:
     """`value` as text whose every character shows: controls and invisible characters escaped."""
     text = value if isinstance(value, str) else str(value)
-    return _INVISIBLE.sub(_escape, text)
+    if text.isascii() and text.isprintable():  # no C0 control, no DEL: nothing to escape
+        return text
+    return _compiled(_INVISIBLE).sub(_escape, text)
 
 
 def _json_escape(match: re.Match[str]) -> str:
@@ -80,7 +90,7 @@ def visible_json(encoded: bytes) -> bytes:
     text = encoded.decode("utf-8", "surrogateescape")
     if text.isascii() and "\x7f" not in text:  # the usual case, without a regex pass
         return encoded
-    return _INVISIBLE_JSON.sub(_json_escape, text).encode("utf-8", "surrogateescape")
+    return _compiled(_INVISIBLE_JSON).sub(_json_escape, text).encode("utf-8", "surrogateescape")
 
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,15}")
