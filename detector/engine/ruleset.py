@@ -29,26 +29,32 @@ KeyLines = dict[tuple[str | int, ...], int]
 BUNDLED = "bundled"  # the origin of the rules shipped with hpcsec
 
 
-class RuleHeader(NamedTuple):
-    """What is known of a rule without its pySigma object (all plain values)."""
-
-    id: str  # the Sigma id, else its name, else its title
-    name: str | None  # the Sigma `name` (correlations refer to a rule by id or name)
-    sigma_id: str  # the Sigma id as written, "" when none
-    title: str
-    kind: str  # "detection", "correlation" or "filter"
-    product: str | None  # logsource
-    category: str | None
-    service: str | None
-    level: str  # "" when none
-    status: str
-    tags: tuple[str, ...]
-    description: str | None
-    falsepositives: tuple[str, ...]
-    references: tuple[str, ...]
-    custom_attributes: dict[str, Any]  # the `response` note and `thresholds` names only
-    # placeholder name -> fields it is tested against (detection rules)
-    placeholder_fields: dict[str, tuple[str, ...]]
+# What is known of a rule without its pySigma object (all plain values). The functional form:
+# a class body's annotations are strings here (`from __future__ import annotations`), and
+# typing compiles each to check it, the first compile building Python's AST types, a
+# twentieth of a cached `rules list`.
+RuleHeader = NamedTuple(  # noqa: UP014 (see above)
+    "RuleHeader",
+    [
+        ("id", str),  # the Sigma id, else its name, else its title
+        ("name", str | None),  # the Sigma `name` (correlations refer to a rule by id or name)
+        ("sigma_id", str),  # the Sigma id as written, "" when none
+        ("title", str),
+        ("kind", str),  # "detection", "correlation" or "filter"
+        ("product", str | None),  # logsource
+        ("category", str | None),
+        ("service", str | None),
+        ("level", str),  # "" when none
+        ("status", str),
+        ("tags", tuple[str, ...]),
+        ("description", str | None),
+        ("falsepositives", tuple[str, ...]),
+        ("references", tuple[str, ...]),
+        ("custom_attributes", dict[str, Any]),  # the `response` note and `thresholds` names only
+        # placeholder name -> fields it is tested against (detection rules)
+        ("placeholder_fields", dict[str, tuple[str, ...]]),
+    ],
+)
 
 
 _LOADING = threading.Lock()  # one unpickling of a rule at a time: every reader sees one object

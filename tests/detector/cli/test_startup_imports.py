@@ -188,6 +188,34 @@ def test_rules_list_defines_no_dataclass(tmp_path: Path) -> None:
     assert heavy_in(modules, ("dataclasses", "inspect", "hpcsec.detector.engine.fieldmaps")) == []
 
 
+COMPILED = """
+import contextlib, io, json, sys
+sources = []
+def hook(event, args):  # text compiled, not a module's source read from its file
+    if event == "compile" and args[1] == "<string>":
+        source = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+        sources.append(source[:40])
+sys.addaudithook(hook)
+from hpcsec.detector.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()):
+    main(["rules", "list"])
+print(json.dumps(sources))
+"""
+
+
+def test_rules_list_compiles_no_annotation(tmp_path: Path) -> None:
+    """The rule header and the cache entry are NamedTuples in the functional form: typing
+    compiles a class body's string annotations (each field's), and the first compile of a
+    process builds Python's AST types. What is left is namedtuple's own `__new__`."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for _ in range(2):  # fills the rule cache, then reads it
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILED], env=env, capture_output=True, text=True, timeout=120
+        )
+    sources = json.loads(done.stdout)
+    assert [s for s in sources if not s.startswith("lambda _cls")] == []
+
+
 def test_rules_check_still_loads_the_validators(tmp_path: Path) -> None:
     """The plugins are imported where they are used: `rules check` still runs them."""
     modules = imported_by(["rules", "check"], tmp_path)
