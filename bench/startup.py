@@ -5,7 +5,8 @@
 Each command runs `--repeat` times (default 5) as its own process; the figure is the median
 of user + system CPU (from wait4's rusage, so other load on the machine does not count) and
 the peak RSS. The peer is `python -c pass` in the same run: the interpreter's own start.
-Target: <= 0.15 s CPU for `--help`, `slurm prolog`, `rules list` and `config check`.
+Target: <= 0.15 s CPU for `--help`, `slurm prolog` (and `epilog`), `rules list` and
+`config check`.
 
 The rule cache is a scratch one: the first run of `rules list` and `config check` parses the
 bundled rules with pySigma and writes it (column `1st run`, not in the median); the runs
@@ -71,6 +72,15 @@ def commands(state_dir: str) -> dict[str, list[str]]:
             *HPCSEC,
             "slurm",
             "prolog",
+            "--state-dir",
+            state_dir,
+            "--host-name",
+            "n1",
+        ],
+        "hpcsec slurm epilog": [
+            *HPCSEC,
+            "slurm",
+            "epilog",
             "--state-dir",
             state_dir,
             "--host-name",

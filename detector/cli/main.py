@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
-import traceback
-from typing import Any
 
 from hpcsec.detector.core import log
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import HpcsecError
+
+# typing.TYPE_CHECKING without importing typing, which `hpcsec --help` would import for this
+# alone (mypy reads any name TYPE_CHECKING so)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Sub-commands in the order `--help` lists them (module name under detector/cli/) and their
 # one-line help. The lines are kept here, not read from the modules, so that `hpcsec --help`
@@ -153,12 +156,14 @@ def _one_line(text: str) -> str:
 
 def report_internal_error(exc: BaseException, debug: bool) -> int:
     """One line on stderr for a bug; the traceback where it helps without flooding."""
+    import traceback  # only for a bug: a command that runs well does not import it
+
     what = _one_line(f"{type(exc).__name__}: {exc}")
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
         where = "above"
     elif log.under_systemd(os.environ):
-        logging.getLogger(log.LOGGER_NAME).error("traceback", exc_info=exc)
+        log.get_logger().error("traceback", exc_info=exc)
         where = "in the journal"
     else:
         try:

@@ -19,10 +19,9 @@ doubling backslashes would show those differently from the events themselves.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import re
-from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit  # pathlib imports it: free
 
 # Explicit ranges rather than a table built from unicodedata at import: the Slurm prolog
 # imports this and runs before every job. C0 controls are added below: JSON escapes those
@@ -45,8 +44,15 @@ _INVISIBLE_IN_JSON = (
     "\U000e0000-\U000e007f"  # tag characters: invisible ASCII look-alikes
     "\U000e0100-\U000e01ef"  # variation selectors supplement
 )
-_INVISIBLE = re.compile(f"[\x00-\x1f{_INVISIBLE_IN_JSON}]")
-_INVISIBLE_JSON = re.compile(f"[{_INVISIBLE_IN_JSON}]")
+_INVISIBLE = f"[\x00-\x1f{_INVISIBLE_IN_JSON}]"
+_INVISIBLE_JSON = f"[{_INVISIBLE_IN_JSON}]"
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """The classes above compiled when first needed: each is a few milliseconds of a short
+    command's start-up (the compiler builds a map of the Basic Multilingual Plane)."""
+    return re.compile(pattern)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -60,10 +66,12 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\U{code:08x}"
 
 
-def visible(value: Any) -> str:
+def visible(value: object) -> str:
     """`value` as text whose every character shows: controls and invisible characters escaped."""
     text = value if isinstance(value, str) else str(value)
-    return _INVISIBLE.sub(_escape, text)
+    if text.isascii() and text.isprintable():  # no C0 control, no DEL: nothing to escape
+        return text
+    return _compiled(_INVISIBLE).sub(_escape, text)
 
 
 def _json_escape(match: re.Match[str]) -> str:
@@ -82,7 +90,7 @@ def visible_json(encoded: bytes) -> bytes:
     text = encoded.decode("utf-8", "surrogateescape")
     if text.isascii() and "\x7f" not in text:  # the usual case, without a regex pass
         return encoded
-    return _INVISIBLE_JSON.sub(_json_escape, text).encode("utf-8", "surrogateescape")
+    return _compiled(_INVISIBLE_JSON).sub(_json_escape, text).encode("utf-8", "surrogateescape")
 
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]{0,15}")
@@ -95,6 +103,8 @@ def redacted_url(url: str) -> str:
     or query. `https://hooks.example/T0/B0/XXX?token=…` -> `https://hooks.example:443#1a2b3c`.
     The hash tells two URLs of one host apart without showing either. Malformed URLs (a
     mistyped scheme) lose everything but what is recognisably a scheme and a host."""
+    import hashlib  # here, not at the top: every command imports this module for `visible`
+
     if url == "-":
         return url
     digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:6]

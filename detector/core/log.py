@@ -10,105 +10,112 @@ filling with it. `--debug` puts debug records and tracebacks on stderr.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import sys
-import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
 
-from hpcsec.detector.core.display import visible
-from hpcsec.detector.core.timefmt import rfc3339
+# typing.TYPE_CHECKING without importing typing (mypy reads any name TYPE_CHECKING so):
+# every command imports this module, most without using typing at run time
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import logging
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import TextIO
 
 LOGGER_NAME = "hpcsec"
 LOG_FILE_NAME = "hpcsec.log"
-
-# Syslog priorities (sd-daemon(3) prefixes) for the journal.
-_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3}
 
 
 def under_systemd(env: Mapping[str, str]) -> bool:
     return bool(env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"))
 
 
-def _stderr_is_journal(env: Mapping[str, str]) -> bool:
-    """JOURNAL_STREAM names the journal's socket as `dev:inode`; it is inherited, so it only
-    counts when stderr is that socket (not redirected by a wrapper script)."""
-    try:
-        st = os.fstat(sys.stderr.fileno())
-    except (OSError, ValueError, AttributeError):  # pytest's capture has no descriptor
-        return False
-    return env.get("JOURNAL_STREAM") == f"{st.st_dev}:{st.st_ino}"
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the `sys.stderr` of the moment (tests and `main()` callers swap it)."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self) -> TextIO:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: TextIO) -> None:
-        pass
-
-
-class _VisibleFormatter(logging.Formatter):
-    """Messages quote node data (paths, names, receivers' replies): their control and invisible
-    characters are escaped, so a record can neither drive the terminal nor forge another
-    record (a LF would start a new journal entry). A traceback keeps its own line breaks."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = visible(record.message)
-        return super().formatMessage(record)
-
-    def formatException(self, ei: Any) -> str:
-        return "\n".join(visible(line) for line in super().formatException(ei).splitlines())
-
-    def formatStack(self, stack_info: str) -> str:
-        return "\n".join(visible(line) for line in stack_info.splitlines())
-
-
-class _JournalFormatter(_VisibleFormatter):
-    def format(self, record: logging.LogRecord) -> str:
-        priority = _PRIORITY.get(record.levelno, 2 if record.levelno > logging.ERROR else 6)
-        return f"<{priority}>" + super().format(record)
-
-
 # Commands that run as services: their progress (started, reloaded, stopping) is what an
 # operator reads in their log, so it is shown from INFO even outside systemd.
 SERVICE_COMMANDS = frozenset({"agent", "hub"})
 
+# setup()'s arguments while `logging` is not imported yet (see setup)
+_pending: tuple[bool, bool, Mapping[str, str]] | None = None
 
-def setup(
-    debug: bool = False, env: Mapping[str, str] | None = None, service: bool = False
-) -> logging.Logger:
-    """Configure the `hpcsec` logger for one command; safe to call again (tests do)."""
+
+def setup(debug: bool = False, env: Mapping[str, str] | None = None, service: bool = False) -> None:
+    """Configure the `hpcsec` logger for one command; safe to call again (tests do).
+
+    A command that logs nothing need not import `logging` (a tenth of a short command's
+    start-up, with traceback, threading and weakref under it). So while `logging` is not
+    imported, the configuration waits, and is applied the moment anything imports it: every
+    module that can log imports `logging`, so no record is ever emitted unconfigured.
+    """
+    global _pending
     env = os.environ if env is None else env
-    logger = logging.getLogger(LOGGER_NAME)
-    for handler in [h for h in logger.handlers if isinstance(h, _StderrHandler)]:
-        logger.removeHandler(handler)
-    handler = _StderrHandler()
-    text = "hpcsec: %(levelname)s: %(message)s"
-    if debug:
-        level = logging.DEBUG
-        handler.setFormatter(_VisibleFormatter("hpcsec: %(levelname)s: %(name)s: %(message)s"))
-    elif under_systemd(env) or service:
-        level = logging.INFO
-        journal = _stderr_is_journal(env)
-        handler.setFormatter(_JournalFormatter(text) if journal else _VisibleFormatter(text))
-    else:
-        level = logging.WARNING
-        handler.setFormatter(_VisibleFormatter(text))
-    logger.setLevel(level)
-    logger.addHandler(handler)
-    logger.propagate = False  # a library user's root handlers must not print our records twice
-    return logger
+    _pending = (debug, under_systemd(env) or service, env)
+    if "logging" in sys.modules:
+        _apply_pending()
+    elif not any(isinstance(f, _SetupOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SetupOnImport())
+
+
+def _apply_pending() -> None:
+    global _pending
+    if _pending is None:
+        return
+    from hpcsec.detector.core.loghandler import configure  # imports `logging`: see setup()
+
+    debug, journal_level, env = _pending
+    _pending = None
+    configure(LOGGER_NAME, debug, journal_level, env)
+
+
+def get_logger(name: str = LOGGER_NAME) -> logging.Logger:
+    """`logging.getLogger(name)`, importing `logging` (and so configuring it) only when a
+    record is about to be written: for modules on a start-up path that log only on errors."""
+    import logging
+
+    _apply_pending()  # where `logging` was imported before setup() was called
+    return logging.getLogger(name)
+
+
+class _SetupOnImport:
+    """A meta path finder that finds nothing itself: on the import of `logging` it lets the
+    other finders find it and wraps its loader so that the pending setup runs right after
+    `logging` has been executed. It removes itself on that first import."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if name != "logging":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _ThenApply(spec.loader)
+                return spec
+        return None
+
+
+class _ThenApply:
+    """A loader that is `loader` but applies the pending setup once the module has run."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> object:  # get_source, get_filename, is_package…
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        _apply_pending()
 
 
 def log_path(env: Mapping[str, str] | None = None) -> Path:
@@ -149,6 +156,10 @@ def _open_private(path: Path) -> TextIO:
 
 def write_traceback(exc: BaseException, path: Path) -> bool:
     """Append `exc`'s traceback to the private log; False when that cannot be done."""
+    import traceback  # only on a crash: see setup()
+
+    from hpcsec.detector.core.timefmt import rfc3339  # datetime, only on a crash
+
     text = "".join(traceback.format_exception(exc))
     try:
         with _open_private(path) as out:

@@ -11,7 +11,6 @@ code that builds events.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import orjson
 
@@ -51,7 +50,15 @@ __all__ = [
     "status_event",
 ]
 
-Event = dict[str, Any]
+# typing.TYPE_CHECKING without importing typing (mypy reads any name TYPE_CHECKING so): the Slurm
+# prolog imports this module before every job and nothing else of it needs typing at run time
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Event = dict[str, Any]
+else:
+    Event = dict  # what the alias is at run time: annotations are not evaluated
 
 
 def event_id(fields: Event) -> str:

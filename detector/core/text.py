@@ -13,7 +13,9 @@ what `ls -b` would show, which is what is needed to find the file.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: see core/schema.py
+if TYPE_CHECKING:
+    from typing import Any
 
 _INT_MAX = 2**63 - 1
 # Events are flat; a list field holds scalars. Deeper nesting (only a hostile JSONL line has

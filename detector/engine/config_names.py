@@ -12,7 +12,6 @@ match `process.executable_name` as well (the bundled rules do) or to shorten the
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Collection, Iterator, Sequence
 
 from hpcsec.detector.config.site import SiteConfig
@@ -27,6 +26,8 @@ COMM_FIELDS = frozenset({"process.name", "process.parent.name"})
 
 
 def _closest(name: str, known: Collection[str]) -> str:
+    import difflib  # only for an error: a valid config's check does not import it
+
     match = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
 

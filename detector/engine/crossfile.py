@@ -9,7 +9,6 @@ parser. Only an error reads the rule again, for the line of what it is about.
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.engine.ruleset import BUNDLED, LoadedRule, RuleSet
@@ -51,21 +50,48 @@ def drop_duplicate_ids(ruleset: RuleSet, references: list[References] | None = N
         references[:] = kept_refs
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+# every ASCII character int(text, 16) may accept: hex digits, a sign, a 0x prefix, underscores
+# between digits and (around the number) what str.isspace() calls a space
+_INT16_ASCII = _HEX | frozenset("+-xX_ \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")
+
+
+def uuid_key(text: str) -> str | None:
+    """`str(UUID(text))`, or None where `UUID(text)` refuses it: two texts name one rule when
+    their keys are equal. Computed as UUID reads its text (the same prefixes, braces and
+    hyphens dropped; then 32 digits) without importing `uuid` (with platform under it), which
+    `rules list` and `config check` would import for this alone: a rule name is refused by
+    its length or its letters, an id in ASCII hex is formatted here. Only what int() may read
+    besides (underscores, signs, spaces, other scripts' digits) is left to UUID."""
+    digits = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+    if len(digits) != 32:
+        return None
+    if _HEX.issuperset(digits):
+        d = digits.lower()
+        return f"{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:]}"
+    if digits.isascii() and not _INT16_ASCII.issuperset(digits):
+        return None  # int() refuses a character of it: so does UUID (a name of 32 letters)
+    from uuid import UUID  # rare: see above
+
+    try:
+        return str(UUID(text))
+    except ValueError:
+        return None
+
+
 class Referable:
     """The rules a correlation may name, looked up as pySigma's SigmaCollection does: a
     string by UUID when it reads as one, else by name; a number by position."""
 
     def __init__(self, rules: list[LoadedRule]):
         self.count = len(rules)
-        self.ids = {UUID(r.header.sigma_id) for r in rules if r.header.sigma_id}
+        self.ids = {uuid_key(r.header.sigma_id) for r in rules if r.header.sigma_id} - {None}
         self.names = {r.header.name for r in rules if r.header.name is not None}
 
     def known(self, ref: Any) -> bool:
         if isinstance(ref, str):
-            try:
-                return UUID(ref) in self.ids
-            except ValueError:
-                return ref in self.names
+            key = uuid_key(ref)
+            return key in self.ids if key is not None else ref in self.names
         if isinstance(ref, int):
             return -self.count <= ref < self.count
         return True  # SigmaCollection gives None for another type, without an error

@@ -60,11 +60,12 @@ ENTRY_PREFIX = "rules-"
 References = tuple[Any, ...]
 
 
-class FileEntry(NamedTuple):
-    """One rule file's rules (lazy: header and pickled object) and errors, in file order."""
-
-    ruleset: RuleSet
-    references: list[References]  # one per rule of ruleset.rules
+# One rule file's rules (lazy: header and pickled object) and errors, in file order; the
+# functional form, as ruleset.RuleHeader (typing compiles a class body's string annotations).
+FileEntry = NamedTuple(  # noqa: UP014 (see above)
+    "FileEntry",
+    [("ruleset", RuleSet), ("references", list[References])],  # one reference per rule
+)
 
 
 def fingerprint(code_dirs: Sequence[Path] = CODE_DIRS) -> bytes | None:

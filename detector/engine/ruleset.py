@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pickle
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hpcsec.detector.core.errors import RuleError, location
+from hpcsec.detector.core.record import FrozenRecord, Record
 
 if TYPE_CHECKING:
     from sigma.correlations import SigmaCorrelationRule
@@ -29,26 +29,32 @@ KeyLines = dict[tuple[str | int, ...], int]
 BUNDLED = "bundled"  # the origin of the rules shipped with hpcsec
 
 
-class RuleHeader(NamedTuple):
-    """What is known of a rule without its pySigma object (all plain values)."""
-
-    id: str  # the Sigma id, else its name, else its title
-    name: str | None  # the Sigma `name` (correlations refer to a rule by id or name)
-    sigma_id: str  # the Sigma id as written, "" when none
-    title: str
-    kind: str  # "detection", "correlation" or "filter"
-    product: str | None  # logsource
-    category: str | None
-    service: str | None
-    level: str  # "" when none
-    status: str
-    tags: tuple[str, ...]
-    description: str | None
-    falsepositives: tuple[str, ...]
-    references: tuple[str, ...]
-    custom_attributes: dict[str, Any]  # the `response` note and `thresholds` names only
-    # placeholder name -> fields it is tested against (detection rules)
-    placeholder_fields: dict[str, tuple[str, ...]]
+# What is known of a rule without its pySigma object (all plain values). The functional form:
+# a class body's annotations are strings here (`from __future__ import annotations`), and
+# typing compiles each to check it, the first compile building Python's AST types, a
+# twentieth of a cached `rules list`.
+RuleHeader = NamedTuple(  # noqa: UP014 (see above)
+    "RuleHeader",
+    [
+        ("id", str),  # the Sigma id, else its name, else its title
+        ("name", str | None),  # the Sigma `name` (correlations refer to a rule by id or name)
+        ("sigma_id", str),  # the Sigma id as written, "" when none
+        ("title", str),
+        ("kind", str),  # "detection", "correlation" or "filter"
+        ("product", str | None),  # logsource
+        ("category", str | None),
+        ("service", str | None),
+        ("level", str),  # "" when none
+        ("status", str),
+        ("tags", tuple[str, ...]),
+        ("description", str | None),
+        ("falsepositives", tuple[str, ...]),
+        ("references", tuple[str, ...]),
+        ("custom_attributes", dict[str, Any]),  # the `response` note and `thresholds` names only
+        # placeholder name -> fields it is tested against (detection rules)
+        ("placeholder_fields", dict[str, tuple[str, ...]]),
+    ],
+)
 
 
 _LOADING = threading.Lock()  # one unpickling of a rule at a time: every reader sees one object
@@ -213,37 +219,88 @@ def _cached_rule(
     return LoadedRule.cached(RuleHeader(*header), blob, path, line, vector, origin)
 
 
-@dataclass(frozen=True)
-class EventSequence:
+# Not dataclasses (core/record.py): `rules list` and `config check` import this module.
+class EventSequence(FrozenRecord):
     """Events fed, in order, to a fresh engine; for correlation rules' tests."""
 
+    __slots__ = ("events", "expect_match", "line")
     events: tuple[dict[str, Any], ...]
     expect_match: bool
     line: int
 
+    def __init__(self, events: tuple[dict[str, Any], ...], expect_match: bool, line: int):
+        self._set(events=events, expect_match=expect_match, line=line)
 
-@dataclass(frozen=True)
-class RuleTest:
+
+class RuleTest(FrozenRecord):
     """Test events a rule ships with: each `match` event must fire it, no `nomatch` may."""
 
+    __slots__ = (  # noqa: RUF023 (the fields' order: the constructor's and the repr's)
+        "rule_id",
+        "match",
+        "nomatch",
+        "path",
+        "line",
+        "match_lines",
+        "nomatch_lines",
+        "sequences",
+        "placeholders",
+    )
+    _not_compared = frozenset({"placeholders"})
     rule_id: str
     match: tuple[dict[str, Any], ...]
     nomatch: tuple[dict[str, Any], ...]
     path: str
     line: int
-    match_lines: tuple[int, ...] = ()  # line of each `match` event in the tests file
-    nomatch_lines: tuple[int, ...] = ()
-    sequences: tuple[EventSequence, ...] = ()
+    match_lines: tuple[int, ...]  # line of each `match` event in the tests file
+    nomatch_lines: tuple[int, ...]
+    sequences: tuple[EventSequence, ...]
     # values for the rule's `|expand` placeholders, from the tests file
-    placeholders: dict[str, list[Any]] = field(default_factory=dict, compare=False)
+    placeholders: dict[str, list[Any]]
+
+    def __init__(
+        self,
+        rule_id: str,
+        match: tuple[dict[str, Any], ...],
+        nomatch: tuple[dict[str, Any], ...],
+        path: str,
+        line: int,
+        match_lines: tuple[int, ...] = (),
+        nomatch_lines: tuple[int, ...] = (),
+        sequences: tuple[EventSequence, ...] = (),
+        placeholders: dict[str, list[Any]] | None = None,
+    ):
+        self._set(
+            rule_id=rule_id,
+            match=match,
+            nomatch=nomatch,
+            path=path,
+            line=line,
+            match_lines=match_lines,
+            nomatch_lines=nomatch_lines,
+            sequences=sequences,
+            placeholders={} if placeholders is None else placeholders,
+        )
 
 
-@dataclass
-class RuleSet:
-    rules: list[LoadedRule] = field(default_factory=list)
-    tests: list[RuleTest] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)  # rule files read, in order
-    errors: list[RuleError] = field(default_factory=list)  # only with collect_errors=True
+class RuleSet(Record):
+    __slots__ = ("rules", "tests", "files", "errors")  # noqa: RUF023 (the fields' order)
+    rules: list[LoadedRule]
+    tests: list[RuleTest]
+    files: list[str]  # rule files read, in order
+    errors: list[RuleError]  # only with collect_errors=True
+
+    def __init__(
+        self,
+        rules: list[LoadedRule] | None = None,
+        tests: list[RuleTest] | None = None,
+        files: list[str] | None = None,
+        errors: list[RuleError] | None = None,
+    ):
+        self.rules = [] if rules is None else rules
+        self.tests = [] if tests is None else tests
+        self.files = [] if files is None else files
+        self.errors = [] if errors is None else errors
 
     def by_id(self) -> dict[str, LoadedRule]:
         return {r.id: r for r in self.rules}

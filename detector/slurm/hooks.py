@@ -15,25 +15,27 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from hpcsec.detector.core import log
 from hpcsec.detector.core.errors import HpcsecError
 from hpcsec.detector.core.private_fs import make_private_dir, open_private, write_private_file
 from hpcsec.detector.core.schema import new_event, rfc3339
 from hpcsec.detector.slurm.hookstate import HOOK_EVENTS_FILE
 
+# typing.TYPE_CHECKING without importing typing (mypy reads any name TYPE_CHECKING so): the
+# prolog runs before every job and nothing of it needs typing at run time
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from hpcsec.detector.slurm.jobs import SlurmCommands
     from hpcsec.detector.slurm.parse import PidJob
-
-logger = logging.getLogger(__name__)
 
 GPU_MEMORY_SLACK = 64 << 20  # bytes above the prolog's reading that still count as released
 
@@ -63,7 +65,7 @@ def run_hook(settings: HookSettings, env: dict[str, str]) -> None:
     except (HookUsage, HpcsecError) as exc:
         print(f"hpcsec slurm {settings.hook}: {exc}", file=sys.stderr)
     except Exception as exc:  # never drain the node because of us; the traceback is a bug
-        logger.error(
+        log.get_logger(__name__).error(  # `logging` imported only here: see core/log.py
             "slurm %s: internal error: %s: %s",
             settings.hook,
             type(exc).__name__,

@@ -1,10 +1,12 @@
 """`visible`: node text shown to a person keeps every visible character and escapes the rest."""
 
 import json
+import re
 
 import orjson
 import pytest
 
+from hpcsec.detector.core import display
 from hpcsec.detector.core.display import visible, visible_json
 
 # What the people on a node can put in a name, path or command line.
@@ -54,3 +56,16 @@ def test_visible_json_is_the_same_value_without_raw_controls(case):
     assert json.loads(encoded) == {"v": raw}
     text = encoded.decode()
     assert visible(text.replace("\n", "")) == text.replace("\n", "")  # nothing left to escape
+
+
+def test_the_ascii_shortcut_escapes_what_the_class_escapes() -> None:
+    """visible() skips the regex for printable ASCII text: every ASCII character, alone and
+    among others, comes out as the full character class has it."""
+
+    full = re.compile(display._INVISIBLE)
+    for code in range(128):
+        char = chr(code)
+        for text in (char, f"a{char}b", f"{char} {char}"):
+            assert visible(text) == full.sub(display._escape, text)
+    assert visible("plain ascii ~!") == "plain ascii ~!"
+    assert visible("caf\u00e9\u200b") == "caf\u00e9\\u200b"  # not ASCII: the class decides
