@@ -52,12 +52,14 @@ def test_correlations_unchanged_since_their_last_expiry_are_not_walked_again(mon
     monkeypatch.setattr(many_reads, "expire", counted("many_reads", many_reads.expire))
     engine.evaluate([gpu(0)])
     engine.evaluate([read(t, user=f"u{t}") for t in range(1, 101)])
-    # expiry runs before an event is fed: an empty correlation is skipped; gpu_proc's group
-    # is looked at once (its window ends at 300 s) and not again, no event having fed it since;
-    # each read but the first finds many_reads fed by the one before
-    assert calls == {"few_gpu": 1, "many_reads": 99}
+    # a correlation is asked to expire only once event time has passed the end of its first
+    # window (gpu_proc's ends at 300 s, the first read's at 301 s): no read before needs it
+    assert calls == {"few_gpu": 0, "many_reads": 0}
     assert ids(engine.evaluate([read(301)])) == ["few_gpu"]
-    assert calls == {"few_gpu": 2, "many_reads": 100}
+    assert calls == {"few_gpu": 1, "many_reads": 0}
+    engine.evaluate([read(302)])  # now past the first read's window: it is dropped
+    assert calls == {"few_gpu": 1, "many_reads": 1}
+    assert len(many_reads.groups) == 101 - 1
 
 
 class EveryCorrelationEachTime(Engine):
