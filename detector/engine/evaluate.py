@@ -59,6 +59,8 @@ from hpcsec.detector.engine.values import UnsupportedValue
 
 logger = logging.getLogger(__name__)
 
+MERGED_FEEDS = 1024  # (category, rules matched together) whose ordered feeds are remembered
+
 
 @dataclass(frozen=True)
 class Match:
@@ -138,6 +140,7 @@ class Engine:
         # Expiry bookkeeping (see _expire): at most the least `settled_until` of all the
         # correlations (feeding one lowers it to that one's where it is less).
         self._settled_until = float("inf")
+        self._merged: dict[tuple[int, tuple[int, ...]], tuple[Feed, ...]] = {}
         self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
         filters = [r for r in ruleset.rules if r.kind == "filter"]
@@ -325,12 +328,26 @@ class Engine:
         if t is None:
             self.stats.untimed_events += 1
             return
-        # later steps of an ordered chain first: one event never completes two steps at once
-        # (a slot's own feeds are in that order already)
-        if not self.pending.push(
-            t, event, (event, self._ordered(list(feeds)) if merged else feeds)
-        ):
+        if merged:
+            feeds = self._merged_feeds(slots, hits, feeds)
+        if not self.pending.push(t, event, (event, feeds)):
             self.stats.late_events += 1
+
+    def _merged_feeds(
+        self, slots: tuple[Slot, ...], hits: tuple[int, ...], feeds: tuple[Feed, ...]
+    ) -> tuple[Feed, ...]:
+        """The feeds of several rules one event matched, later steps of an ordered chain
+        first (one event never completes two steps at once; a slot's own feeds are in that
+        order already). Remembered per category and rules matched: the same few rules match
+        together again and again. A category's slots live as long as the engine, so their
+        id names them; at most MERGED_FEEDS are kept, forgotten all at once when full."""
+        key = (id(slots), hits)
+        ordered = self._merged.get(key)
+        if ordered is None:
+            if len(self._merged) >= MERGED_FEEDS:
+                self._merged.clear()
+            ordered = self._merged[key] = self._ordered(list(feeds))
+        return ordered
 
     def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
         """Feed the correlations the matches whose event time is settled, oldest first."""
@@ -399,14 +416,10 @@ class Engine:
             return
         correlations = self.correlations
         for correlation in correlations:
-            self._expire_one(correlation, now, out)
+            if now > correlation.settled_until:  # else expire() would find nothing to do
+                for fired in correlation.expire(now):
+                    self._fire(correlation, fired, out)
         self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
-
-    def _expire_one(self, correlation: Correlation, now: float, out: list[Match]) -> None:
-        if now <= correlation.settled_until:  # expire() would find nothing to do
-            return
-        for fired in correlation.expire(now):
-            self._fire(correlation, fired, out)
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions

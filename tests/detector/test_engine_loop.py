@@ -203,3 +203,33 @@ def test_rules_with_the_same_test_fetch_a_field_once():
     assert engine.evaluate([local]) == []
     listening = {**event, "network.state": "listen", "source.port": 22}
     assert [m.rule.title for m in engine.evaluate([listening])] == ["listening"]
+
+
+BIG_READ = """\
+title: big read
+id: 00000000-0000-4000-8000-0000000000b1
+name: big_read
+logsource: {product: hpc, category: file_access}
+detection:
+  sel:
+    file.path|startswith: /big/
+  condition: sel
+"""
+
+
+def test_feeds_of_rules_matched_together_are_ordered_once_and_keep_the_chain_order(monkeypatch):
+    rules = ruleset(
+        BIG_READ
+        + "---\n"
+        + correlation("temporal_ordered", "[file_read, big_read]", "{gte: 2}", name="then_big")
+    )
+    engine = Engine(rules)
+    calls = []
+    ordered = engine._ordered
+    monkeypatch.setattr(engine, "_ordered", lambda feeds: calls.append(1) or ordered(feeds))
+    found = []
+    for t in range(50):  # each event matches both steps: it may complete only the first
+        found += engine.evaluate([read(t, **{"file.path": f"/big/{t}"})])
+    fired = [m.time for m in found if m.rule.id == rules.find("then_big").id]
+    assert fired[0] == "2026-12-01T10:00:01.000Z"  # not at the first event alone
+    assert len(calls) == 1  # the same two rules each time: put in order once
