@@ -39,7 +39,6 @@ from hpcsec.detector.engine.prepare import rule_error
 from hpcsec.detector.engine.ruleset import LoadedRule
 
 BUCKETS = 32
-NEVER = float("-inf")  # a correlation's settled_until once fed: expiry must look again
 RELATIONS: dict[str, Callable[[Any, Any], bool]] = {
     "LT": operator.lt,
     "LTE": operator.le,
@@ -72,9 +71,9 @@ class Correlation:
         self.sample_size = sample_size
         self.groups: OrderedDict[tuple[Any, ...], Group] = OrderedDict()
         # Event time up to which expire() is known to change nothing: the window end of the
-        # first group as the last expire() left it. Any feed may move, add or drop groups, so
-        # it resets this; the engine then skips expire() for every correlation no event fed
-        # since (most of them, for most events), with the same result as calling it.
+        # first group (the least recently touched), which is all expire() looks at before it
+        # stops. feed() keeps it so, so the engine asks a correlation to expire only once
+        # event time has passed that end, with the same result as asking it at every event.
         self.settled_until = float("inf")
         self.sources = sources
         self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
@@ -130,7 +129,6 @@ class Correlation:
     def feed(
         self, source: int, event: dict[str, Any], t: float, evidence: tuple[dict[str, Any], ...]
     ) -> Fired | None:
-        self.settled_until = NEVER
         key = self.keys_by_source[source](event)
         groups = self.groups
         try:
@@ -165,7 +163,13 @@ class Correlation:
         value = self._add_kind(group, source, event, t)
         if value is not None and self.sliding and self.relation(value[0], self.threshold):
             del groups[key]
-            return self._fired(key, group, value[1], t, value[0])
+            fired = self._fired(key, group, value[1], t, value[0])
+        # settled_until as expire() would leave it (inline: once for every match fed)
+        for first in groups.values():
+            self.settled_until = (first.last if self.sliding else first.start) + self.span
+            break
+        else:
+            self.settled_until = float("inf")
         return fired
 
     def _new_group(self, t: float) -> Group:

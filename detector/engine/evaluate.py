@@ -59,6 +59,8 @@ from hpcsec.detector.engine.values import UnsupportedValue
 
 logger = logging.getLogger(__name__)
 
+MERGED_FEEDS = 1024  # (category, rules matched together) whose ordered feeds are remembered
+
 
 @dataclass(frozen=True)
 class Match:
@@ -135,10 +137,10 @@ class Engine:
         self.stats = EngineStats()
         self.pending = ReorderBuffer(lateness, clock)
         self._expired_at = float("-inf")
-        # Expiry bookkeeping (see _expire): the positions of the correlations fed since they
-        # were last looked at, and the least `settled_until` of all the others.
-        self._fed: set[int] = set()
+        # Expiry bookkeeping (see _expire): at most the least `settled_until` of all the
+        # correlations (feeding one lowers it to that one's where it is less).
         self._settled_until = float("inf")
+        self._merged: dict[tuple[int, tuple[int, ...]], tuple[Feed, ...]] = {}
         self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
         filters = [r for r in ruleset.rules if r.kind == "filter"]
@@ -326,26 +328,41 @@ class Engine:
         if t is None:
             self.stats.untimed_events += 1
             return
-        # later steps of an ordered chain first: one event never completes two steps at once
-        # (a slot's own feeds are in that order already)
-        if not self.pending.push(
-            t, event, (event, self._ordered(list(feeds)) if merged else feeds)
-        ):
+        if merged:
+            feeds = self._merged_feeds(slots, hits, feeds)
+        if not self.pending.push(t, event, (event, feeds)):
             self.stats.late_events += 1
+
+    def _merged_feeds(
+        self, slots: tuple[Slot, ...], hits: tuple[int, ...], feeds: tuple[Feed, ...]
+    ) -> tuple[Feed, ...]:
+        """The feeds of several rules one event matched, later steps of an ordered chain
+        first (one event never completes two steps at once; a slot's own feeds are in that
+        order already). Remembered per category and rules matched: the same few rules match
+        together again and again. A category's slots live as long as the engine, so their
+        id names them; at most MERGED_FEEDS are kept, forgotten all at once when full."""
+        key = (id(slots), hits)
+        ordered = self._merged.get(key)
+        if ordered is None:
+            if len(self._merged) >= MERGED_FEEDS:
+                self._merged.clear()
+            ordered = self._merged[key] = self._ordered(list(feeds))
+        return ordered
 
     def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
         """Feed the correlations the matches whose event time is settled, oldest first."""
-        fed = self._fed
         for t, (event, feeds) in due:
             if t > self._expired_at:  # windows that closed before this event, in time order
                 self._expired_at = t
                 self._expire(t, out)
             evidence = (event,)
             for feed in feeds:  # _feed, inline: once or twice for each match released
-                fed.add(feed.rank)
-                fired = feed.correlation.feed(feed.source, event, t, evidence)
+                correlation = feed.correlation
+                fired = correlation.feed(feed.source, event, t, evidence)
+                if correlation.settled_until < self._settled_until:
+                    self._settled_until = correlation.settled_until
                 if fired is not None:
-                    self._fire(feed.correlation, fired, out)
+                    self._fire(correlation, fired, out)
 
     def _feed(
         self,
@@ -355,8 +372,9 @@ class Engine:
         evidence: tuple[dict[str, Any], ...],
         out: list[Match],
     ) -> None:
-        self._fed.add(feed.rank)
         fired = feed.correlation.feed(feed.source, event, t, evidence)
+        if feed.correlation.settled_until < self._settled_until:
+            self._settled_until = feed.correlation.settled_until
         if fired is not None:
             self._fire(feed.correlation, fired, out)
 
@@ -389,33 +407,19 @@ class Engine:
             self._feed(feed, chained, fired.time, fired.events, out)
 
     def _expire(self, now: float, out: list[Match]) -> None:
-        """Each correlation, in order, expires what `now` has closed. One not fed since it was
-        last looked at has nothing to expire until its `settled_until`: unless `now` is past
-        the least of those, only the fed ones are looked at (most events feed one or two of
-        many), in the same order, with the same result as looking at every one."""
+        """Each correlation, in order, expires what `now` has closed. A correlation keeps the
+        event time up to which expiring changes nothing (its `settled_until`), and the
+        engine the least of them: until `now` passes it no correlation is looked at (most
+        event times), and then each in order, with the same result as looking at every one
+        each time (a correlation fired here may feed a later one, which is looked at next)."""
+        if now <= self._settled_until:
+            return
         correlations = self.correlations
-        if now > self._settled_until:
-            self._fed.clear()
-            for correlation in correlations:
-                self._expire_one(correlation, now, out)
-            self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
-            return
-        fed, visited = self._fed, -1
-        while fed:  # a correlation fired here may feed a later one: it is looked at too
-            later = [rank for rank in fed if rank > visited]
-            if not later:
-                break
-            visited = min(later)
-            fed.discard(visited)
-            correlation = correlations[visited]
-            self._expire_one(correlation, now, out)
-            self._settled_until = min(self._settled_until, correlation.settled_until)
-
-    def _expire_one(self, correlation: Correlation, now: float, out: list[Match]) -> None:
-        if now <= correlation.settled_until:  # expire() would find nothing to do
-            return
-        for fired in correlation.expire(now):
-            self._fire(correlation, fired, out)
+        for correlation in correlations:
+            if now > correlation.settled_until:  # else expire() would find nothing to do
+                for fired in correlation.expire(now):
+                    self._fire(correlation, fired, out)
+        self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions

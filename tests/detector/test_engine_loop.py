@@ -52,12 +52,14 @@ def test_correlations_unchanged_since_their_last_expiry_are_not_walked_again(mon
     monkeypatch.setattr(many_reads, "expire", counted("many_reads", many_reads.expire))
     engine.evaluate([gpu(0)])
     engine.evaluate([read(t, user=f"u{t}") for t in range(1, 101)])
-    # expiry runs before an event is fed: an empty correlation is skipped; gpu_proc's group
-    # is looked at once (its window ends at 300 s) and not again, no event having fed it since;
-    # each read but the first finds many_reads fed by the one before
-    assert calls == {"few_gpu": 1, "many_reads": 99}
+    # a correlation is asked to expire only once event time has passed the end of its first
+    # window (gpu_proc's ends at 300 s, the first read's at 301 s): no read before needs it
+    assert calls == {"few_gpu": 0, "many_reads": 0}
     assert ids(engine.evaluate([read(301)])) == ["few_gpu"]
-    assert calls == {"few_gpu": 2, "many_reads": 100}
+    assert calls == {"few_gpu": 1, "many_reads": 0}
+    engine.evaluate([read(302)])  # now past the first read's window: it is dropped
+    assert calls == {"few_gpu": 1, "many_reads": 1}
+    assert len(many_reads.groups) == 101 - 1
 
 
 class EveryCorrelationEachTime(Engine):
@@ -201,3 +203,33 @@ def test_rules_with_the_same_test_fetch_a_field_once():
     assert engine.evaluate([local]) == []
     listening = {**event, "network.state": "listen", "source.port": 22}
     assert [m.rule.title for m in engine.evaluate([listening])] == ["listening"]
+
+
+BIG_READ = """\
+title: big read
+id: 00000000-0000-4000-8000-0000000000b1
+name: big_read
+logsource: {product: hpc, category: file_access}
+detection:
+  sel:
+    file.path|startswith: /big/
+  condition: sel
+"""
+
+
+def test_feeds_of_rules_matched_together_are_ordered_once_and_keep_the_chain_order(monkeypatch):
+    rules = ruleset(
+        BIG_READ
+        + "---\n"
+        + correlation("temporal_ordered", "[file_read, big_read]", "{gte: 2}", name="then_big")
+    )
+    engine = Engine(rules)
+    calls = []
+    ordered = engine._ordered
+    monkeypatch.setattr(engine, "_ordered", lambda feeds: calls.append(1) or ordered(feeds))
+    found = []
+    for t in range(50):  # each event matches both steps: it may complete only the first
+        found += engine.evaluate([read(t, **{"file.path": f"/big/{t}"})])
+    fired = [m.time for m in found if m.rule.id == rules.find("then_big").id]
+    assert fired[0] == "2026-12-01T10:00:01.000Z"  # not at the first event alone
+    assert len(calls) == 1  # the same two rules each time: put in order once
