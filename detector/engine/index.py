@@ -278,12 +278,14 @@ class CategoryBuilder:
 
     def second_groups(self) -> list[frozenset[Key] | None]:
         """Each keyed rule's second group, kept only when its fields are probed anyway for
-        the first groups (a field probed for it alone would cost every event a lookup)."""
+        the first groups (a field probed for it alone would cost every event a lookup) and
+        it has no pattern (a pattern searched in every new text costs more than the rule's
+        own test it saves)."""
         probed = {field for groups in self.groups for field, _, _ in groups[0]}
         seconds: list[frozenset[Key] | None] = []
         for groups in self.groups:
             second = groups[1] if len(groups) > 1 else None
-            keep = second is not None and all(f in probed for f, _, _ in second)
+            keep = second is not None and all(f in probed and k != "re" for f, k, _ in second)
             seconds.append(second if keep else None)
         return seconds
 

@@ -87,14 +87,17 @@ def test_a_rule_runs_only_when_the_event_shows_a_key_of_both_groups():
     assert ran == ["C:\\Program Files\\Office\\evil.XLAM"]
 
 
-def test_a_second_group_on_a_field_no_first_group_probes_is_not_used():
+def test_a_second_group_of_a_field_probed_for_it_alone_or_of_a_pattern_is_not_used():
     builder = CategoryBuilder("groups", indexed=True)
     builder.add([condition_of({**OFFICE, "condition": "place and ext"})])
     only = {"a": {"process.name": "nc"}, "b": {"user.name": "root"}, "condition": "a and b"}
     builder.add([condition_of(only)])
+    pattern = {**OFFICE, "re": {f"{PATH}|re": "[0-9]{8}"}, "condition": "place and re"}
+    builder.add([condition_of(pattern)])
     seconds = builder.second_groups()
     assert seconds[0] == {(PATH, "endswith", ".xlam"), (PATH, "endswith", ".wll")}
     assert seconds[1] is None  # user.name is probed for no rule's first group
+    assert seconds[2] is None  # a pattern would be searched in every new text of the field
 
 
 DETECTIONS: list[dict[str, Any]] = [
