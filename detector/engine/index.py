@@ -76,6 +76,8 @@ def required_keys(node: Any) -> frozenset[Key] | None:
 # The key sets of a rule the event must show all of: the second prunes the rules whose
 # cheapest set most values show, at the cost of looking up its keys too.
 MAX_GROUPS = 2
+# key_cost of a pattern (1.0) or of an extension or punctuation literal (0.5 or 1.0)
+COMMON_KEY_COST = 0.25
 
 
 def required_groups(node: Any) -> list[frozenset[Key]]:
@@ -279,13 +281,15 @@ class CategoryBuilder:
     def second_groups(self) -> list[frozenset[Key] | None]:
         """Each keyed rule's second group, kept only when its fields are probed anyway for
         the first groups (a field probed for it alone would cost every event a lookup) and
-        it has no pattern (a pattern searched in every new text costs more than the rule's
-        own test it saves)."""
+        none of its keys is a pattern or a literal most values show (`.exe`, `\\`): searched
+        in every new text, it would cost more than the rule's own test it saves."""
         probed = {field for groups in self.groups for field, _, _ in groups[0]}
         seconds: list[frozenset[Key] | None] = []
         for groups in self.groups:
             second = groups[1] if len(groups) > 1 else None
-            keep = second is not None and all(f in probed and k != "re" for f, k, _ in second)
+            keep = second is not None and all(
+                f in probed and key_cost(k, literal) < COMMON_KEY_COST for f, k, literal in second
+            )
             seconds.append(second if keep else None)
         return seconds
 

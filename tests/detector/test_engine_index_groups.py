@@ -71,7 +71,7 @@ def test_parts_without_keys_add_no_group():
 
 def test_a_rule_runs_only_when_the_event_shows_a_key_of_both_groups():
     first = frozenset({(PATH, "contains", "\\program files")})
-    second = frozenset({(PATH, "endswith", ".xlam")})
+    second = frozenset({(PATH, "endswith", ".xlam")})  # used as given here
     ran: list[str] = []
 
     def test(event: dict[str, Any]) -> bool:
@@ -87,17 +87,23 @@ def test_a_rule_runs_only_when_the_event_shows_a_key_of_both_groups():
     assert ran == ["C:\\Program Files\\Office\\evil.XLAM"]
 
 
-def test_a_second_group_of_a_field_probed_for_it_alone_or_of_a_pattern_is_not_used():
+def test_a_second_group_is_used_only_when_it_is_cheap_to_look_up():
     builder = CategoryBuilder("groups", indexed=True)
+    loader = {f"{PATH}|contains": "macro_loader"}
+    builder.add([condition_of({**OFFICE, "loader": loader, "condition": "place and loader"})])
     builder.add([condition_of({**OFFICE, "condition": "place and ext"})])
     only = {"a": {"process.name": "nc"}, "b": {"user.name": "root"}, "condition": "a and b"}
     builder.add([condition_of(only)])
     pattern = {**OFFICE, "re": {f"{PATH}|re": "[0-9]{8}"}, "condition": "place and re"}
     builder.add([condition_of(pattern)])
     seconds = builder.second_groups()
-    assert seconds[0] == {(PATH, "endswith", ".xlam"), (PATH, "endswith", ".wll")}
-    assert seconds[1] is None  # user.name is probed for no rule's first group
-    assert seconds[2] is None  # a pattern would be searched in every new text of the field
+    assert seconds[0] == {
+        (PATH, "contains", "\\program files"),
+        (PATH, "contains", "\\word\\startup"),
+    }
+    assert seconds[1] is None  # extensions: most paths show one, a hit each new text
+    assert seconds[2] is None  # user.name is probed for no rule's first group
+    assert seconds[3] is None  # a pattern would be searched in every new text of the field
 
 
 DETECTIONS: list[dict[str, Any]] = [
