@@ -12,7 +12,10 @@ key of its own pattern: the index searches all such patterns of a field in one p
 looked up in every value the keyword searches (matchers.searched_by_keywords). A NOT, a number
 or anything else gives no key, so a rule whose condition is not provably false without its keys
 is never pruned: it stays on the compiled path of its category (compile.py) and runs for every
-event, as before. The index only ever removes rules whose condition is false for the event;
+event, as before. A rule may have two such key sets (required_groups: two AND-ed parts, each
+needed): it is a candidate only when the event shows a key of each, so a literal that most
+values show (`\\program files`) does not make it run for most events. The index only ever
+removes rules whose condition is false for the event;
 the rules it keeps are then evaluated by their own compiled code, so what matches is exactly
 what the category's function would have matched. How an event is probed: literal_index.py.
 """
@@ -68,6 +71,36 @@ def required_keys(node: Any) -> frozenset[Key] | None:
     if isinstance(node, ConditionValueExpression):
         return keyword_keys(node.value)
     return None  # NOT: true without any literal of its own
+
+
+# The key sets of a rule the event must show all of: the second prunes the rules whose
+# cheapest set most values show, at the cost of looking up its keys too.
+MAX_GROUPS = 2
+# key_cost of a pattern (1.0) or of an extension or punctuation literal (0.5 or 1.0)
+COMMON_KEY_COST = 0.25
+
+
+def required_groups(node: Any) -> list[frozenset[Key]]:
+    """Key sets (each one of required_keys') the event must show a key of each of for `node`
+    to be true, the most selective first, at most MAX_GROUPS; [] when there is none."""
+    if isinstance(node, ConditionAND):
+        return cheapest([group for arg in node.args for group in required_groups(arg)])
+    if isinstance(node, ConditionOR):
+        # (A1 and A2) or (B1 and B2) needs (A1 or B1) and (A2 or B2): each group, branch-wise
+        branches = [required_groups(arg) for arg in node.args]
+        if not branches or not all(branches):
+            return [] if branches else [frozenset()]
+        width = max(map(len, branches))
+        return cheapest(
+            [frozenset().union(*(b[min(n, len(b) - 1)] for b in branches)) for n in range(width)]
+        )
+    keys = required_keys(node)
+    return [] if keys is None else [keys]
+
+
+def cheapest(groups: list[frozenset[Key]]) -> list[frozenset[Key]]:
+    """The MAX_GROUPS distinct groups that prune most, the most selective first."""
+    return sorted(set(groups), key=lambda g: (keys_cost(g), sorted(g)))[:MAX_GROUPS]
 
 
 def keyword_keys(value: Any) -> frozenset[Key] | None:
@@ -176,16 +209,24 @@ def indexed_predicate(
     positions: Sequence[int],
     fallback: Predicate | None,
     fallback_positions: Sequence[int],
+    paired: frozenset[int] = frozenset(),
 ) -> Predicate:
     """A category's match function: the rules without keys through their compiled function,
-    the indexed ones only when the index names them; hits in rule order."""
+    the indexed ones only when the index names them (keyed rule `i` by its first group, and
+    by its second, when in `paired`, as `i + len(tests)`); hits in rule order."""
     candidates = index.candidates
     positions = tuple(positions)
     fallback_positions = tuple(fallback_positions)
     tests = tuple(tests)
+    count = len(tests)
 
     def match(event: dict[str, Any]) -> tuple[int, ...]:
-        hits = [positions[i] for i in candidates(event) if tests[i](event)]
+        found = candidates(event)
+        hits = [
+            positions[i]
+            for i in found
+            if i < count and (i not in paired or i + count in found) and tests[i](event)
+        ]
         if fallback is not None:
             hits += [fallback_positions[i] for i in fallback(event)]
         if not hits:
@@ -208,20 +249,20 @@ class CategoryBuilder:
         self.plain_positions: list[int] = []
         self.keyed = CategoryCompiler()
         self.keyed_positions: list[int] = []
-        self.keys: list[frozenset[Key]] = []
+        self.groups: list[list[frozenset[Key]]] = []
         self.count = 0
 
     def add(self, conditions: Sequence[Any]) -> None:
         """One rule as the condition trees that must all hold (see CategoryCompiler.add_rule)."""
         position, self.count = self.count, self.count + 1
-        keys = best_of(map(required_keys, conditions)) if self.indexed else None
-        if keys is None:
+        groups = cheapest([g for c in conditions for g in required_groups(c)])
+        if not self.indexed or not groups:
             self.plain.add_rule(conditions)
             self.plain_positions.append(position)
         else:
             self.keyed.add_rule(conditions)
             self.keyed_positions.append(position)
-            self.keys.append(keys)
+            self.groups.append(groups)
 
     def build(self) -> Predicate:
         plain = self.plain.build(self.name) if self.plain_positions else None
@@ -229,9 +270,28 @@ class CategoryBuilder:
             assert plain is not None
             return plain
         tests = self.keyed.build_each(self.name + "_rule")
+        seconds = self.second_groups()
+        paired = frozenset(n for n, second in enumerate(seconds) if second is not None)
+        keys = [groups[0] for groups in self.groups]
+        keys += [second or frozenset() for second in seconds]
         return indexed_predicate(
-            LiteralIndex(self.keys), tests, self.keyed_positions, plain, self.plain_positions
+            LiteralIndex(keys), tests, self.keyed_positions, plain, self.plain_positions, paired
         )
+
+    def second_groups(self) -> list[frozenset[Key] | None]:
+        """Each keyed rule's second group, kept only when its fields are probed anyway for
+        the first groups (a field probed for it alone would cost every event a lookup) and
+        none of its keys is a pattern or a literal most values show (`.exe`, `\\`): searched
+        in every new text, it would cost more than the rule's own test it saves."""
+        probed = {field for groups in self.groups for field, _, _ in groups[0]}
+        seconds: list[frozenset[Key] | None] = []
+        for groups in self.groups:
+            second = groups[1] if len(groups) > 1 else None
+            keep = second is not None and all(
+                f in probed and key_cost(k, literal) < COMMON_KEY_COST for f, k, literal in second
+            )
+            seconds.append(second if keep else None)
+        return seconds
 
 
 def category_weight(rules: Sequence[LoadedRule]) -> int:
