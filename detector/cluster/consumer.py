@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import time
 from collections import deque
@@ -48,6 +47,7 @@ from nats.js.errors import NotFoundError
 
 from hpcsec.detector.cluster.partition import partition_subject
 from hpcsec.detector.cluster.streams import EVENTS_STREAM, JETSTREAM_WAIT_S
+from hpcsec.detector.core.log import get_logger
 
 # Messages per pull request. The next request goes out as soon as a batch is in, so a small
 # batch costs little; what is requested is on its way to the member, and a member whose
@@ -62,7 +62,7 @@ JS_API = "$JS.API"  # the JetStream API prefix of nc.jetstream()
 ACK_WAIT_S = 6 * 3600.0
 CONFIRM_TIMEOUT_S = 2.0  # a consumer without a leader does not answer: the fetch goes on
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def durable_name(partition: int) -> str:

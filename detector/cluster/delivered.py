@@ -12,7 +12,6 @@ one short timeout, not one per alert.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -23,12 +22,13 @@ from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from hpcsec.detector.cluster.streams import ALERTS_BUCKET, StreamSettings
+from hpcsec.detector.core.log import get_logger
 
 KV_TIMEOUT_S = 2.0  # a bucket electing its leader does not answer: do not wait the API's 10 s
 RETRY_S = 2.0
 MAX_UNRECORDED = 100_000  # ids kept for writing later; beyond, the oldest are only in memory
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class DeliveredAlerts:

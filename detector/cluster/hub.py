@@ -11,7 +11,6 @@ their events are still unacknowledged, so the next start rebuilds them.
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from hpcsec.detector.cluster.streams import (
     ensure_events_stream,
     require_jetstream,
 )
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.core.timefmt import rfc3339
 from hpcsec.detector.runtime.sink import AlertSink
@@ -49,7 +49,7 @@ REPORT_EVERY_S = 60.0
 SUMMARY_EVERY_S = 15.0  # rate-limit minutes that ended are summed up this soon after
 
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from hpcsec.detector.core.errors import HpcsecError
+from hpcsec.detector.core.log import get_logger
 
 EVENTS_STREAM = "HPCSEC_EVENTS"
 EVENTS_SUBJECT_PREFIX = "hpcsec.events"
@@ -42,7 +43,7 @@ JETSTREAM_WAIT_S = 20.0
 # The client logs a traceback for every failed connection attempt; connect() reports
 # failures itself, once.
 logging.getLogger("nats.aio.client").setLevel(logging.CRITICAL)
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 API_TIMEOUT_S = 10.0
 
 

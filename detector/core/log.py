@@ -10,10 +10,11 @@ filling with it. `--debug` puts debug records and tracebacks on stderr.
 
 from __future__ import annotations
 
+import _thread  # a lock without importing threading
 import os
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 # typing.TYPE_CHECKING without importing typing (mypy reads any name TYPE_CHECKING so):
@@ -21,9 +22,6 @@ from pathlib import Path
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
-    from importlib.abc import Loader
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType
     from typing import TextIO
 
 LOGGER_NAME = "hpcsec"
@@ -38,8 +36,10 @@ def under_systemd(env: Mapping[str, str]) -> bool:
 # operator reads in their log, so it is shown from INFO even outside systemd.
 SERVICE_COMMANDS = frozenset({"agent", "hub"})
 
-# setup()'s arguments while `logging` is not imported yet (see setup)
+# setup()'s arguments while `logging` is not imported yet (see setup); set, taken and applied
+# under the lock, so two threads never apply the same one or add a handler each
 _pending: tuple[bool, bool, Mapping[str, str]] | None = None
+_pending_lock = _thread.allocate_lock()
 
 
 def setup(debug: bool = False, env: Mapping[str, str] | None = None, service: bool = False) -> None:
@@ -47,75 +47,43 @@ def setup(debug: bool = False, env: Mapping[str, str] | None = None, service: bo
 
     A command that logs nothing need not import `logging` (a tenth of a short command's
     start-up, with traceback, threading and weakref under it). So while `logging` is not
-    imported, the configuration waits, and is applied the moment anything imports it: every
-    module that can log imports `logging`, so no record is ever emitted unconfigured.
+    imported, the configuration waits for the first get_logger(): every hpcsec module takes
+    its logger from get_logger (tests/detector/core/test_log_lazy.py checks it), so no hpcsec
+    record is ever emitted unconfigured. The last call wins.
     """
     global _pending
     env = os.environ if env is None else env
-    _pending = (debug, under_systemd(env) or service, env)
+    with _pending_lock:
+        _pending = (debug, under_systemd(env) or service, env)
     if "logging" in sys.modules:
         _apply_pending()
-    elif not any(isinstance(f, _SetupOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SetupOnImport())
 
 
 def _apply_pending() -> None:
     global _pending
     if _pending is None:
         return
-    from hpcsec.detector.core.loghandler import configure  # imports `logging`: see setup()
+    # imported before the lock is taken, and configure imports nothing: a thread holding
+    # the lock never waits on an import, which may itself be waiting on the lock (a module
+    # takes its logger at import)
+    from hpcsec.detector.core.loghandler import configure
 
-    debug, journal_level, env = _pending
-    _pending = None
-    configure(LOGGER_NAME, debug, journal_level, env)
+    with _pending_lock:  # one configuration at a time: one handler, from the last setup
+        pending, _pending = _pending, None
+        if pending is not None:
+            debug, journal_level, env = pending
+            configure(LOGGER_NAME, debug, journal_level, env)
 
 
 def get_logger(name: str = LOGGER_NAME) -> logging.Logger:
-    """`logging.getLogger(name)`, importing `logging` (and so configuring it) only when a
-    record is about to be written: for modules on a start-up path that log only on errors."""
+    """`logging.getLogger(name)`, with setup()'s configuration applied first if it waits.
+
+    Every hpcsec module takes its logger from here (at import, or when it first writes a
+    record where it is on a short command's path and logs only on errors)."""
     import logging
 
-    _apply_pending()  # where `logging` was imported before setup() was called
+    _apply_pending()
     return logging.getLogger(name)
-
-
-class _SetupOnImport:
-    """A meta path finder that finds nothing itself: on the import of `logging` it lets the
-    other finders find it and wraps its loader so that the pending setup runs right after
-    `logging` has been executed. It removes itself on that first import."""
-
-    def find_spec(
-        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if name != "logging":
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _ThenApply(spec.loader)
-                return spec
-        return None
-
-
-class _ThenApply:
-    """A loader that is `loader` but applies the pending setup once the module has run."""
-
-    def __init__(self, loader: Loader) -> None:
-        self._loader = loader
-
-    def __getattr__(self, name: str) -> object:  # get_source, get_filename, is_package…
-        return getattr(self._loader, name)
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _apply_pending()
 
 
 def log_path(env: Mapping[str, str] | None = None) -> Path:

@@ -54,6 +54,18 @@ def start_workers(files: int) -> Workers | None:
     return Workers(pool, workers)
 
 
+@contextlib.contextmanager
+def stopped_on_error(workers: Workers | None) -> Iterator[None]:
+    """Shuts `workers` down when the block raises (the parser's import failing), before
+    anything has taken them over: their processes would otherwise live on until exit."""
+    try:
+        yield
+    except BaseException:
+        if workers is not None:
+            workers.pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
 def _import_parser() -> None:
     """A worker's first task: the parser's imports, while the caller does its own."""
     import hpcsec.detector.engine.coldload  # noqa: F401  # the point: imported in the worker

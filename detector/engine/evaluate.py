@@ -29,7 +29,6 @@ Correlations see their events in event-time order, whatever the arrival order (r
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from sigma.correlations import SigmaCorrelationRule
 from sigma.exceptions import SigmaError
 
 from hpcsec.detector.core.errors import RuleError, location
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import PRODUCT
 from hpcsec.detector.engine.compile import Predicate
 from hpcsec.detector.engine.correlate import Correlation, check_chains
@@ -57,7 +57,7 @@ from hpcsec.detector.engine.reorder import Clock, ReorderBuffer
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.values import UnsupportedValue
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 MERGED_FEEDS = 1024  # (category, rules matched together) whose ordered feeds are remembered
 

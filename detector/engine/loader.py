@@ -121,10 +121,11 @@ def load_rules(
     if cache is None or not _load_through_cache(ruleset, sources, threshold_values, cache):
         # on a cache miss only (see the module's docstring), the workers first: they import
         # the parser while this process does
-        from hpcsec.detector.engine.coldpool import start_workers
+        from hpcsec.detector.engine.coldpool import start_workers, stopped_on_error
 
         workers = start_workers(len(sources))
-        from hpcsec.detector.engine.coldload import parse_files
+        with stopped_on_error(workers):  # from here on, parse_files owns the workers
+            from hpcsec.detector.engine.coldload import parse_files
 
         parse_files(ruleset, sources, threshold_values, with_tests, workers)
     elif with_tests:
@@ -164,10 +165,11 @@ def _load_through_cache(
         missing = [path for path in sources if found[path] is None]
         if missing:
             # on a miss only (see the module's docstring), the workers first (as above)
-            from hpcsec.detector.engine.coldpool import start_workers
+            from hpcsec.detector.engine.coldpool import start_workers, stopped_on_error
 
             workers = start_workers(len(missing))
-            from hpcsec.detector.engine.coldload import in_parallel, parse_entry
+            with stopped_on_error(workers):  # from here on, in_parallel owns the workers
+                from hpcsec.detector.engine.coldload import in_parallel, parse_entry
 
             def store(path: Path, entry: bytes | None) -> rulecache.FileEntry | None:
                 key = keys[path]

@@ -4,7 +4,6 @@ values (by pySigma's own transformation), and the Sigma filters that apply to it
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any
 
 from sigma.exceptions import SigmaError
@@ -13,9 +12,10 @@ from sigma.rule import SigmaDetection, SigmaRule
 from sigma.types import Placeholder, SigmaExpansion, SigmaRegularExpression
 
 from hpcsec.detector.core.errors import RuleError, location
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.engine.ruleset import LoadedRule
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def rule_error(rule: LoadedRule, message: str) -> RuleError:

@@ -8,7 +8,6 @@ as for the webhook signing secret.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Mapping
@@ -16,9 +15,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.outputs.protocol import DeliveryFailed, OutputError, redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 # Header values are sent as they are: a newline in one would start a header of its own.
 _FORBIDDEN_IN_HEADER = frozenset("\r\n\0")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC
@@ -23,6 +22,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from hpcsec.detector.core.display import visible_json
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.outputs.alertjson import alert_bytes
 from hpcsec.detector.outputs.fit import fit
 from hpcsec.detector.outputs.httpauth import (
@@ -48,7 +48,7 @@ PERMANENT_STATUSES = frozenset({400, 413, 415, 422})
 # commonly accept 1 MiB or more; a 64 KiB command line with control characters stays below.
 MAX_BODY_BYTES = 1 << 20
 USER_AGENT = "hpcsec-webhook/1"
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def read_secret(path: str | None, url: str, must_be_private: bool = False) -> bytes:

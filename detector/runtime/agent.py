@@ -14,7 +14,6 @@ windows, and give the spool a bounded time to drain before exiting 0.
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
 import time
@@ -24,6 +23,7 @@ from hpcsec.detector.alerts.model import reload_failed_alert
 from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.alerts.suppression import Decision
 from hpcsec.detector.core.errors import HpcsecError, UsageError
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import rfc3339, status_event
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.agent_settings import AgentSettings, Generation, load_generation
@@ -38,7 +38,7 @@ from hpcsec.detector.runtime.threads import EventQueue
 from hpcsec.detector.store.journal import JournalWriter
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 MAX_BATCH_EVENTS = 4096
 QUEUE_MAX_EVENTS = 100_000

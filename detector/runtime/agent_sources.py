@@ -3,14 +3,14 @@ the node allows it (else the file-access sensor is sampled like the others)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.runtime.threads import EventQueue, SampledSource, SampleHook, StreamSource
 from hpcsec.sensors.base import SensorContext, SensorSpec
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 STREAM_SENSOR = "file_access"
 

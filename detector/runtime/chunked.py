@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
-import logging
 import multiprocessing
 import os
 import stat
@@ -36,11 +35,12 @@ import orjson
 
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import InputReport, read_jsonl_blocks
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import apply_policy
 from hpcsec.detector.enrich.policy import apply_fleet_majority
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # Below this, starting a worker costs more than it saves: its interpreter, imports and
 # engine take about 0.8 s of CPU. Measured (python -m bench scan --events N, the longer of the

@@ -9,7 +9,6 @@ limits carry over). `hpcsec collect` uses the same batches and `enrich`, without
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from hpcsec.detector.alerts.model import Alert
 from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
@@ -27,7 +27,7 @@ from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import NodeView, capture_view
 from hpcsec.sensors.base import SensorContext
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)

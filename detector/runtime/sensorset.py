@@ -14,12 +14,12 @@ costs one thread and never piles up work.
 from __future__ import annotations
 
 import copy
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
+from hpcsec.detector.core.log import get_logger
 from hpcsec.sensors.base import (
     FsRoot,
     Sensor,
@@ -31,7 +31,7 @@ from hpcsec.sensors.base import (
 )
 from hpcsec.sensors.snapshot import close_sensor
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 SLOW = "slow"
 # How long closing waits for a sensor thread still reading before leaving it (a daemon).

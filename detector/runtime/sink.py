@@ -18,13 +18,13 @@ event, so the self-health rules (rules/self_health.yml) raise an alert about it.
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import time
 
 from hpcsec.detector.alerts.model import Alert, level_rank
 from hpcsec.detector.alerts.suppression import Decision, dispositions
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.runtime.endpoints import (
     DeliveryOutcome,
@@ -35,7 +35,7 @@ from hpcsec.detector.runtime.endpoints import (
 from hpcsec.detector.runtime.metrics import AgentMetrics
 from hpcsec.detector.store.journal import JournalWriter, StoreError, encode_records
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 ALERTS_FLUSH_S = 5.0
 EVENTS_FLUSH_S = 60.0

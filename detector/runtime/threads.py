@@ -11,7 +11,6 @@ alone, so it never reads the live node at a time other than the sensors'.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -19,13 +18,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event, rfc3339
 from hpcsec.detector.enrich.view import NodeView
 from hpcsec.detector.runtime.pipeline import SourceBatch, capture
 from hpcsec.detector.runtime.sensorset import BudgetedSensors, SensorSet
 from hpcsec.sensors.base import SensorContext, SensorRun, SensorSpec
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # A sampled sensor's budget when the site config names none: this share of the interval. The
 # sensors run at once, so a sample waits at most this long for the slowest one.

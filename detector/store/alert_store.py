@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,6 +30,7 @@ import duckdb
 import orjson
 
 from hpcsec.detector.alerts.suppression import Decision, dispositions
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.store.journal import (
     StoreError,
     journal_dir,
@@ -43,7 +43,7 @@ from hpcsec.detector.store.query import AlertQuery, parse_since
 from hpcsec.detector.store.rows import DISPOSITIONS, Rows, alert_row, event_row
 
 __all__ = ["DISPOSITIONS", "AlertQuery", "Store", "StoreError", "parse_since"]
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 SCHEMA_VERSION = 1
 _DDL = (

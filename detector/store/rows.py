@@ -6,16 +6,16 @@ the journal the agent writes (journal.py).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from hpcsec.detector.core.jsonenc import dumps
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import parse_time
 
 DISPOSITIONS = ("sent", "silenced", "rate_limited", "below_min_level")
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def _utc(value: Any) -> datetime | None:

@@ -329,3 +329,37 @@ def test_groups_whose_worker_raises_are_parsed_by_the_caller(tmp_path, monkeypat
         assert marker.exists()
         assert sorted(parsed) == sorted(f"r{n}.yml" for n in range(8))  # all of them, here
         assert summary(loaded) == summary(serial) and errors_of(loaded) == errors_of(serial)
+
+
+def test_workers_are_stopped_when_the_parser_cannot_be_imported(monkeypatch) -> None:
+    """Started before the parser's import: if that import fails, nothing else would stop them."""
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    workers = coldpool.start_workers(5000)
+    assert workers is not None
+    with pytest.raises(ImportError), coldpool.stopped_on_error(workers):
+        raise ImportError("the parser is broken")
+    with pytest.raises(RuntimeError, match="shutdown"):
+        workers.pool.submit(int)
+    with coldpool.stopped_on_error(None):  # no workers: nothing to stop, the block runs
+        pass
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_load_whose_parser_cannot_be_imported_stops_its_workers(
+    tmp_path, monkeypatch, cached
+) -> None:
+    for n in range(3):
+        write(tmp_path / f"r{n}.yml", n)
+    started: list[coldpool.Workers | None] = []
+    real_start = coldpool.start_workers
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(
+        coldpool, "start_workers", lambda n: started.append(real_start(n)) or started[-1]
+    )
+    monkeypatch.setitem(sys.modules, "hpcsec.detector.engine.coldload", None)  # import fails
+    cache = tmp_path / "c" if cached else None
+    with pytest.raises(ImportError):
+        load_rules([tmp_path], with_tests=False, collect_errors=True, cache=cache)
+    assert len(started) == 1 and started[0] is not None
+    with pytest.raises(RuntimeError, match="shutdown"):
+        started[0].pool.submit(int)

@@ -1,12 +1,16 @@
 """core/log.setup() does not import `logging`: a command that logs nothing does not pay for it.
-Whatever imports `logging` afterwards, the `hpcsec` logger is configured before a record can be
-written (escaping, levels, the journal's form). Each case runs in a fresh interpreter, the
-only place where `logging` is not imported already."""
+Every hpcsec module takes its logger from log.get_logger, so the `hpcsec` logger is configured
+before one of its records can be written (escaping, levels, the journal's form). Each case
+runs in a fresh interpreter, the only place where `logging` is not imported already."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_fresh(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -25,9 +29,10 @@ from hpcsec.detector.core import log
 log.setup(debug=sys.argv[1] == "debug", service=sys.argv[1] == "service")
 assert "logging" not in sys.modules
 import logging
-logging.getLogger("hpcsec.late").debug("a debug record")
-logging.getLogger("hpcsec.late").info("an info record")
-logging.getLogger("hpcsec.late").warning("x\\x1b[2Jy\\nforged")
+late = log.get_logger("hpcsec.late")
+late.debug("a debug record")
+late.info("an info record")
+late.warning("x\\x1b[2Jy\\nforged")
 """
 
 
@@ -85,3 +90,77 @@ def test_a_hook_that_fails_in_a_fresh_process_logs_its_traceback(tmp_path) -> No
     assert done.stderr.startswith("hpcsec: ERROR: slurm prolog: internal error: RuntimeError: boom")
     assert "Traceback (most recent call last)" in done.stderr
     assert done.stderr.endswith(", in bug\nRuntimeError: boom\n")
+
+
+def test_a_module_imported_after_setup_logs_configured() -> None:
+    code = (
+        "import sys\n"
+        "from hpcsec.detector.core import log\n"
+        "log.setup()\n"
+        "assert 'logging' not in sys.modules\n"
+        "from hpcsec.detector.runtime import threads\n"
+        "threads.logger.warning('x\\x1b[2Jy')\n"
+    )
+    assert run_fresh(code).stderr == "hpcsec: WARNING: x\\x1b[2Jy\n"
+
+
+THREADS = """
+import sys, threading
+from hpcsec.detector.core import log
+errors = []
+def run(n):
+    try:
+        log.setup(debug=n % 2 == 0)
+        log.get_logger("hpcsec.t").debug("d")
+    except BaseException as exc:
+        errors.append(repr(exc))
+for _ in range(20):
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+import logging
+assert not errors, errors
+assert len(logging.getLogger("hpcsec").handlers) == 1, logging.getLogger("hpcsec").handlers
+"""
+
+
+def test_threads_setting_up_at_once_leave_one_handler_and_raise_nothing() -> None:
+    done = run_fresh(THREADS)
+    assert done.returncode == 0, done.stderr
+
+
+def _named_loggers(path: Path) -> list[int]:
+    """Lines of `path` that call logging.getLogger with `__name__` or an `hpcsec` name."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "getLogger"
+            and node.args
+        ):
+            continue
+        name = node.args[0]
+        ours = isinstance(name, ast.Name) and name.id == "__name__"
+        ours |= isinstance(name, ast.Constant) and str(name.value).startswith("hpcsec")
+        if ours:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_hpcsec_logger_comes_from_get_logger(tmp_path: Path) -> None:
+    """A module that took `logging.getLogger(__name__)` itself could write a record before
+    setup()'s configuration is applied: raw control bytes on the terminal or in the journal."""
+    allowed = {ROOT / "detector/core/log.py", ROOT / "detector/core/loghandler.py"}
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for tree in ("detector", "sensors")
+        for path in sorted((ROOT / tree).rglob("*.py"))
+        if path not in allowed and (lines := _named_loggers(path))
+    }
+    assert found == {}
+    taken = tmp_path / "taken.py"  # the check finds both forms
+    taken.write_text(
+        "import logging\na = logging.getLogger(__name__)\nb = logging.getLogger('hpcsec.x')\n"
+    )
+    assert _named_loggers(taken) == [2, 3]
