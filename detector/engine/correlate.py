@@ -76,6 +76,7 @@ class Correlation:
         # event time has passed that end, with the same result as asking it at every event.
         self.settled_until = float("inf")
         self.sources = sources
+        self.source_count = len(sources)
         self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
         self.keys_by_source = [group_key(fields) for fields in self.fields_by_source]
         condition = sigma.condition
@@ -149,8 +150,8 @@ class Correlation:
                 group = None
             else:
                 groups.move_to_end(key)
-        if group is None:
-            group = groups[key] = self._new_group(t)
+        if group is None:  # Group(), inline: a new group for most events of many correlations
+            group = groups[key] = Group(t, self.kind, self.source_count, self.sample_size)
             if len(groups) > self.max_groups:
                 groups.popitem(last=False)
                 self.stats.evicted_groups += 1
@@ -171,9 +172,6 @@ class Correlation:
         else:
             self.settled_until = float("inf")
         return fired
-
-    def _new_group(self, t: float) -> Group:
-        return Group(t, self.kind, len(self.sources), self.sample_size)
 
     # -- accounting one event per kind (chosen once, as _add_kind): each returns, for sliding
     # windows, (aggregate, window start) --------------------------------------------------
@@ -327,20 +325,24 @@ class Correlation:
         return None
 
     def expire(self, now: float) -> list[Fired]:
-        """Drop (sliding) or close (other conditions) groups whose window has passed."""
-        fired = []
+        """Drop (sliding) or close (other conditions) groups whose window has passed: the
+        least recently touched first, found in one walk (no iterator made per group)."""
+        span, sliding = self.span, self.sliding
         self.settled_until = float("inf")
-        while self.groups:
-            key, group = next(iter(self.groups.items()))
-            edge = group.last if self.sliding else group.start
-            if edge + self.span >= now:
-                self.settled_until = edge + self.span
+        passed = []
+        for key, group in self.groups.items():
+            edge = (group.last if sliding else group.start) + span
+            if edge >= now:
+                self.settled_until = edge
                 break
-            if self.sliding:
-                del self.groups[key]
-            elif (f := self._close(key, group)) is not None:
-                fired.append(f)
-        return fired
+            passed.append((key, group))
+        if sliding:
+            groups = self.groups
+            for key, _ in passed:
+                del groups[key]
+            return []
+        fired = [self._close(key, group) for key, group in passed]
+        return [f for f in fired if f is not None]
 
     def flush(self) -> list[Fired]:
         self.settled_until = float("inf")  # no group is left open

@@ -354,7 +354,8 @@ class Engine:
         for t, (event, feeds) in due:
             if t > self._expired_at:  # windows that closed before this event, in time order
                 self._expired_at = t
-                self._expire(t, out)
+                if t > self._settled_until:  # else _expire() has nothing to do: not called
+                    self._expire(t, out)
             evidence = (event,)
             for feed in feeds:  # _feed, inline: once or twice for each match released
                 correlation = feed.correlation
@@ -419,7 +420,7 @@ class Engine:
             if now > correlation.settled_until:  # else expire() would find nothing to do
                 for fired in correlation.expire(now):
                     self._fire(correlation, fired, out)
-        self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
+        self._settled_until = min([c.settled_until for c in correlations], default=float("inf"))
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions

@@ -1,0 +1,60 @@
+"""The end-of-input release of held matches (Engine.flush with lateness None): the same alerts
+as correlating each batch in order, and no expiry pass while no window has ended."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcsec.detector.engine.evaluate import Engine, Match
+from tests.detector.test_engine_correlation import correlation, gpu, read, ruleset
+
+RULES = ruleset(
+    "---\n".join(
+        [
+            correlation("temporal", "[gpu_proc, file_read]", "{gte: 2}", name="both"),
+            correlation("event_count", "[gpu_proc]", "{gte: 3}", timespan="1m", name="many"),
+            correlation("event_count", "[file_read]", "{lt: 2}", timespan="1m", name="few"),
+        ]
+    )
+)
+
+
+def summary(matches: list[Match]) -> list[tuple[Any, ...]]:
+    return [(m.rule.id, m.group, m.window_start, m.time, m.value, m.events) for m in matches]
+
+
+def stream(n: int) -> list[dict[str, Any]]:
+    """Users in turn, a second apart: windows of every group open and end along the way."""
+    return [(gpu if i % 3 else read)(float(i), f"user-{i % 7}") for i in range(n)]
+
+
+def test_held_matches_give_the_alerts_of_a_batch_by_batch_engine():
+    events = stream(600)
+    held = Engine(RULES, lateness=None)
+    at_end = held.evaluate(events) + held.flush()
+    batched = Engine(RULES, lateness=0.0)
+    in_order = []
+    for start in range(0, len(events), 50):
+        in_order += batched.evaluate(events[start : start + 50])
+    in_order += batched.flush()
+    assert at_end and summary(at_end) == summary(in_order)
+
+
+def test_no_expiry_pass_is_made_for_a_match_before_a_window_ends():
+    """Within one window (5 minutes) nothing can expire: releasing the matches makes no
+    expiry call, where it used to make one per new event time."""
+    engine = Engine(RULES, lateness=None)
+    calls = []
+    real = engine._expire
+
+    def spy(now: float, out: list[Match]) -> None:
+        calls.append(now)
+        real(now, out)
+
+    engine._expire = spy  # type: ignore[method-assign]
+    events = [gpu(i * 0.1, "bob") for i in range(300)] + [read(30.0 + i * 0.1) for i in range(5)]
+    matches = engine.evaluate(events) + engine.flush()
+    assert calls == []  # event time spans 30 s: no window of 1 or 5 minutes has ended
+    plain = Engine(RULES, lateness=None)
+    assert summary(matches) == summary(plain.evaluate(events) + plain.flush())
+    assert {m.rule.sigma.name for m in matches} == {"both", "many"}
