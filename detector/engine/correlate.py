@@ -138,6 +138,10 @@ class Correlation:
             key = tuple(hashable(v) for v in key)
             group = groups.get(key)
         fired = None
+        # Whether the first group (the least recently touched: its window end is
+        # settled_until) may have changed. A new group that evicts none and does not fire is
+        # the last: it changes the first only when it is the only one.
+        first_changed = True
         if group is not None:
             # Event time may arrive out of order (several nodes' events merged, a replayed
             # file). An event older than the window of the group's newest event, or than an
@@ -155,6 +159,8 @@ class Correlation:
             if len(groups) > self.max_groups:
                 groups.popitem(last=False)
                 self.stats.evicted_groups += 1
+            elif fired is None:
+                first_changed = len(groups) == 1
         if t > group.last:
             group.last = t
         if len(evidence) == 1:
@@ -165,12 +171,13 @@ class Correlation:
         if value is not None and self.sliding and self.relation(value[0], self.threshold):
             del groups[key]
             fired = self._fired(key, group, value[1], t, value[0])
-        # settled_until as expire() would leave it (inline: once for every match fed)
-        for first in groups.values():
-            self.settled_until = (first.last if self.sliding else first.start) + self.span
-            break
-        else:
-            self.settled_until = float("inf")
+            first_changed = True
+        if first_changed:  # settled_until as expire() would leave it
+            for first in groups.values():
+                self.settled_until = (first.last if self.sliding else first.start) + self.span
+                break
+            else:
+                self.settled_until = float("inf")
         return fired
 
     # -- accounting one event per kind (chosen once, as _add_kind): each returns, for sliding

@@ -58,3 +58,30 @@ def test_no_expiry_pass_is_made_for_a_match_before_a_window_ends():
     plain = Engine(RULES, lateness=None)
     assert summary(matches) == summary(plain.evaluate(events) + plain.flush())
     assert {m.rule.sigma.name for m in matches} == {"both", "many"}
+
+
+def test_settled_until_stays_the_window_end_of_the_least_recently_touched_group():
+    """A correlation's settled_until (when an expiry pass is first needed) is kept without
+    looking at its groups after most feeds; after every feed it must be what a look gives:
+    through new groups, evictions, fires and windows closed by a later event."""
+    engine = Engine(RULES, lateness=None, max_groups=4)
+    checked = 0
+    for running in engine.correlations:
+        real = running.feed
+
+        def checked_feed(*args: Any, _real: Any = real, _c: Any = running) -> Any:
+            nonlocal checked
+            fired = _real(*args)
+            first = next(iter(_c.groups.values()), None)
+            edge = float("inf")
+            if first is not None:
+                edge = (first.last if _c.sliding else first.start) + _c.span
+            assert _c.settled_until == edge
+            checked += 1
+            return fired
+
+        running.feed = checked_feed  # type: ignore[method-assign]
+    events = [(gpu if i % 3 else read)(i * 7.0, f"user-{(i * 5) % 9}") for i in range(400)]
+    engine.evaluate(events)
+    engine.flush()
+    assert checked > 500 and engine.stats.evicted_groups > 0
