@@ -415,12 +415,18 @@ class Engine:
         each time (a correlation fired here may feed a later one, which is looked at next)."""
         if now <= self._settled_until:
             return
-        correlations = self.correlations
-        for correlation in correlations:
+        # The least is taken in the same walk. A fire here may feed a correlation already
+        # walked: _feed lowers self._settled_until to it, from infinity, so that it counts
+        # too (one it raised is then counted lower: at worst one more walk, never a miss).
+        self._settled_until = least = float("inf")
+        for correlation in self.correlations:
             if now > correlation.settled_until:  # else expire() would find nothing to do
                 for fired in correlation.expire(now):
                     self._fire(correlation, fired, out)
-        self._settled_until = min([c.settled_until for c in correlations], default=float("inf"))
+            if correlation.settled_until < least:
+                least = correlation.settled_until
+        if least < self._settled_until:
+            self._settled_until = least
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions

@@ -57,7 +57,7 @@ class Group:
         self.count = 0
         # the most recent events, as evidence of what made the group fire
         # (positional: deque parses a keyword argument at some cost, once per new group)
-        self.sample: deque[tuple[float, dict[str, Any]]] = deque((), sample_size)
+        self.sample: deque[tuple[float, dict[str, Any]]] = deque((), sample_size)  # noqa: RUF037
         # value_count: distinct value -> its last-seen time, in last-seen order
         self.values: dict[Any, float] | None = None
         # temporal: source rule -> its last-seen time
