@@ -75,6 +75,9 @@ class Correlation:
         # stops. feed() keeps it so, so the engine asks a correlation to expire only once
         # event time has passed that end, with the same result as asking it at every event.
         self.settled_until = float("inf")
+        # called with this correlation when its first group opens (none were open): the
+        # engine then looks at it in its expiry walks, until no group is open again
+        self.opened: Callable[[Correlation], None] = _nothing
         self.sources = sources
         self.source_count = len(sources)
         self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
@@ -159,8 +162,10 @@ class Correlation:
             if len(groups) > self.max_groups:
                 groups.popitem(last=False)
                 self.stats.evicted_groups += 1
+            elif len(groups) == 1:
+                self.opened(self)
             elif fired is None:
-                first_changed = len(groups) == 1
+                first_changed = False
         if t > group.last:
             group.last = t
         if len(evidence) == 1:
@@ -365,6 +370,10 @@ class Correlation:
 
     def group_pairs(self, key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
         return tuple(zip(self.group_by, key, strict=True))
+
+
+def _nothing(correlation: Correlation) -> None:
+    """The default `opened`: a correlation of no engine."""
 
 
 def has_negation(node: Any) -> bool:

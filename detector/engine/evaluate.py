@@ -29,6 +29,7 @@ Correlations see their events in event-time order, whatever the arrival order (r
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -140,6 +141,8 @@ class Engine:
         # Expiry bookkeeping (see _expire): at most the least `settled_until` of all the
         # correlations (feeding one lowers it to that one's where it is less).
         self._settled_until = float("inf")
+        # the correlations with a group open (the others have nothing to expire), in order
+        self._open: list[Correlation] = []
         self._merged: dict[tuple[int, tuple[int, ...]], tuple[Feed, ...]] = {}
         self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
@@ -269,6 +272,7 @@ class Engine:
             if kind in ("value_percentile", "value_median"):
                 raise rule_error(rule, f"correlation type {kind} is not supported")
             correlation = Correlation(rule, sources, self.stats, max_groups, sample_size)
+            correlation.opened = self._opened
             self.correlations.append(correlation)
             rank = len(self.correlations) - 1
             for i, source in enumerate(sources):
@@ -419,7 +423,11 @@ class Engine:
         # walked: _feed lowers self._settled_until to it, from infinity, so that it counts
         # too (one it raised is then counted lower: at worst one more walk, never a miss).
         self._settled_until = least = float("inf")
-        for correlation in self.correlations:
+        walked = self._open
+        i = 0
+        while i < len(walked):  # by index: a fire here may open a later correlation
+            correlation = walked[i]
+            i += 1
             if now > correlation.settled_until:  # else expire() would find nothing to do
                 for fired in correlation.expire(now):
                     self._fire(correlation, fired, out)
@@ -427,6 +435,15 @@ class Engine:
                 least = correlation.settled_until
         if least < self._settled_until:
             self._settled_until = least
+        inf = float("inf")
+        self._open = [c for c in walked if c.settled_until != inf]
+
+    def _opened(self, correlation: Correlation) -> None:
+        """A correlation's first group opened: looked at in the expiry walks from now on, in
+        the engine's order of correlations (a fire feeds later ones, looked at next)."""
+        if correlation not in self._open:
+            rank = self.correlations.index
+            bisect.insort(self._open, correlation, key=rank)
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions

@@ -85,3 +85,16 @@ def test_settled_until_stays_the_window_end_of_the_least_recently_touched_group(
     engine.evaluate(events)
     engine.flush()
     assert checked > 500 and engine.stats.evicted_groups > 0
+
+
+def test_the_expiry_walk_looks_only_at_correlations_with_a_group_open():
+    engine = Engine(RULES, lateness=0.0)
+    names = lambda: [c.rule.sigma.name for c in engine._open]  # noqa: E731
+    engine.evaluate([read(0.0, "bob")])  # feeds "both" and "few"
+    assert names() == ["both", "few"]
+    engine.evaluate([gpu(1.0, "bob")])  # completes "both" (its group fires and goes)
+    assert sorted(names()) == ["both", "few", "many"]
+    engine.evaluate([gpu(200.0, "carol")])  # the 1 minute windows end: "few" closes
+    assert names() == ["both", "many"]
+    engine.evaluate([read(1000.0, "dave")])  # every earlier window has ended
+    assert names() == ["both", "few"]
