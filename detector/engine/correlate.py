@@ -75,7 +75,11 @@ class Correlation:
         # stops. feed() keeps it so, so the engine asks a correlation to expire only once
         # event time has passed that end, with the same result as asking it at every event.
         self.settled_until = float("inf")
+        # called with this correlation when its first group opens (none were open): the
+        # engine then looks at it in its expiry walks, until no group is open again
+        self.opened: Callable[[Correlation], None] = _nothing
         self.sources = sources
+        self.source_count = len(sources)
         self.fields_by_source = [self._group_fields(sigma, src) for src in sources]
         self.keys_by_source = [group_key(fields) for fields in self.fields_by_source]
         condition = sigma.condition
@@ -137,6 +141,10 @@ class Correlation:
             key = tuple(hashable(v) for v in key)
             group = groups.get(key)
         fired = None
+        # Whether the first group (the least recently touched: its window end is
+        # settled_until) may have changed. A new group that evicts none and does not fire is
+        # the last: it changes the first only when it is the only one.
+        first_changed = True
         if group is not None:
             # Event time may arrive out of order (several nodes' events merged, a replayed
             # file). An event older than the window of the group's newest event, or than an
@@ -149,11 +157,15 @@ class Correlation:
                 group = None
             else:
                 groups.move_to_end(key)
-        if group is None:
-            group = groups[key] = self._new_group(t)
+        if group is None:  # Group(), inline: a new group for most events of many correlations
+            group = groups[key] = Group(t, self.kind, self.source_count, self.sample_size)
             if len(groups) > self.max_groups:
                 groups.popitem(last=False)
                 self.stats.evicted_groups += 1
+            elif len(groups) == 1:
+                self.opened(self)
+            elif fired is None:
+                first_changed = False
         if t > group.last:
             group.last = t
         if len(evidence) == 1:
@@ -164,16 +176,14 @@ class Correlation:
         if value is not None and self.sliding and self.relation(value[0], self.threshold):
             del groups[key]
             fired = self._fired(key, group, value[1], t, value[0])
-        # settled_until as expire() would leave it (inline: once for every match fed)
-        for first in groups.values():
-            self.settled_until = (first.last if self.sliding else first.start) + self.span
-            break
-        else:
-            self.settled_until = float("inf")
+            first_changed = True
+        if first_changed:  # settled_until as expire() would leave it
+            for first in groups.values():
+                self.settled_until = (first.last if self.sliding else first.start) + self.span
+                break
+            else:
+                self.settled_until = float("inf")
         return fired
-
-    def _new_group(self, t: float) -> Group:
-        return Group(t, self.kind, len(self.sources), self.sample_size)
 
     # -- accounting one event per kind (chosen once, as _add_kind): each returns, for sliding
     # windows, (aggregate, window start) --------------------------------------------------
@@ -327,20 +337,24 @@ class Correlation:
         return None
 
     def expire(self, now: float) -> list[Fired]:
-        """Drop (sliding) or close (other conditions) groups whose window has passed."""
-        fired = []
+        """Drop (sliding) or close (other conditions) groups whose window has passed: the
+        least recently touched first, found in one walk (no iterator made per group)."""
+        span, sliding = self.span, self.sliding
         self.settled_until = float("inf")
-        while self.groups:
-            key, group = next(iter(self.groups.items()))
-            edge = group.last if self.sliding else group.start
-            if edge + self.span >= now:
-                self.settled_until = edge + self.span
+        passed = []
+        for key, group in self.groups.items():
+            edge = (group.last if sliding else group.start) + span
+            if edge >= now:
+                self.settled_until = edge
                 break
-            if self.sliding:
-                del self.groups[key]
-            elif (f := self._close(key, group)) is not None:
-                fired.append(f)
-        return fired
+            passed.append((key, group))
+        if sliding:
+            groups = self.groups
+            for key, _ in passed:
+                del groups[key]
+            return []
+        fired = [self._close(key, group) for key, group in passed]
+        return [f for f in fired if f is not None]
 
     def flush(self) -> list[Fired]:
         self.settled_until = float("inf")  # no group is left open
@@ -356,6 +370,10 @@ class Correlation:
 
     def group_pairs(self, key: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
         return tuple(zip(self.group_by, key, strict=True))
+
+
+def _nothing(correlation: Correlation) -> None:
+    """The default `opened`: a correlation of no engine."""
 
 
 def has_negation(node: Any) -> bool:

@@ -29,6 +29,7 @@ Correlations see their events in event-time order, whatever the arrival order (r
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ class Engine:
         # Expiry bookkeeping (see _expire): at most the least `settled_until` of all the
         # correlations (feeding one lowers it to that one's where it is less).
         self._settled_until = float("inf")
+        # the correlations with a group open (the others have nothing to expire), in order
+        self._open: list[Correlation] = []
         self._merged: dict[tuple[int, tuple[int, ...]], tuple[Feed, ...]] = {}
         self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
@@ -269,6 +272,7 @@ class Engine:
             if kind in ("value_percentile", "value_median"):
                 raise rule_error(rule, f"correlation type {kind} is not supported")
             correlation = Correlation(rule, sources, self.stats, max_groups, sample_size)
+            correlation.opened = self._opened
             self.correlations.append(correlation)
             rank = len(self.correlations) - 1
             for i, source in enumerate(sources):
@@ -354,7 +358,8 @@ class Engine:
         for t, (event, feeds) in due:
             if t > self._expired_at:  # windows that closed before this event, in time order
                 self._expired_at = t
-                self._expire(t, out)
+                if t > self._settled_until:  # else _expire() has nothing to do: not called
+                    self._expire(t, out)
             evidence = (event,)
             for feed in feeds:  # _feed, inline: once or twice for each match released
                 correlation = feed.correlation
@@ -414,12 +419,31 @@ class Engine:
         each time (a correlation fired here may feed a later one, which is looked at next)."""
         if now <= self._settled_until:
             return
-        correlations = self.correlations
-        for correlation in correlations:
+        # The least is taken in the same walk. A fire here may feed a correlation already
+        # walked: _feed lowers self._settled_until to it, from infinity, so that it counts
+        # too (one it raised is then counted lower: at worst one more walk, never a miss).
+        self._settled_until = least = float("inf")
+        walked = self._open
+        i = 0
+        while i < len(walked):  # by index: a fire here may open a later correlation
+            correlation = walked[i]
+            i += 1
             if now > correlation.settled_until:  # else expire() would find nothing to do
                 for fired in correlation.expire(now):
                     self._fire(correlation, fired, out)
-        self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
+            if correlation.settled_until < least:
+                least = correlation.settled_until
+        if least < self._settled_until:
+            self._settled_until = least
+        inf = float("inf")
+        self._open = [c for c in walked if c.settled_until != inf]
+
+    def _opened(self, correlation: Correlation) -> None:
+        """A correlation's first group opened: looked at in the expiry walks from now on, in
+        the engine's order of correlations (a fire feeds later ones, looked at next)."""
+        if correlation not in self._open:
+            rank = self.correlations.index
+            bisect.insort(self._open, correlation, key=rank)
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions

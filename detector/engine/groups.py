@@ -56,21 +56,32 @@ class Group:
         self.last = start
         self.count = 0
         # the most recent events, as evidence of what made the group fire
-        self.sample: deque[tuple[float, dict[str, Any]]] = deque(maxlen=sample_size)
-        # event_count: times of the last events in the window
-        self.times: deque[float] | None = deque() if kind == "event_count" else None
+        # (positional: deque parses a keyword argument at some cost, once per new group)
+        self.sample: deque[tuple[float, dict[str, Any]]] = deque((), sample_size)  # noqa: RUF037
         # value_count: distinct value -> its last-seen time, in last-seen order
-        self.values: dict[Any, float] | None = {} if kind == "value_count" else None
+        self.values: dict[Any, float] | None = None
         # temporal: source rule -> its last-seen time
-        self.seen: dict[int, float] | None = {} if kind == "temporal" else None
-        ordered = kind == "temporal_ordered"
+        self.seen: dict[int, float] | None = None
         # temporal_ordered: chain[i] = start of the latest in-order chain that reached rule i,
         # reached_at[i] = event time of that chain's step i
-        self.chain: list[float | None] | None = [None] * sources if ordered else None
-        self.reached_at: list[float] | None = [float("inf")] * sources if ordered else None
+        self.chain: list[float | None] | None = None
+        self.reached_at: list[float] | None = None
         # value_sum / value_avg: [start time, sum, count] per time bucket
-        summed = kind in ("value_sum", "value_avg")
-        self.buckets: deque[list[float]] | None = deque() if summed else None
+        self.buckets: deque[list[float]] | None = None
+        # event_count: times of the last events in the window
+        self.times: deque[float] | None = None
+        # one test per kind (a group is made for most events a correlation sees)
+        if kind == "temporal":
+            self.seen = {}
+        elif kind == "value_count":
+            self.values = {}
+        elif kind == "event_count":
+            self.times = deque()
+        elif kind == "temporal_ordered":
+            self.chain = [None] * sources
+            self.reached_at = [float("inf")] * sources
+        elif kind in ("value_sum", "value_avg"):
+            self.buckets = deque()
 
 
 def hashable(value: Any) -> Any:

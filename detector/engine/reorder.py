@@ -17,6 +17,11 @@ arrival order of the same events (within the lateness) gives the same alerts.
 Events with the same time are put in order by `event.id` (a hash of their fields), or by their
 whole content when they have none, never by arrival. At most `max_pending` matches are held;
 beyond that the oldest is handed on early (counted as `forced`): memory stays bounded.
+
+With `lateness=None` nothing is due before the end, so the matches are kept in arrival order and
+sorted once by `drain()` (the same order the heap gives: the keys are unique): an input mostly in
+time order sorts in about one comparison per match, where a heap costs a log-n sift per push and
+pop. The list becomes a heap only if `max_pending` forces matches out early.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class ReorderBuffer:
         self.late = 0  # matches older than `released` when they arrived: not correlated
         self.forced = 0  # matches handed on early because `max_pending` were held
         self._heap: list[tuple[float, str, int, Any]] = []
+        # arrival order, sorted at drain (lateness None, until max_pending forces a heap)
+        self._unordered = lateness is None
         self._seq = 0
 
     def __len__(self) -> int:
@@ -62,7 +69,11 @@ class ReorderBuffer:
         if t > self.watermark and self.clock is None:
             self.watermark = t
         self._seq += 1
-        heapq.heappush(self._heap, (t, tiebreak(event), self._seq, payload))
+        entry = (t, tiebreak(event), self._seq, payload)
+        if self._unordered:
+            self._heap.append(entry)
+        else:
+            heapq.heappush(self._heap, entry)
         return True
 
     def due(self) -> Iterator[tuple[float, Any]]:
@@ -71,6 +82,11 @@ class ReorderBuffer:
         heap = self._heap
         if self.clock is not None:
             self.watermark = max(self.watermark, self.clock())
+        if self._unordered:
+            if len(heap) <= self.max_pending:
+                return  # nothing is due before drain()
+            heapq.heapify(heap)
+            self._unordered = False
         edge = float("-inf") if self.lateness is None else self.watermark - self.lateness
         while heap and (heap[0][0] <= edge or len(heap) > self.max_pending):
             if heap[0][0] > edge:
@@ -85,8 +101,22 @@ class ReorderBuffer:
     def drain(self) -> Iterator[tuple[float, Any]]:
         """Everything held, oldest first: the end of the input."""
         heap = self._heap
+        if self._unordered:
+            yield from self._drain_sorted()
+            return
         while heap:
             t, _, _, payload = heapq.heappop(heap)
+            if t > self.released:
+                self.released = t
+            yield t, payload
+
+    def _drain_sorted(self) -> Iterator[tuple[float, Any]]:
+        """drain() of the arrival-ordered list: sorted newest first once, then taken from the
+        end, so that each match is let go once handed on, as heappop does."""
+        heap = self._heap
+        heap.sort(reverse=True)
+        while heap:
+            t, _, _, payload = heap.pop()
             if t > self.released:
                 self.released = t
             yield t, payload
