@@ -3,8 +3,7 @@ through it gives what the category's compiled function gives."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from index_rules import condition_of, rule
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.engine.evaluate import Engine
@@ -18,20 +17,6 @@ from hpcsec.detector.engine.literal_index import (
     LiteralIndex,
 )
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
-
-
-def rule(n: int, detection: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "title": f"index {n}",
-        "id": f"00000000-0000-4000-8000-{n:012d}",
-        "logsource": {"product": "hpc", "category": "process"},
-        "detection": detection,
-    }
-
-
-def condition_of(detection: dict[str, Any]) -> Any:
-    sigma = SigmaCollection.from_dicts([rule(0, detection)]).rules[0]
-    return sigma.detection.parsed_condition[0].parse()
 
 
 def test_keys_come_from_positive_parts_only():

@@ -6,29 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from index_rules import condition_of, rule
 from sigma.collection import SigmaCollection
-from sigma.rule import SigmaRule
 
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.index import CategoryBuilder, indexed_predicate, required_groups
 from hpcsec.detector.engine.literal_index import LiteralIndex
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
-
-
-def rule(n: int, detection: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "title": f"groups {n}",
-        "id": f"00000000-0000-4000-8000-{n:012d}",
-        "logsource": {"product": "hpc", "category": "process"},
-        "detection": detection,
-    }
-
-
-def condition_of(detection: dict[str, Any]) -> Any:
-    sigma = SigmaCollection.from_dicts([rule(0, detection)]).rules[0]
-    assert isinstance(sigma, SigmaRule)
-    return sigma.detection.parsed_condition[0].parse()
-
 
 PATH = "file.path"
 OFFICE = {
