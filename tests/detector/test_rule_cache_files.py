@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import multiprocessing.resource_tracker
 import multiprocessing.spawn
 import subprocess
 import sys
@@ -203,6 +204,8 @@ def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch)
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
     python = multiprocessing.spawn.get_executable()
+    # the resource tracker started first, by the real interpreter: only the workers fail
+    multiprocessing.resource_tracker.ensure_running()
     multiprocessing.spawn.set_executable("/bin/false")  # worker interpreters that exit at once
     try:
         loaded = load_rules([tmp_path], with_tests=False)
