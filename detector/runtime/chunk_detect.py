@@ -125,21 +125,25 @@ def detect_chunk(
     """Bytes [start, end) of `path` parsed and prepared as chunked.parse_chunk does, the
     detection rules run on them; what the caller needs of them (see the module's doc), as
     JSON to send back, or as they are when the caller does the chunk with its `engine`."""
-    events, report = chunked.parsed_events(path, start, end, prepare)
-    matched = {id(m.events[0]) for m in (engine or worker_engine(detect)).evaluate(events)}
+    report = InputReport(path)
+    evaluate = (engine or worker_engine(detect)).evaluate
     kept: list[Event] = []
     positions: list[int] = []
     context: list[int] = []
-    for position, event in enumerate(events):
-        category = event.get("event.category")
-        if category == DECIDED_BY_CALLER or id(event) in matched:
-            kept.append(event)
-        elif category == "gpu_process":
-            context.append(len(kept))
-            kept.append({k: event[k] for k in GPU_USERS_READS if k in event})
-        else:
-            continue
-        positions.append(position)
+    first = 0  # position of the list's first event among the chunk's
+    for events in chunked.parsed_blocks(path, start, end, prepare, report):
+        matched = {id(m.events[0]) for m in evaluate(events)}
+        for position, event in enumerate(events, first):
+            category = event.get("event.category")
+            if category == DECIDED_BY_CALLER or id(event) in matched:
+                kept.append(event)
+            elif category == "gpu_process":
+                context.append(len(kept))
+                kept.append({k: event[k] for k in GPU_USERS_READS if k in event})
+            else:
+                continue
+            positions.append(position)
+        first += len(events)
     return DetectedChunk(
         kept if engine is not None else orjson.dumps(kept),
         positions,

@@ -335,3 +335,52 @@ def test_the_caller_keeps_detecting_while_its_worker_starts(tmp_path, monkeypatc
         ]
     assert here_before_first == chunked.LOCAL_AHEAD
     assert read == expected and two == one
+
+
+def test_a_chunk_is_detected_list_by_list_as_one_whole_list_would_be(tmp_path, monkeypatch):
+    """A worker parses, prepares and evaluates a chunk PARSE_BATCH lines at a time (the
+    events still in the CPU cache), never the whole chunk at once; what it keeps, and their
+    positions among the chunk's valid events, are those of the chunk evaluated whole,
+    malformed lines and gpu_process context included."""
+    monkeypatch.setattr(chunked, "PARSE_BATCH", 7)
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=3)
+    size = events.stat().st_size
+    pipeline = Pipeline.load(SiteConfig(), None)
+    detect = chunk_detect.Detect.of(pipeline.ruleset, pipeline.engine)
+    assert detect is not None
+    prepare = chunked.Prepare(SiteConfig(), {})
+
+    engine = detect.engine()
+    sizes: list[int] = []
+    real = engine.evaluate
+
+    def counted(batch: list[Event]) -> list:
+        sizes.append(len(batch))
+        return real(batch)
+
+    monkeypatch.setattr(engine, "evaluate", counted)
+    got = chunk_detect.detect_chunk(str(events), 0, size, prepare, detect, engine)
+
+    with events.open("rb") as stream:
+        report = InputReport(str(events))
+        whole = list(read_jsonl(stream, report))
+    prepare.apply(whole)
+    matched = {id(m.events[0]) for m in detect.engine().evaluate(whole)}
+    kept = [
+        (n, e if e["event.category"] != "gpu_process" or id(e) in matched else None)
+        for n, e in enumerate(whole)
+        if id(e) in matched or e["event.category"] in ("gpu_device", "gpu_process")
+    ]
+    assert len(sizes) > 20 and max(sizes) <= 7
+    assert got.positions == [n for n, _ in kept] and len(got.positions) > 10
+    assert [e for (_, e) in kept if e is not None] == [
+        e for i, e in enumerate(got.kept) if i not in set(got.context)
+    ]
+    assert (got.lines, got.events, got.malformed, got.malformed_lines) == (
+        report.lines,
+        report.events,
+        report.malformed,
+        report.malformed_lines,
+    )
+    assert got.malformed > 0
