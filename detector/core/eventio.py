@@ -28,6 +28,13 @@ ONE_VALUE_FIELDS = {f.name: f.type for f in FIELDS if f.type not in ("list", "ob
 ONE_VALUE_NAMES = ONE_VALUE_FIELDS.keys()
 LIST_NAMES = frozenset(f.name for f in FIELDS if f.type == "list")
 BLOCK_LINES = 256  # lines parsed per list; scan evaluates batches of this size
+# A line longer than this, newline included, is never read whole: a file of one endless line
+# must not take the scan's memory (or the node's). It is skipped, SKIP_READ bytes at a time,
+# and reported as malformed. Sensors cap every text they read (a command line at 64 KiB),
+# so a real event is far shorter.
+MAX_LINE_BYTES = 4 * 2**20
+SKIP_READ = 2**16
+OVERLONG = b"\x00overlong"  # stands for a skipped line; told from a read line by identity
 
 
 @dataclass
@@ -67,8 +74,9 @@ def read_jsonl_blocks(
 ) -> Iterator[list[Event]]:
     """`read_jsonl`'s events as one list per `block` lines (fewer where lines are malformed
     or blank): a caller that works on lists takes them without a generator step per event.
-    The report counts the lines and events of each block before the block is yielded."""
-    lines = iter(stream)
+    The report counts the lines and events of each block before the block is yielded. A
+    stream is read through `bounded_lines`; other iterables hold their lines already."""
+    lines = bounded_lines(stream) if hasattr(stream, "readline") else iter(stream)
     while True:
         raws = list(islice(lines, block))
         if not raws:
@@ -76,6 +84,38 @@ def read_jsonl_blocks(
         events = _parse_block(raws, report)
         if events:
             yield events
+
+
+def bounded_lines(stream: Any, budget: int | None = None) -> Iterator[bytes]:
+    """The lines of a binary stream (the last one perhaps without its newline), none of them
+    read longer than MAX_LINE_BYTES: a longer one is skipped and stands as OVERLONG.
+    `budget`: how many bytes to read, when the stream goes on past them (a chunk of a file)."""
+    readline = stream.readline
+    limit = MAX_LINE_BYTES
+    while budget is None or budget > 0:
+        line = readline(limit + 1)
+        if not line:
+            return
+        if budget is not None:
+            budget -= len(line)
+        if len(line) > limit:
+            if not line.endswith(b"\n"):
+                skipped = skip_line(stream)
+                if budget is not None:
+                    budget -= skipped
+            line = OVERLONG
+        yield line
+
+
+def skip_line(stream: Any) -> int:
+    """Read to just past the next newline (or the end), SKIP_READ bytes at most at a time;
+    how many bytes that was."""
+    skipped = 0
+    while True:
+        piece = stream.readline(SKIP_READ)
+        skipped += len(piece)
+        if not piece or piece.endswith(b"\n"):
+            return skipped
 
 
 def _parse_block(raws: list[bytes], report: InputReport) -> list[Event]:
@@ -89,7 +129,9 @@ def _parse_block(raws: list[bytes], report: InputReport) -> list[Event]:
         try:
             value = loads(raw)
         except decode_error as exc:  # blank lines fail too: tested only here, off the path
-            if raw.strip():
+            if raw is OVERLONG:
+                report.reject(line_no, f"line longer than {MAX_LINE_BYTES} bytes, not read")
+            elif raw.strip():
                 report.reject(line_no, f"not JSON ({exc.args[0].split(':')[0]})")
             continue
         if value.__class__ is not dict:

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO, TextIO
 import orjson
 
 from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core import eventio
 from hpcsec.detector.core.display import visible
 from hpcsec.detector.core.errors import SourceError, UsageError
 from hpcsec.detector.core.eventio import InputReport, checked_event, read_jsonl_blocks
@@ -119,37 +120,58 @@ def fleet_majority(stream: io.BufferedIOBase) -> dict[str, str]:
 def lines_containing(
     stream: io.BufferedIOBase, needle: bytes, block: int = SEARCH_BLOCK
 ) -> Iterator[bytes]:
-    """The lines of `stream` (split on b"\\n" as iterating it does) that contain `needle`.
+    """The lines of `stream` (split on b"\\n" as iterating it does) that contain `needle`,
+    but for lines longer than MAX_LINE_BYTES, which read_jsonl skips too: the buffer never
+    grows past about that size, whatever the file holds.
 
     The file is read into one buffer, again and again: a fresh block per read (and the
     copies that joined it to the last one's unfinished line) cost page faults and copies
     that took three quarters of the search (bench/scan.py)."""
     buffer = bytearray(block)
     held = 0  # bytes at the buffer's start: the line the last read left unfinished
+    skipping = False  # in a line too long to keep: its bytes are dropped up to its newline
     while True:
-        if held == len(buffer):  # a line longer than the buffer: room for more of it
-            buffer.extend(bytes(len(buffer)))
+        if held == len(buffer):  # a line longer than the buffer
+            if held >= eventio.MAX_LINE_BYTES:
+                held, skipping = 0, True
+            else:  # room for more of it
+                buffer.extend(bytes(len(buffer)))
         with memoryview(buffer) as view:
             got = stream.readinto(view[held:])
         if not got:
             break
         filled = held + got
-        end = buffer.rfind(b"\n", 0, filled) + 1  # the lines that ended in this read
+        begin = 0
+        if skipping:
+            begin = buffer.find(b"\n", 0, filled) + 1
+            if not begin:  # still inside the long line
+                held = 0
+                continue
+            skipping = False
+        end = buffer.rfind(b"\n", begin, filled) + 1  # the lines that ended in this read
         if end:
-            yield from _lines_with(buffer, needle, end)
-            buffer[: filled - end] = buffer[end:filled]
-        held = filled - end
-    if held and buffer.find(needle, 0, held) >= 0:
+            yield from _lines_with(buffer, needle, begin, end)
+        keep = end or begin  # from there on: the line this read left unfinished
+        buffer[: filled - keep] = buffer[keep:filled]
+        held = filled - keep
+    if (
+        held
+        and not skipping
+        and held <= eventio.MAX_LINE_BYTES
+        and buffer.find(needle, 0, held) >= 0
+    ):
         yield bytes(buffer[:held])
 
 
-def _lines_with(text: bytearray, needle: bytes, end: int) -> Iterator[bytes]:
-    """The lines of text[:end] (whole lines) that contain `needle`."""
-    found = text.find(needle, 0, end)
+def _lines_with(text: bytearray, needle: bytes, begin: int, end: int) -> Iterator[bytes]:
+    """The lines of text[begin:end] (whole lines) that contain `needle`, but those longer
+    than MAX_LINE_BYTES."""
+    found = text.find(needle, begin, end)
     while found >= 0:
         start = text.rfind(b"\n", 0, found) + 1
         stop = text.index(b"\n", found, end) + 1
-        yield bytes(text[start:stop])
+        if stop - start <= eventio.MAX_LINE_BYTES:
+            yield bytes(text[start:stop])
         found = text.find(needle, stop, end)
 
 

@@ -1,0 +1,164 @@
+"""An events file line too long to be an event (a file of one endless line, a hostile
+export) is never read whole, by any of `scan --events`'s readers: the line reader, the
+firmware pass and the chunks of `--jobs 2`. It is skipped and reported by its number, as a
+malformed line; the lines around it are read as always."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.core import eventio
+from hpcsec.detector.core.eventio import InputReport, read_jsonl
+from hpcsec.detector.runtime import chunked
+from hpcsec.detector.runtime.sources import EventSources, ScanReport, lines_containing
+from tests.detector.test_scan_parallel import attack_events
+
+
+class BoundedStream(io.BytesIO):
+    """A file that records the most bytes any one call asked for, and refuses the calls
+    that read a line whole (iteration, readline without a limit)."""
+
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.most = 0
+
+    def readline(self, size: int | None = -1) -> bytes:  # type: ignore[override]
+        assert size is not None and size >= 0, "a whole line read"
+        self.most = max(self.most, size)
+        return super().readline(size)
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        self.most = max(self.most, len(buffer))
+        return super().readinto(buffer)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("lines iterated whole")
+
+
+@pytest.fixture
+def short_limit(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(eventio, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(eventio, "SKIP_READ", 64)
+    return 1000
+
+
+def event_line(n: int, length: int | None = None) -> bytes:
+    """An event's line (newline included) of exactly `length` bytes when given."""
+    event = {"event.category": "process", "event.id": f"e{n}", "process.name": "x"}
+    line = json.dumps(event).encode()
+    if length is not None:
+        event["process.name"] = "x" * (length - len(line))
+        line = json.dumps(event).encode()
+    return line + b"\n"
+
+
+def test_a_line_longer_than_the_limit_is_skipped_and_reported(short_limit):
+    lines = [
+        event_line(1),
+        event_line(2, length=short_limit),  # at the limit, newline included: read
+        event_line(3, length=short_limit + 1),  # one byte over
+        event_line(4),
+        event_line(5, length=50 * short_limit),
+        event_line(6),
+        event_line(7, length=3 * short_limit).rstrip(b"\n"),  # the last, without newline
+    ]
+    stream = BoundedStream(b"".join(lines))
+    report = InputReport("events.jsonl")
+    read = [e["event.id"] for e in read_jsonl(stream, report)]
+    assert read == ["e1", "e2", "e4", "e6"]
+    why = "line longer than 1000 bytes, not read"
+    assert report.malformed_lines == [(3, why), (5, why), (7, why)]
+    assert (report.lines, report.events) == (7, 4)
+    assert stream.most <= short_limit + 1
+
+
+def test_the_firmware_pass_skips_long_lines_and_keeps_its_buffer_small(short_limit):
+    firmware = b'{"firmware.component": "gpu_vbios"}\n'
+    long_line = b'{"firmware.component": "' + b"v" * (40 * short_limit) + b'"}\n'
+    last = b'{"firmware.component": "last"}'
+    data = firmware + long_line + firmware + long_line[:-1]
+    stream = BoundedStream(data + b"\n" + last)
+    assert list(lines_containing(stream, b"firmware.component", 64)) == [
+        firmware,
+        firmware,
+        last,
+    ]
+    assert stream.most <= 2 * short_limit  # the buffer doubles from 64 up to the limit
+    # a line between the limit and the buffer's size is left out too, as read_jsonl does
+    mid = b'{"firmware.component": "' + b"m" * short_limit + b'"}\n'
+    found = list(lines_containing(io.BytesIO(firmware + mid + firmware), b"firmware", 4096))
+    assert found == [firmware, firmware]
+    ended = list(lines_containing(io.BytesIO(firmware + mid[:-1]), b"firmware", 4096))
+    assert ended == [firmware]
+
+
+def test_chunks_end_after_a_long_line_without_reading_it_whole(short_limit):
+    data = event_line(1) * 3 + event_line(2, length=30 * short_limit) + event_line(3) * 3
+    stream = BoundedStream(data)
+    bounds = list(chunked.chunk_bounds(stream, len(data), 100))
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(data)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(data[end - 1 : end] == b"\n" for _, end in bounds)
+    assert stream.most <= eventio.SKIP_READ
+
+
+def write_file(path: Path, limit: int) -> None:
+    """Attack events with long lines among them: four hosts' firmware of a version of their
+    own (were they read, the fleet's majority would be theirs, not the three others'), the
+    last of them without a newline, and an attack event."""
+    attacks = [json.dumps(e).encode() + b"\n" for e in attack_events()]
+    fw = {
+        "@timestamp": "2026-11-30T01:00:00.000Z",
+        "event.category": "firmware",
+        "firmware.component": "long_lines_test",  # no attack event's component
+    }
+
+    def firmware(host: int, version: str, pad: int = 0) -> bytes:
+        event = {**fw, "host.name": f"gpu{host:03d}", "firmware.version": version}
+        if pad:
+            event["x"] = "y" * pad
+        return json.dumps(event).encode() + b"\n"
+
+    lines = [
+        *(firmware(host, "1.0") for host in (1, 2, 3)),
+        *attacks,
+        *(firmware(host, "9.9", pad=limit) for host in (4, 5, 6)),
+        attacks[0].rstrip(b"\n")[:-1] + b', "pad": "' + b"z" * limit + b'"}\n',
+        *attacks,
+        firmware(7, "9.9", pad=limit).rstrip(b"\n"),
+    ]
+    path.write_bytes(b"".join(lines))
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_scan_skips_long_lines_alike_with_one_or_two_jobs(tmp_path, capsys, small_chunks, jobs):
+    """With the real limit: workers are processes of their own, and read it themselves."""
+    path = tmp_path / "events.jsonl"
+    write_file(path, eventio.MAX_LINE_BYTES)
+    sources = EventSources(SiteConfig(), ScanReport())
+    batches = list(sources.from_events_file(str(path), 256, jobs))
+    fw = [
+        e
+        for b in batches
+        for e in b.events
+        if e.get("firmware.component") == "long_lines_test"
+    ]
+    assert [e.get("firmware.fleet_majority_version") for e in fw] == ["1.0"] * 3
+    (report,) = sources.report.inputs
+    assert report.malformed == 5
+    assert [why for _, why in report.malformed_lines] == [
+        f"line longer than {eventio.MAX_LINE_BYTES} bytes, not read"
+    ] * 5
+
+    one = main(["scan", "--events", str(path), "--format", "jsonl", "--jobs", "1"])
+    out_one, err_one = capsys.readouterr()
+    two = main(["scan", "--events", str(path), "--format", "jsonl", "--jobs", str(jobs)])
+    out_two, err_two = capsys.readouterr()
+    assert (one, out_one, err_one) == (two, out_two, err_two)
+    assert out_one.count("\n") > 3 and "skipped 5 malformed line(s)" in err_one
