@@ -20,6 +20,7 @@ from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
 from hpcsec.detector.engine.config_names import config_name_errors
+from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.runtime.chunk_detect import Detect, start_workers
 from hpcsec.detector.runtime.chunked import tune_gc
 from hpcsec.detector.runtime.delivery import deliver_alerts, report_held, store_decision
@@ -250,6 +251,8 @@ def _scan(
             store.insert_events(step.events)
     pipeline.flush()
     report.print(sys.stderr)
+    for warning in correlation_warnings(pipeline.engine):
+        print(f"hpcsec: warning: {warning}", file=sys.stderr)
     decision = pipeline.stage.conclude()
     report_held(decision)
     alerts, below = split_by_level(decision.send, args.min_level)
@@ -269,6 +272,30 @@ def _scan(
     check_required(args.require_sensor, report)
     threshold = level_rank(args.fail_on)
     return 1 if any(level_rank(a["rule.level"]) >= threshold for a in alerts) else 0
+
+
+def correlation_warnings(engine: Engine) -> list[str]:
+    """What the correlations could not see of the input, said rather than silently missed:
+    a scan is exact only for matches it could put in event-time order with a time, within
+    the groups it may keep open."""
+    stats, held = engine.stats, engine.pending.max_pending
+    warnings = []
+    if stats.late_events:
+        warnings.append(
+            f"{stats.late_events} rule match(es) not correlated: the events are further out "
+            f"of event-time order than the {held:,} matches a scan holds to sort them "
+            "(sort the events by @timestamp to correlate them all)"
+        )
+    if stats.untimed_events:
+        warnings.append(
+            f"{stats.untimed_events} rule match(es) not correlated: their event has no @timestamp"
+        )
+    if stats.evicted_groups:
+        warnings.append(
+            f"{stats.evicted_groups} correlation group(s) dropped before their window ended: "
+            f"more than {engine.max_groups:,} of one correlation were open at once"
+        )
+    return warnings
 
 
 def write_alerts(alerts: list[Alert], fmt: str, incidents: bool = False) -> None:

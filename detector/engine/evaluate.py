@@ -61,6 +61,7 @@ from hpcsec.detector.engine.values import UnsupportedValue
 logger = get_logger(__name__)
 
 MERGED_FEEDS = 1024  # (category, rules matched together) whose ordered feeds are remembered
+MAX_GROUPS = 20_000  # open groups per correlation at most, by default (least recently touched out)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Engine:
         ruleset: RuleSet,
         placeholders: dict[str, list] | None = None,
         *,
-        max_groups: int = 20_000,
+        max_groups: int | None = None,
         sample_size: int = 10,
         lateness: float | None = 0.0,
         clock: Clock | None = None,
@@ -134,6 +135,7 @@ class Engine:
         is left out of its category with an error logged at its file:line, where the eager
         engine raises that error here."""
         self.index_min = index_min
+        self.max_groups = max_groups = MAX_GROUPS if max_groups is None else max_groups
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
         self.pending = ReorderBuffer(lateness, clock)

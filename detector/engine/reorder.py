@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 Clock = Callable[[], float]
+MAX_PENDING = 200_000  # matches held at most (the default of ReorderBuffer)
 
 
 def tiebreak(event: dict[str, Any]) -> str:
@@ -44,11 +45,11 @@ def tiebreak(event: dict[str, Any]) -> str:
 
 class ReorderBuffer:
     def __init__(
-        self, lateness: float | None, clock: Clock | None = None, max_pending: int = 200_000
+        self, lateness: float | None, clock: Clock | None = None, max_pending: int | None = None
     ):
         self.lateness = lateness
         self.clock = clock
-        self.max_pending = max_pending
+        self.max_pending = MAX_PENDING if max_pending is None else max_pending
         self.watermark = float("-inf")  # newest event time seen (or the clock)
         self.released = float("-inf")  # event time up to which matches were handed on
         self.late = 0  # matches older than `released` when they arrived: not correlated

@@ -6,6 +6,7 @@ malformed line; the lines around it are read as always."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def test_chunks_end_after_a_long_line_without_reading_it_whole(short_limit):
     stream = BoundedStream(data)
     bounds = list(chunked.chunk_bounds(stream, len(data), 100))
     assert bounds[0][0] == 0 and bounds[-1][1] == len(data)
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     assert all(data[end - 1 : end] == b"\n" for _, end in bounds)
     assert stream.most <= eventio.SKIP_READ
 
@@ -143,12 +144,7 @@ def test_a_scan_skips_long_lines_alike_with_one_or_two_jobs(tmp_path, capsys, sm
     write_file(path, eventio.MAX_LINE_BYTES)
     sources = EventSources(SiteConfig(), ScanReport())
     batches = list(sources.from_events_file(str(path), 256, jobs))
-    fw = [
-        e
-        for b in batches
-        for e in b.events
-        if e.get("firmware.component") == "long_lines_test"
-    ]
+    fw = [e for b in batches for e in b.events if e.get("firmware.component") == "long_lines_test"]
     assert [e.get("firmware.fleet_majority_version") for e in fw] == ["1.0"] * 3
     (report,) = sources.report.inputs
     assert report.malformed == 5
