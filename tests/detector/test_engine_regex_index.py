@@ -16,6 +16,7 @@ from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.index import (
     COSTLY_VALUE_WEIGHT,
     INDEX_MIN_RULES,
+    PLAIN_VALUES_PER_RULE,
     category_weight,
     required_keys,
 )
@@ -266,6 +267,47 @@ def test_keyword_and_regex_values_weigh_a_small_category_into_the_index():
         str(sigma.rules[0].id),
         str(sigma.rules[2].id),
     ]
+
+
+def test_many_plain_values_weigh_a_few_rules_into_the_index():
+    """Ten SigmaHQ driver-load rules hold 5,700 hashes and names: the compiled path tests
+    each for every event. Their values count (a rule for each PLAIN_VALUES_PER_RULE), so
+    such a category is indexed, and matches as the compiled path does."""
+    hashes = [f"{n:032x}" for n in range(600)]
+    rules = [
+        {"sel": {"file.hash|contains": hashes[:300]}, "condition": "sel"},
+        {
+            "sel": {"file.path|endswith": [f"\\{h[:8]}.sys" for h in hashes[300:]]},
+            "condition": "sel",
+        },
+        {"sel": {"process.name": "few"}, "condition": "sel"},
+    ]
+    sigma = SigmaCollection.from_dicts(
+        [
+            {
+                "title": f"values {n}",
+                "id": f"00000000-0000-4000-8000-{n:012d}",
+                "logsource": {"product": "hpc", "category": "file_access"},
+                "detection": detection,
+            }
+            for n, detection in enumerate(rules)
+        ]
+    )
+    loaded = [LoadedRule(r, "<values>", 1, "test") for r in sigma.rules]
+    assert category_weight(loaded[2:]) == 1
+    assert category_weight(loaded) == 300 // PLAIN_VALUES_PER_RULE * 2 + 1 >= INDEX_MIN_RULES
+    events = [
+        {"event.category": "file_access", "file.hash": "MD5=" + hashes[299].upper()},
+        {"event.category": "file_access", "file.hash": hashes[300], "file.path": "x"},
+        {"event.category": "file_access", "file.path": f"C:\\D\\{hashes[599][:8]}.SYS"},
+        {"event.category": "file_access", "file.path": f"{hashes[599][:8]}.sys"},
+        {"event.category": "file_access", "process.name": "FEW", "file.hash": [hashes[0]]},
+    ]
+    indexed = Engine(RuleSet(loaded)).evaluate(events)
+    plain = Engine(RuleSet(loaded), index_min=10**9).evaluate(events)
+    pairs = [(events.index(m.events[0]), m.rule.title) for m in indexed]
+    assert pairs == [(events.index(m.events[0]), m.rule.title) for m in plain]
+    assert pairs == [(0, "values 0"), (2, "values 1"), (4, "values 0"), (4, "values 2")]
 
 
 # Patterns without a literal of MIN_LITERAL characters: their own `re` keys, all of a field's
