@@ -48,12 +48,14 @@ def probe(host: str, minute: int | None) -> dict:
     return event
 
 
-def scan(tmp_path: Path, events: list[dict], capsys: pytest.CaptureFixture[str]) -> tuple:
+def scan(
+    tmp_path: Path, events: list[dict], capsys: pytest.CaptureFixture[str], jobs: int = 1
+) -> tuple:
     rules = tmp_path / "rules.yml"
     rules.write_text(RULES)
     path = tmp_path / "events.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
-    argv = ["scan", "--events", str(path), "--format", "jsonl", "--jobs", "1", "--no-dedup"]
+    argv = ["scan", "--events", str(path), "--format", "jsonl", "--jobs", str(jobs), "--no-dedup"]
     main([*argv, "--no-default-rules", "--rules", str(rules)])
     out, err = capsys.readouterr()
     alerts = [json.loads(line) for line in out.splitlines()]
@@ -67,12 +69,16 @@ def test_a_scan_in_event_time_order_warns_of_nothing(tmp_path, capsys, monkeypat
     assert len(alerts) == 2 and warnings == []
 
 
-def test_matches_too_far_out_of_order_are_counted_and_said(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_matches_too_far_out_of_order_are_counted_and_said(
+    tmp_path, capsys, monkeypatch, small_chunks, jobs
+):
     """Held matches beyond MAX_PENDING go on early (after each batch of the scan); a match
-    older than those is late: two nodes' files joined one after the other."""
+    older than those is late: two nodes' files joined one after the other. With two jobs
+    (the workers detect, the scan's process correlates) the same."""
     monkeypatch.setattr(reorder, "MAX_PENDING", 2)
     events = [probe("gpu001", m) for m in range(100, 400)] + [probe("gpu002", m) for m in (1, 2, 3)]
-    alerts, warnings = scan(tmp_path, events, capsys)
+    alerts, warnings = scan(tmp_path, events, capsys, jobs)
     assert warnings == [
         "hpcsec: warning: 3 rule match(es) not correlated: the events are further out of "
         "event-time order than the 2 matches a scan holds to sort them (sort the events by "
