@@ -29,7 +29,11 @@ def parse_time(value: str) -> datetime:
     text = value.strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
-    return as_utc(datetime.fromisoformat(text))
+    moment = datetime.fromisoformat(text)
+    try:
+        return as_utc(moment)
+    except OverflowError:  # year 1 at +01:00, year 9999 at -01:00: no UTC time in range
+        raise ValueError(f"not a time in range once made UTC: {value[:40]!r}") from None
 
 
 def is_event_time(text: str) -> bool:

@@ -158,3 +158,22 @@ def test_a_scan_skips_long_lines_alike_with_one_or_two_jobs(tmp_path, capsys, sm
     out_two, err_two = capsys.readouterr()
     assert (one, out_one, err_one) == (two, out_two, err_two)
     assert out_one.count("\n") > 3 and "skipped 5 malformed line(s)" in err_one
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_time_out_of_range_is_a_malformed_line_not_the_end_of_the_scan(
+    tmp_path, capsys, small_chunks, jobs
+):
+    lines = [json.dumps(e) for e in attack_events()]
+    late = {
+        "event.category": "process",
+        "process.name": "x",
+        "@timestamp": "9999-12-31T23:59:59-01:00",
+    }
+    lines.insert(3, json.dumps(late))
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rc = main(["scan", "--events", str(path), "--format", "jsonl", "--jobs", str(jobs)])
+    out, err = capsys.readouterr()
+    assert rc in (0, 1) and "internal error" not in err and out.count("\n") > 3
+    assert "skipped 1 malformed line(s)" in err and "line 4: @timestamp" in err

@@ -70,3 +70,13 @@ def test_as_utc_converts_offsets_and_reads_naive_as_utc():
     east = datetime(2026, 1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
     assert timefmt.as_utc(east).tzinfo is UTC
     assert timefmt.as_utc(east) == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("text", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_a_time_out_of_range_once_made_utc_is_not_a_time(text):
+    """datetime reads them, but converting them to UTC overflows: an events file line with
+    one must be a malformed line, not an OverflowError that ends the scan."""
+    with pytest.raises(ValueError, match="in range"):
+        timefmt.parse_time(text)
+    assert timefmt.is_event_time(text) is False
+    assert timefmt.epoch_seconds(text) is None
