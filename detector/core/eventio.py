@@ -30,8 +30,12 @@ LIST_NAMES = frozenset(f.name for f in FIELDS if f.type == "list")
 BLOCK_LINES = 256  # lines parsed per list; scan evaluates batches of this size
 # A line longer than this, newline included, is never read whole: a file of one endless line
 # must not take the scan's memory (or the node's). It is skipped, SKIP_READ bytes at a time,
-# and reported as malformed. Sensors cap every text they read (a command line at 64 KiB),
-# so a real event is far shorter.
+# and reported as malformed. It must stay well above the longest event a sensor writes, or a
+# process could make its own event unreadable: the process sensor keeps 64 KiB of command
+# line, as `process.command_line` and again as `process.args`, and three 16 KiB environment
+# values, a control byte costing up to 6 bytes of JSON: such an event stays under 1 MiB
+# (test_scan_long_lines.py builds the longest). A batch of BLOCK_LINES lines may still hold
+# 256 lines of up to this size: 1 GiB.
 MAX_LINE_BYTES = 4 * 2**20
 SKIP_READ = 2**16
 OVERLONG = b"\x00overlong"  # stands for a skipped line; told from a read line by identity
@@ -89,33 +93,36 @@ def read_jsonl_blocks(
 def bounded_lines(stream: Any, budget: int | None = None) -> Iterator[bytes]:
     """The lines of a binary stream (the last one perhaps without its newline), none of them
     read longer than MAX_LINE_BYTES: a longer one is skipped and stands as OVERLONG.
-    `budget`: how many bytes to read, when the stream goes on past them (a chunk of a file)."""
+    `budget`: how many bytes to read, when the stream goes on past them (a chunk of a file):
+    no read goes past them, even when the file changed after the chunk was cut."""
     readline = stream.readline
     limit = MAX_LINE_BYTES
     while budget is None or budget > 0:
-        line = readline(limit + 1)
+        line = readline(limit + 1 if budget is None else min(limit + 1, budget))
         if not line:
             return
         if budget is not None:
             budget -= len(line)
         if len(line) > limit:
             if not line.endswith(b"\n"):
-                skipped = skip_line(stream)
+                skipped = skip_line(stream, budget)
                 if budget is not None:
                     budget -= skipped
             line = OVERLONG
         yield line
 
 
-def skip_line(stream: Any) -> int:
-    """Read to just past the next newline (or the end), SKIP_READ bytes at most at a time;
-    how many bytes that was."""
+def skip_line(stream: Any, budget: int | None = None) -> int:
+    """Read to just past the next newline (or the end, or `budget` bytes), SKIP_READ bytes
+    at most at a time; how many bytes that was."""
     skipped = 0
-    while True:
-        piece = stream.readline(SKIP_READ)
+    while budget is None or skipped < budget:
+        want = SKIP_READ if budget is None else min(SKIP_READ, budget - skipped)
+        piece = stream.readline(want)
         skipped += len(piece)
         if not piece or piece.endswith(b"\n"):
-            return skipped
+            break
+    return skipped
 
 
 def _parse_block(raws: list[bytes], report: InputReport) -> list[Event]:

@@ -132,7 +132,7 @@ def lines_containing(
     skipping = False  # in a line too long to keep: its bytes are dropped up to its newline
     while True:
         if held == len(buffer):  # a line longer than the buffer
-            if held >= eventio.MAX_LINE_BYTES:
+            if held > eventio.MAX_LINE_BYTES:  # (exactly the limit is a line, if it ends)
                 held, skipping = 0, True
             else:  # room for more of it
                 buffer.extend(bytes(len(buffer)))
@@ -243,9 +243,11 @@ class EventSources:
         with stream:
             if self.workers is not None and detect is not None:
                 chunk_detect.build_engine(self.workers, detect)
-            majority = fleet_majority(stream)
-            stream.seek(0)
             info = os.fstat(stream.fileno())
+            majority: dict[str, str] = {}
+            if stat.S_ISREG(info.st_mode):  # a FIFO or a device is read once, as stdin is
+                majority = fleet_majority(stream)
+                stream.seek(0)
             blocks: Iterator[list[Event]]
             enriched: frozenset[str] = frozenset()
             if (

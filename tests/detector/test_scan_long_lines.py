@@ -8,16 +8,20 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import SiteConfig
-from hpcsec.detector.core import eventio
+from hpcsec.detector.core import eventio, jsonenc
 from hpcsec.detector.core.eventio import InputReport, read_jsonl
+from hpcsec.detector.core.text import from_node_bytes
 from hpcsec.detector.runtime import chunked
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, lines_containing
+from hpcsec.sensors import proclists
 from tests.detector.test_scan_parallel import attack_events
 
 
@@ -177,3 +181,60 @@ def test_a_time_out_of_range_is_a_malformed_line_not_the_end_of_the_scan(
     out, err = capsys.readouterr()
     assert rc in (0, 1) and "internal error" not in err and out.count("\n") > 3
     assert "skipped 1 malformed line(s)" in err and "line 4: @timestamp" in err
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_fifo_is_read_once_as_stdin_is(tmp_path, capsys, jobs):
+    """No firmware pass ahead of it (it cannot be read twice, nor sought back): the scan
+    reads it once, with the same alerts as the file."""
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(json.dumps(e).encode() + b"\n" for e in attack_events()))
+    rc = main(["scan", "--events", str(path), "--format", "jsonl", "--jobs", str(jobs)])
+    expected = capsys.readouterr().out
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(path.read_bytes()))
+    writer.start()
+    try:
+        got = main(["scan", "--events", str(fifo), "--format", "jsonl", "--jobs", str(jobs)])
+    finally:
+        writer.join(timeout=30)
+    out, err = capsys.readouterr()
+    assert (got, out) == (rc, expected) and "internal error" not in err
+    assert expected.count("\n") > 3
+
+
+def test_no_process_can_make_its_own_event_too_long_to_be_read():
+    """The longest process event a sensor writes, from argv and environment values filled
+    with control bytes (6 bytes of JSON each) as the process sensor keeps them, is far under
+    the line limit: a scan never skips it."""
+    args = [from_node_bytes(a) for a in proclists.cmdline_args(io.BytesIO(b"\x01\0" * 10**6))]
+    env = from_node_bytes(b"\x01\xff" * proclists.ENTRY_MAX)[: proclists.ENTRY_MAX]
+    event = {
+        "process.args": args,
+        "process.command_line": " ".join(args),
+        **{f"process.env.{name}": env for name in ("LD_PRELOAD", "SLURM_JOB_ID", "X")},
+    }
+    assert len(jsonenc.dumps(event)) < eventio.MAX_LINE_BYTES // 2
+
+
+def test_a_last_line_of_exactly_the_limit_is_read_by_the_firmware_pass_too(short_limit):
+    """The main pass reads a line of exactly MAX_LINE_BYTES that ends the file without a
+    newline: so must the firmware pass, whose buffer reaches that size exactly (125 x 8)."""
+    head = b'{"firmware.component": "a"}\n'
+    last = b'{"firmware.component": "' + b"v" * (short_limit - 26) + b'"}'
+    assert len(last) == short_limit
+    report = InputReport("f")
+    assert len(list(read_jsonl(io.BytesIO(head + last), report))) == 2 and not report.malformed
+    assert list(lines_containing(io.BytesIO(head + last), b"firmware", 125)) == [head, last]
+
+
+def test_a_chunk_is_never_read_past_its_end(short_limit):
+    """A file changed after its chunks were cut: a chunk's reads stop at its end, so no
+    byte is read by two chunks."""
+    data = event_line(1) + event_line(2, length=3 * short_limit) + event_line(3)
+    for end in (len(event_line(1)) + 10, len(event_line(1)) + 2 * short_limit):
+        stream = io.BytesIO(data)
+        got = list(eventio.bounded_lines(stream, end))
+        assert stream.tell() == end
+        assert got[0] == event_line(1) and sum(map(len, got)) <= end
