@@ -140,11 +140,7 @@ class FieldIndex:
                 for literal, (inside, starts, ends) in affixes.items()
             )
         elif affixes:
-            self.automaton = ahocorasick.Automaton()
-            for literal, (inside, starts, ends) in affixes.items():
-                entry = (len(literal), frozenset(inside), frozenset(starts), frozenset(ends))
-                self.automaton.add_word(literal, entry)
-            self.automaton.make_automaton()
+            self.automaton = automaton_of(affixes)
         self.patterns = PatternSet(list(patterns)) if patterns else None
         self.pattern_rules = tuple(patterns.values())
         self.memo: dict[str, frozenset[int]] = {}
@@ -185,12 +181,66 @@ class FieldIndex:
         if self.automaton is None:
             return
         last = len(text) - 1
-        for end, (length, inside, starts, ends) in self.automaton.iter(text):
+        for end, (length, inside, starts, ends, longer) in self.automaton.iter(text):
             if inside:
                 found |= inside
             if starts and end == length - 1:
                 found |= starts
             if ends and end == last:
+                found |= ends
+            if longer:
+                collect_longer(text, end - PREFIX_MAX + 1, longer, found)
+
+
+# A literal longer than this goes into the automaton as its first PREFIX_MAX characters, and
+# is checked whole where they are found: the automaton's memory grows with every character of
+# its literals, and rule sets hold thousands of long ones (5,700 hashes and driver names in
+# ten SigmaHQ driver-load rules). Every place the literal occurs, its prefix occurs too, so the
+# check sees each of them. SigmaHQ's rules: 149 MB whole, 143 MB so (`bench sigmahq`); a
+# shorter prefix saved more but was found, and checked in vain, in more benign texts.
+PREFIX_MAX = 24
+# ... unless more literals than this start the same: each would then be checked wherever that
+# common start is found, so they go in whole.
+PREFIX_SHARED_MAX = 2
+Affix = tuple[str, frozenset[int], frozenset[int], frozenset[int]]  # literal, in, starts, ends
+NO_AFFIX: frozenset[int] = frozenset()
+
+
+def automaton_of(affixes: dict[str, tuple[set[int], set[int], set[int]]]) -> Any:
+    """One automaton of a field's contains/startswith/endswith literals. A word's value is
+    (its length, the rules of the literal that is the word itself, for each kind, or none,
+    and the longer literals the word is the prefix of)."""
+    own: dict[str, Affix] = {}
+    longer: dict[str, list[Affix]] = {}
+    for literal, (inside, starts, ends) in affixes.items():
+        affix = (literal, frozenset(inside), frozenset(starts), frozenset(ends))
+        if len(literal) > PREFIX_MAX:
+            longer.setdefault(literal[:PREFIX_MAX], []).append(affix)
+        else:
+            own[literal] = affix
+    for prefix, group in list(longer.items()):
+        if len(group) > PREFIX_SHARED_MAX:  # a common start (`c:\windows\system3`): whole
+            del longer[prefix]
+            own.update((affix[0], affix) for affix in group)
+    automaton = ahocorasick.Automaton()
+    for word in own.keys() | longer.keys():
+        _, within, at_start, at_end = own.get(word, (word, NO_AFFIX, NO_AFFIX, NO_AFFIX))
+        value = (len(word), within, at_start, at_end, tuple(longer.get(word, ())))
+        automaton.add_word(word, value)
+    automaton.make_automaton()
+    return automaton
+
+
+def collect_longer(text: str, start: int, longer: tuple[Affix, ...], found: set[int]) -> None:
+    """The rules of the longer literals whose prefix was found at `start` of the text, where
+    the whole literal is there."""
+    for literal, inside, starts, ends in longer:
+        if text.startswith(literal, start):
+            if inside:
+                found |= inside
+            if starts and start == 0:
+                found |= starts
+            if ends and start + len(literal) == len(text):
                 found |= ends
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
+from hpcsec.detector.engine import literal_index
 from hpcsec.detector.engine.literal_index import Key, LiteralIndex, probe_texts
 
 # what texts, names and literals are made of: ASCII, the record and unit separators, NUL, and
@@ -126,3 +129,42 @@ def test_case_folding_that_changes_length_or_maps_onto_ascii_hides_no_key():
     assert index.candidates({"Image": "ßİX"}) == {0, 2}
     assert index.candidates({"Image": ["\u0391\u03a3", "\ud800"]}) == {3}
     assert index.candidates({"Image": "\u0391\u03a3A"}) == set()  # not at an end: sigma
+
+
+@pytest.mark.parametrize("shared", [1, 2, 1000])
+def test_long_literals_found_through_their_prefix_are_exactly_as_shown(monkeypatch, shared):
+    """A literal longer than PREFIX_MAX is in the automaton as its prefix and checked whole
+    where that is found (unless more than PREFIX_SHARED_MAX share it): with a prefix of 2
+    characters the random keys above share prefixes with each other and with shorter
+    literals all the time."""
+    monkeypatch.setattr(literal_index, "PREFIX_MAX", 2)
+    monkeypatch.setattr(literal_index, "PREFIX_SHARED_MAX", shared)
+    monkeypatch.setattr(literal_index, "FEW_LITERALS", 0)  # every field on the automaton
+    rng = random.Random(20261202)
+    for _ in range(150):
+        rules = [random_keys(rng) for _ in range(rng.randint(1, 12))]
+        literals = [literal for keys in rules for _, _, literal in keys]
+        index = LiteralIndex(rules)
+        for _ in range(20):
+            names = rng.sample(NAMES, rng.randint(1, len(NAMES)))
+            event = {name: random_value(rng, literals) for name in names}
+            assert index.candidates(event) == expected(rules, event), (rules, event)
+
+
+def test_hashes_sharing_a_prefix_are_told_apart():
+    prefix = literal_index.PREFIX_MAX
+    md5 = "md5=" + "0123456789abcdef" * 2
+    rules = [
+        frozenset({("Hashes", "contains", md5)}),
+        frozenset({("Hashes", "contains", md5[:-1] + "0")}),  # the same first 35 characters
+        frozenset({("Hashes", "contains", md5[:prefix])}),  # a literal that is the prefix itself
+        frozenset({("Hashes", "startswith", md5)}),
+        frozenset({("Hashes", "endswith", md5)}),
+        *(frozenset({("Hashes", "contains", f"sha1={n:040x}")}) for n in range(40)),
+    ]
+    index = LiteralIndex(rules)
+    assert index.candidates({"Hashes": md5.upper()}) == {0, 2, 3, 4}
+    assert index.candidates({"Hashes": "SHA1=1," + md5[:-1] + "0,x"}) == {1, 2}
+    assert index.candidates({"Hashes": md5[:prefix] + md5}) == {0, 2, 4}  # the prefix twice
+    assert index.candidates({"Hashes": md5[:-1]}) == {2}  # cut short at the end
+    assert index.candidates({"Hashes": f"x,sha1={39:040x}"}) == {5 + 39}
