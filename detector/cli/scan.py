@@ -249,7 +249,7 @@ def _scan(
         step = pipeline.process([batch])
         if store is not None:
             store.insert_events(step.events)
-    pipeline.flush()
+    pipeline.flush(workers, jobs_of(args) - 1)  # the workers, idle now, take a share
     report.print(sys.stderr)
     for warning in correlation_warnings(pipeline.engine):
         print(f"hpcsec: warning: {warning}", file=sys.stderr)

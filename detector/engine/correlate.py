@@ -63,6 +63,7 @@ class Correlation:
         sigma = rule.sigma
         assert isinstance(sigma, SigmaCorrelationRule)
         self.rule = rule
+        self.rank = 0  # its position among its engine's correlations (set by the engine)
         self.kind = sigma.type.name.lower()
         self.span = float(sigma.timespan.seconds)
         self.group_by = tuple(sigma.group_by or ())

@@ -136,6 +136,7 @@ class Engine:
         engine raises that error here."""
         self.index_min = index_min
         self.max_groups = max_groups = MAX_GROUPS if max_groups is None else max_groups
+        self.sample_size = sample_size
         self.placeholders = dict(placeholders or {})
         self.stats = EngineStats()
         self.pending = ReorderBuffer(lateness, clock)
@@ -275,8 +276,8 @@ class Engine:
                 raise rule_error(rule, f"correlation type {kind} is not supported")
             correlation = Correlation(rule, sources, self.stats, max_groups, sample_size)
             correlation.opened = self._opened
+            correlation.rank = rank = len(self.correlations)
             self.correlations.append(correlation)
-            rank = len(self.correlations) - 1
             for i, source in enumerate(sources):
                 feeds.setdefault(source.id, []).append(Feed(correlation, i, rank))
                 if not sigma.generate:
@@ -431,7 +432,10 @@ class Engine:
             correlation = walked[i]
             i += 1
             if now > correlation.settled_until:  # else expire() would find nothing to do
-                for fired in correlation.expire(now):
+                closed = correlation.expire(now)
+                if closed and isinstance(out, StepMatches):
+                    out.expiring(correlation.rank)
+                for fired in closed:
                     self._fire(correlation, fired, out)
             if correlation.settled_until < least:
                 least = correlation.settled_until
@@ -449,17 +453,85 @@ class Engine:
 
     def flush(self) -> list[Match]:
         """End of input: correlate what is held, then close every open window (conditions
-        decided at window end)."""
+        decided at window end). flush_parts.py does the same in parts, in processes."""
         out: list[Match] = []
         self._release(self.pending.drain(), out)
+        self.close_windows(self.correlations, out)
+        return out
+
+    def close_windows(self, correlations: list[Correlation], out: list[Match]) -> None:
+        """Close every open window of `correlations` (in the engine's order), until none
+        opens again (a chained correlation may open windows while inner ones close)."""
+        tagged = out if isinstance(out, StepMatches) else None
+        round_ = 0
         pending = True
-        while pending:  # a chained correlation may open windows while inner ones close
+        while pending:
             pending = False
-            for correlation in self.correlations:
-                for fired in correlation.flush():
+            for correlation in correlations:
+                closed = correlation.flush()
+                if closed and tagged is not None:
+                    tagged.closing(round_, correlation.rank)
+                for fired in closed:
                     self._fire(correlation, fired, out)
                     pending = True
-        return out
+            round_ += 1
+
+    # -- the end-of-input pass of some correlations alone (flush_parts.py) -------------------
+    @property
+    def expired_at(self) -> float:
+        """The event time up to which windows were closed."""
+        return self._expired_at
+
+    def feeds_of(self, correlation: Correlation) -> tuple[Feed, ...]:
+        """Where `correlation`'s own matches go: the correlations that refer to it."""
+        return self._corr_slots[correlation.rule.id].feeds
+
+    def feed_held(self, held: Iterable[tuple[float, Any]], out: list[Match]) -> None:
+        """Feed matches taken from the buffer (`pending.drain()`), as `flush` does."""
+        self._release(held, out)
+
+    def start_part(self, correlations: list[Correlation], expired_at: float) -> None:
+        """Feed, expire and close `correlations` alone from here on, from the state they had
+        when the end-of-input pass began (expiry at `expired_at`): only they are walked at
+        expiry, so another part's are left as they are."""
+        self._expired_at = expired_at
+        self._open = [c for c in correlations if c.groups]
+        self._settled_until = min((c.settled_until for c in correlations), default=float("inf"))
+
+    def release_time(self, t: float, out: list[Match]) -> None:
+        """What `_release` does at a held match's time before feeding it: close the windows
+        that ended before `t`."""
+        if t > self._expired_at:
+            self._expired_at = t
+            if t > self._settled_until:
+                self._expire(t, out)
+
+    def feed_one(self, feed: Feed, event: dict[str, Any], t: float, out: list[Match]) -> None:
+        """Feed one held match to one correlation, as `_release` does."""
+        self._feed(feed, event, t, (event,), out)
+
+
+class StepMatches(list[Match]):
+    """The matches of one part of the end-of-input pass (flush_parts.py), each with the step
+    of the one-process pass that made it (`steps`): (held match, 0, rank) for windows its
+    time closed, (held match, 1, feed position) for its feeds, (held matches, 2, round, rank)
+    for the closing rounds. A chained match carries the step of the match it came from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at = 0  # the held match being released (their count at the closing rounds)
+        self.step: tuple[int, ...] = ()
+        self.steps: list[tuple[int, ...]] = []
+
+    def append(self, match: Match) -> None:
+        super().append(match)
+        self.steps.append(self.step)
+
+    def expiring(self, rank: int) -> None:
+        self.step = (self.at, 0, rank)
+
+    def closing(self, round_: int, rank: int) -> None:
+        self.step = (self.at, 2, round_, rank)
 
 
 def _any_of(conditions: list[Any]) -> Any:

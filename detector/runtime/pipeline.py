@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from hpcsec.detector.alerts.model import Alert
@@ -18,7 +19,7 @@ from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.engine import rulecache
+from hpcsec.detector.engine import flush_parts, rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.loader import load_rules, rule_paths_for
 from hpcsec.detector.engine.reorder import Clock
@@ -169,6 +170,13 @@ class Pipeline:
         eval_s = time.perf_counter() - started
         return Processed(events, self.stage.fold(matches), eval_s)
 
-    def flush(self) -> list[Alert]:
-        """Close the rules' open windows (correlations); returns the alerts that are new."""
-        return self.stage.fold(self.engine.flush())
+    def flush(self, pool: ProcessPoolExecutor | None = None, workers: int = 0) -> list[Alert]:
+        """Close the rules' open windows (correlations); returns the alerts that are new.
+        `pool`: `workers` processes that may take a share of a long pass (flush_parts.py)."""
+        if pool is None:
+            return self.stage.fold(self.engine.flush())
+
+        def submit(task: flush_parts.PartTask) -> Future[flush_parts.PartResult]:
+            return pool.submit(flush_parts.run_part, task)
+
+        return self.stage.fold(flush_parts.flush(self.engine, submit, workers))

@@ -21,6 +21,8 @@ from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import InputReport, read_jsonl
 from hpcsec.detector.core.schema import Event
+from hpcsec.detector.engine import flush_parts
+from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.runtime import chunk_detect, chunked
@@ -111,6 +113,29 @@ def test_workers_detect_and_the_caller_gives_the_same_output(
     assert "malformed line(s) of" in serial[2]
     assert f"hpcsec: {total} events evaluated" in serial[2]
     assert sum(evaluated) < total  # the caller evaluated only what the workers kept
+
+
+def test_the_correlation_pass_at_the_end_is_shared_with_the_worker(
+    tmp_path, capsys, small_chunks, monkeypatch
+):
+    """The held matches' pass at the end of the input, split by chain between the caller and
+    its worker (engine/flush_parts.py): the output is still that of `--jobs 1`, and the
+    worker did its part (its alerts came back)."""
+    events = tmp_path / "events.jsonl"
+    write_sequences(events, rounds=4)
+    serial = scan(capsys, "--events", str(events), "--jobs", "1")
+    monkeypatch.setattr(flush_parts, "SPLIT_MIN_FEEDS", 0)
+    received: list[int] = []
+    real_received = flush_parts._received
+
+    def counted(engine: Engine, part: flush_parts.Part, result: flush_parts.PartResult) -> list:
+        received.append(len(result.fired))
+        return real_received(engine, part, result)
+
+    monkeypatch.setattr(flush_parts, "_received", counted)
+    assert scan(capsys, "--events", str(events), "--jobs", "2") == serial
+    assert len(received) == 1 and received[0] > 0
+    assert small_chunks == []
 
 
 def gpu_events(rounds: int) -> list[dict]:
