@@ -12,8 +12,12 @@ and, as busy machines blur that, by the longer of the two processes' CPU times (
 on free cores), and the ratio of `--jobs 1` to `--jobs 2` of both, the best of `--rounds`
 runs of each taken in turns (this host's speed drifts); each run after the same warm-up;
 every run must produce the same alerts.
-The peer, measured in the same run: `orjson.loads` of each line of the file alone (no shape
-check, no enrichment, no rules), the ceiling of any one-process scan of it in CPython.
+The peers, measured in the same run: `orjson.loads` of each line of the file alone (no shape
+check, no enrichment, no rules), the ceiling of any one-process scan of it in CPython; and,
+in each round, that parse in one process alone and in two processes at once, whose ratio
+(work done per second) is what two processes can get of this host's two cores at that time:
+two virtual CPUs that share a physical core, or a busy host, give less than 2x to any
+program, the scan included.
 `--profile` prints cProfile's top entries of the one-process run (cumulative, then own time).
 """
 
@@ -23,13 +27,16 @@ import argparse
 import contextlib
 import cProfile
 import io
+import multiprocessing
 import os
 import pstats
 import resource
 import sys
 import tempfile
 import time
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -71,6 +78,36 @@ def parse_only(path: Path) -> float:
     return best
 
 
+def _parse_when_told(path: str, go: EventType, results: Any) -> None:
+    """In a child process: the wall seconds of one `orjson.loads` pass over `path`, started
+    when `go` is set (so two children start together)."""
+    go.wait()
+    start = time.perf_counter()
+    with open(path, "rb") as lines:
+        for line in lines:
+            orjson.loads(line)
+    results.put(time.perf_counter() - start)
+
+
+def parse_in(path: Path, processes: int) -> float:
+    """Wall seconds until `processes` processes, started together, have each parsed the
+    whole of `path` once (the longest of them)."""
+    context = multiprocessing.get_context("spawn")
+    go, results = context.Event(), context.Queue()
+    children = [
+        context.Process(target=_parse_when_told, args=(str(path), go, results))
+        for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    time.sleep(1.0)  # each child's interpreter and imports, before the start signal
+    go.set()
+    longest = max(results.get() for _ in children)
+    for child in children:
+        child.join()
+    return longest
+
+
 def profile_scan(path: Path, out: Path, top: int) -> None:
     profiler = cProfile.Profile()
     profiler.runcall(run_scan, path, 1, out)
@@ -107,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[int, bytes] = {}
         walls: dict[int, float] = {}
         criticals: dict[int, float] = {}
+        parsed: dict[int, float] = {}  # best wall seconds of the parse in 1 and 2 processes
         # This host's speed drifts by a third within minutes: the two are run in turns,
         # `--rounds` times each, and the best run of each is compared.
         for _ in range(args.rounds):
@@ -125,10 +163,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"{args.events / critical:10,.0f} events/s on free cores "
                     f"(CPU: scan {cpu:.2f} s, worker {workers:.2f} s)"
                 )
+            for processes in (1, 2):
+                took = parse_in(path, processes)
+                parsed[processes] = min(took, parsed.get(processes, took))
+            print(
+                f"peer: the parse in 1 process: {parsed[1]:.2f} s, in 2 at once: "
+                f"{parsed[2]:.2f} s (best so far)"
+            )
+        ceiling = 2 * parsed[1] / parsed[2]
+        print(
+            f"peer: two processes at once get {ceiling:.2f}x the work of one done (best of "
+            f"{args.rounds} each): what two cores give any program on this host now"
+        )
         print(
             f"--jobs 1 / --jobs 2, best of {args.rounds} each: {walls[1] / walls[2]:.2f}x by "
             f"the wall clock, {criticals[1] / criticals[2]:.2f}x on free cores "
-            "(2.00x halves the wait)"
+            f"(2.00x halves the wait; the host's ceiling: {ceiling:.2f}x)"
         )
         same = results[1] == results[2]
         alerts = results[1].count(b"\n")
