@@ -249,6 +249,7 @@ def _scan(
         step = pipeline.process([batch])
         if store is not None:
             store.insert_events(step.events)
+        del batch, step  # not alive while the next batch is read: one batch at a time
     pipeline.flush(workers, jobs_of(args) - 1)  # the workers, idle now, take a share
     report.print(sys.stderr)
     for warning in correlation_warnings(pipeline.engine):
@@ -278,13 +279,14 @@ def correlation_warnings(engine: Engine) -> list[str]:
     """What the correlations could not see of the input, said rather than silently missed:
     a scan is exact only for matches it could put in event-time order with a time, within
     the groups it may keep open."""
-    stats, held = engine.stats, engine.pending.max_pending
+    stats, pending = engine.stats, engine.pending
     warnings = []
     if stats.late_events:
         warnings.append(
             f"{stats.late_events} rule match(es) not correlated: the events are further out "
-            f"of event-time order than the {held:,} matches a scan holds to sort them "
-            "(sort the events by @timestamp to correlate them all)"
+            f"of event-time order than a scan holds to sort them ({pending.max_pending:,} "
+            f"matches, {pending.max_bytes / 2**20:,.0f} MiB of their events) (sort the events "
+            "by @timestamp to correlate them all)"
         )
     if stats.untimed_events:
         warnings.append(

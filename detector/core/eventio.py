@@ -34,10 +34,13 @@ BLOCK_LINES = 256  # lines parsed per list; scan evaluates batches of this size
 # process could make its own event unreadable: the process sensor keeps 64 KiB of command
 # line, as `process.command_line` and again as `process.args`, and three 16 KiB environment
 # values, a control byte costing up to 6 bytes of JSON: such an event stays under 1 MiB
-# (test_scan_long_lines.py builds the longest). A batch of BLOCK_LINES lines may still hold
-# 256 lines of up to this size: 1 GiB.
+# (test_scan_long_lines.py builds the longest). A batch of BLOCK_LINES events may still hold
+# 256 events of up to this size: 1 GiB; the lines of a block are read up to BLOCK_BYTES (and
+# BLOCK_STEP more lines), so the raw lines are not held as well.
 MAX_LINE_BYTES = 4 * 2**20
 SKIP_READ = 2**16
+BLOCK_BYTES = 16 * 2**20
+BLOCK_STEP = 16  # lines read at once (one C call) before the block's size is looked at
 OVERLONG = b"\x00overlong"  # stands for a skipped line; told from a read line by identity
 
 
@@ -82,12 +85,26 @@ def read_jsonl_blocks(
     stream is read through `bounded_lines`; other iterables hold their lines already."""
     lines = bounded_lines(stream) if hasattr(stream, "readline") else iter(stream)
     while True:
-        raws = list(islice(lines, block))
+        raws = _block_of(lines, block)
         if not raws:
             return
         events = _parse_block(raws, report)
         if events:
             yield events
+
+
+def _block_of(lines: Iterator[bytes], block: int) -> list[bytes]:
+    """Up to `block` lines, fewer once they pass BLOCK_BYTES: 256 lines just under the line
+    limit would otherwise be a gigabyte read before the first is parsed."""
+    raws = list(islice(lines, min(block, BLOCK_STEP)))
+    size = sum(map(len, raws))
+    while len(raws) < block and size < BLOCK_BYTES:
+        more = list(islice(lines, min(block - len(raws), BLOCK_STEP)))
+        if not more:
+            break
+        raws += more
+        size += sum(map(len, more))
+    return raws
 
 
 def bounded_lines(stream: Any, budget: int | None = None) -> Iterator[bytes]:

@@ -15,8 +15,11 @@ arrival order of the same events (within the lateness) gives the same alerts.
   was already handed on is late: counted, never added.
 
 Events with the same time are put in order by `event.id` (a hash of their fields), or by their
-whole content when they have none, never by arrival. At most `max_pending` matches are held;
-beyond that the oldest is handed on early (counted as `forced`): memory stays bounded.
+whole content when they have none, never by arrival. At most `max_pending` matches, and at
+most `max_bytes` of their events (as JSON), are held; beyond either the oldest is handed on
+early (counted as `forced`): memory stays bounded, by count and by size. A node's process
+can make its events long (a command line of a million arguments is half a megabyte once the
+sensor has condensed it): held by count alone, 200,000 of them would be a hundred gigabytes.
 
 With `lateness=None` nothing is due before the end, so the matches are kept in arrival order and
 sorted once by `drain()` (the same order the heap gives: the keys are unique): an input mostly in
@@ -31,8 +34,13 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
+
 Clock = Callable[[], float]
 MAX_PENDING = 200_000  # matches held at most (the default of ReorderBuffer)
+# their events' JSON at most: ~1 GB of Python dicts; 200,000 typical events are ~120 MiB
+MAX_PENDING_BYTES = 256 * 2**20
+UNSIZED = 4096  # the size counted for an event orjson cannot write (never from JSON input)
 
 
 def tiebreak(event: dict[str, Any]) -> str:
@@ -43,18 +51,33 @@ def tiebreak(event: dict[str, Any]) -> str:
     return json.dumps(event, sort_keys=True, default=repr, ensure_ascii=True)
 
 
+def event_size(event: dict[str, Any]) -> int:
+    """The length of `event` as JSON: what holding it costs, within a small factor (one C
+    call; read only for the matches a correlation needs)."""
+    try:
+        return len(orjson.dumps(event))
+    except (TypeError, orjson.JSONEncodeError):
+        return UNSIZED
+
+
 class ReorderBuffer:
     def __init__(
-        self, lateness: float | None, clock: Clock | None = None, max_pending: int | None = None
+        self,
+        lateness: float | None,
+        clock: Clock | None = None,
+        max_pending: int | None = None,
+        max_bytes: int | None = None,
     ):
         self.lateness = lateness
         self.clock = clock
         self.max_pending = MAX_PENDING if max_pending is None else max_pending
+        self.max_bytes = MAX_PENDING_BYTES if max_bytes is None else max_bytes
+        self.bytes = 0  # the held events' sizes (event_size)
         self.watermark = float("-inf")  # newest event time seen (or the clock)
         self.released = float("-inf")  # event time up to which matches were handed on
         self.late = 0  # matches older than `released` when they arrived: not correlated
         self.forced = 0  # matches handed on early because `max_pending` were held
-        self._heap: list[tuple[float, str, int, Any]] = []
+        self._heap: list[tuple[float, str, int, int, Any]] = []  # (time, tie, seq, size, _)
         # arrival order, sorted at drain (lateness None, until max_pending forces a heap)
         self._unordered = lateness is None
         self._seq = 0
@@ -70,7 +93,9 @@ class ReorderBuffer:
         if t > self.watermark and self.clock is None:
             self.watermark = t
         self._seq += 1
-        entry = (t, tiebreak(event), self._seq, payload)
+        size = event_size(event)
+        self.bytes += size
+        entry = (t, tiebreak(event), self._seq, size, payload)
         if self._unordered:
             self._heap.append(entry)
         else:
@@ -84,15 +109,18 @@ class ReorderBuffer:
         if self.clock is not None:
             self.watermark = max(self.watermark, self.clock())
         if self._unordered:
-            if len(heap) <= self.max_pending:
+            if len(heap) <= self.max_pending and self.bytes <= self.max_bytes:
                 return  # nothing is due before drain()
             heapq.heapify(heap)
             self._unordered = False
         edge = float("-inf") if self.lateness is None else self.watermark - self.lateness
-        while heap and (heap[0][0] <= edge or len(heap) > self.max_pending):
+        while heap and (
+            heap[0][0] <= edge or len(heap) > self.max_pending or self.bytes > self.max_bytes
+        ):
             if heap[0][0] > edge:
                 self.forced += 1
-            t, _, _, payload = heapq.heappop(heap)
+            t, _, _, size, payload = heapq.heappop(heap)
+            self.bytes -= size
             if t > self.released:
                 self.released = t
             yield t, payload
@@ -106,7 +134,8 @@ class ReorderBuffer:
             yield from self._drain_sorted()
             return
         while heap:
-            t, _, _, payload = heapq.heappop(heap)
+            t, _, _, size, payload = heapq.heappop(heap)
+            self.bytes -= size
             if t > self.released:
                 self.released = t
             yield t, payload
@@ -117,7 +146,8 @@ class ReorderBuffer:
         heap = self._heap
         heap.sort(reverse=True)
         while heap:
-            t, _, _, payload = heap.pop()
+            t, _, _, size, payload = heap.pop()
+            self.bytes -= size
             if t > self.released:
                 self.released = t
             yield t, payload

@@ -6,7 +6,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from hpcsec.detector.engine.reorder import ReorderBuffer
+import orjson
+
+from hpcsec.detector.engine.reorder import UNSIZED, ReorderBuffer, event_size
 
 
 class CountedTime(float):
@@ -69,6 +71,35 @@ def test_lateness_none_beyond_max_pending_forces_the_oldest_out_then_drains_in_o
     reference = ReorderBuffer(10_000.0)
     expected = released(reference, matches)
     assert forced + [payload for _, payload in buffer.drain()] == expected
+
+
+def test_held_events_are_bounded_by_their_size_as_well_as_their_count():
+    """Long events go on early once their JSON passes max_bytes, oldest first, in the same
+    order as when all are held; a hostile process's long command lines cannot fill memory."""
+    rng = random.Random(3)
+    matches = [
+        (float(rng.randrange(50)), {"n": i, "cmd": "x" * rng.randrange(10, 5000)})
+        for i in range(300)
+    ]
+    sizes = {e["n"]: event_size(e) for _, e in matches}
+    buffer = ReorderBuffer(None, max_bytes=20_000)
+    for t, event in matches:
+        buffer.push(t, event, event["n"])
+    assert buffer.bytes == sum(sizes.values())
+    forced = [payload for _, payload in buffer.due()]
+    held_now = sum(sizes.values()) - sum(sizes[n] for n in forced)
+    assert buffer.bytes == held_now <= 20_000 < held_now + sizes[forced[-1]]
+    assert buffer.forced == len(forced) and len(buffer) == 300 - len(forced)
+    assert forced + [payload for _, payload in buffer.drain()] == released(
+        ReorderBuffer(10_000.0), matches
+    )
+    assert buffer.bytes == 0
+
+
+def test_the_size_of_an_event_is_its_json():
+    event = {"process.command_line": "\x1b[31m" + "x" * 100, "n": 1, "l": [1, "a"]}
+    assert event_size(event) == len(orjson.dumps(event))
+    assert event_size({"odd": object()}) == UNSIZED  # nothing JSON input makes: not a crash
 
 
 def test_time_ordered_input_costs_about_one_comparison_per_match_at_drain():

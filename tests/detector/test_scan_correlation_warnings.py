@@ -81,13 +81,32 @@ def test_matches_too_far_out_of_order_are_counted_and_said(
     alerts, warnings = scan(tmp_path, events, capsys, jobs)
     assert warnings == [
         "hpcsec: warning: 3 rule match(es) not correlated: the events are further out of "
-        "event-time order than the 2 matches a scan holds to sort them (sort the events by "
-        "@timestamp to correlate them all)"
+        "event-time order than a scan holds to sort them (2 matches, 256 MiB of their "
+        "events) (sort the events by @timestamp to correlate them all)"
     ]
     monkeypatch.setattr(reorder, "MAX_PENDING", 1000)  # held whole: put in order, all seen
     alerts_sorted, warnings = scan(tmp_path, events, capsys)
     assert warnings == []
     assert {a["host.name"] for a in alerts_sorted} - {a["host.name"] for a in alerts} == {"gpu002"}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_long_events_are_held_up_to_a_size_too(tmp_path, capsys, monkeypatch, small_chunks, jobs):
+    """The held matches are bounded by their events' size as well as by their count: long
+    events (a process can make its command line half a megabyte) go on early, and the same
+    disorder that fits in the count no longer fits in the size."""
+    pad = {"process.command_line": "x" * 20_000}
+    events = [{**probe("gpu001", m), **pad} for m in range(100, 400)]
+    events += [{**probe("gpu002", m), **pad} for m in (1, 2, 3)]
+    monkeypatch.setattr(reorder, "MAX_PENDING_BYTES", 2**20)  # about fifty of them
+    _, warnings = scan(tmp_path, events, capsys, jobs)
+    assert warnings == [
+        "hpcsec: warning: 3 rule match(es) not correlated: the events are further out of "
+        "event-time order than a scan holds to sort them (200,000 matches, 1 MiB of their "
+        "events) (sort the events by @timestamp to correlate them all)"
+    ]
+    monkeypatch.setattr(reorder, "MAX_PENDING_BYTES", 64 * 2**20)  # held whole: none late
+    assert scan(tmp_path, events, capsys, jobs)[1] == []
 
 
 def test_matches_without_a_time_are_said(tmp_path, capsys):

@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from hpcsec.detector.core import eventio, jsonenc
 from hpcsec.detector.core.eventio import InputReport, read_jsonl
 from hpcsec.detector.core.text import from_node_bytes
 from hpcsec.detector.runtime import chunked
+from hpcsec.detector.runtime.pipeline import Pipeline
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, lines_containing
 from hpcsec.sensors import proclists
 from tests.detector.test_scan_parallel import attack_events
@@ -238,3 +240,54 @@ def test_a_chunk_is_never_read_past_its_end(short_limit):
         got = list(eventio.bounded_lines(stream, end))
         assert stream.tell() == end
         assert got[0] == event_line(1) and sum(map(len, got)) <= end
+
+
+def test_a_block_of_long_lines_is_parsed_before_it_is_a_gigabyte(monkeypatch):
+    """256 lines just under the limit are a gigabyte: a block's lines are read only up to
+    BLOCK_BYTES (and BLOCK_STEP lines more) before they are parsed, so the raw lines are
+    never held beside a batch of their events. The events, their order and the report are
+    those of any cut."""
+    monkeypatch.setattr(eventio, "BLOCK_BYTES", 10_000)
+    lines = [event_line(n, length=900 if n % 3 else None) for n in range(1000)]
+    read: list[list[bytes]] = []
+    real_parse = eventio._parse_block
+
+    def parse(raws: list[bytes], report: InputReport) -> list:
+        read.append(raws)
+        return real_parse(raws, report)
+
+    monkeypatch.setattr(eventio, "_parse_block", parse)
+    report = InputReport("events.jsonl")
+    blocks = list(eventio.read_jsonl_blocks(io.BytesIO(b"".join(lines)), report, 256))
+    assert max(sum(map(len, raws)) for raws in read) < 10_000 + eventio.BLOCK_STEP * 900
+    assert [e["event.id"] for b in blocks for e in b] == [f"e{n}" for n in range(1000)]
+    assert (report.lines, report.events, report.malformed) == (1000, 1000, 0)
+    monkeypatch.setattr(eventio, "BLOCK_BYTES", 2**30)
+    read.clear()
+    list(eventio.read_jsonl_blocks(io.BytesIO(b"".join(lines)), InputReport("e"), 256))
+    assert [len(raws) for raws in read] == [256, 256, 256, 232]  # short lines: whole blocks
+
+
+def test_a_batch_is_let_go_before_the_next_one_is_read(tmp_path, capsys, monkeypatch):
+    """A scan holds one batch of events at a time (up to 256 events of up to the line
+    limit: a gigabyte), not the one it evaluated while it reads the next."""
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(event_line(n) for n in range(1000)))
+    processed: list[weakref.ref] = []
+    alive_at_parse: list[int] = []
+    real_process, real_parse = Pipeline.process, eventio._parse_block
+
+    def process(self: Pipeline, batches: list) -> object:
+        processed.append(weakref.ref(batches[0]))
+        return real_process(self, batches)
+
+    def parse(raws: list[bytes], report: InputReport) -> list:
+        alive_at_parse.append(sum(ref() is not None for ref in processed))
+        return real_parse(raws, report)
+
+    monkeypatch.setattr(Pipeline, "process", process)
+    monkeypatch.setattr(eventio, "_parse_block", parse)
+    assert main(["scan", "--events", str(path), "--format", "jsonl", "--jobs", "1"]) == 0
+    capsys.readouterr()
+    assert len(processed) == 4 and len(alive_at_parse) >= 4
+    assert alive_at_parse == [0] * len(alive_at_parse)
