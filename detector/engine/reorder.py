@@ -40,6 +40,9 @@ Clock = Callable[[], float]
 MAX_PENDING = 200_000  # matches held at most (the default of ReorderBuffer)
 # their events' JSON at most: ~1 GB of Python dicts; 200,000 typical events are ~120 MiB
 MAX_PENDING_BYTES = 256 * 2**20
+# a live stream's (the agent's) at most: it holds matches for seconds, and the agent's whole
+# memory budget is 80 MB; a burst past this goes on early, still correlated
+MAX_LIVE_BYTES = 16 * 2**20
 UNSIZED = 4096  # the size counted for an event orjson cannot write (never from JSON input)
 
 
@@ -71,7 +74,9 @@ class ReorderBuffer:
         self.lateness = lateness
         self.clock = clock
         self.max_pending = MAX_PENDING if max_pending is None else max_pending
-        self.max_bytes = MAX_PENDING_BYTES if max_bytes is None else max_bytes
+        if max_bytes is None:
+            max_bytes = MAX_PENDING_BYTES if lateness is None else MAX_LIVE_BYTES
+        self.max_bytes = max_bytes
         self.bytes = 0  # the held events' sizes (event_size)
         self.watermark = float("-inf")  # newest event time seen (or the clock)
         self.released = float("-inf")  # event time up to which matches were handed on

@@ -8,7 +8,13 @@ from typing import Any
 
 import orjson
 
-from hpcsec.detector.engine.reorder import UNSIZED, ReorderBuffer, event_size
+from hpcsec.detector.engine.reorder import (
+    MAX_LIVE_BYTES,
+    MAX_PENDING_BYTES,
+    UNSIZED,
+    ReorderBuffer,
+    event_size,
+)
 
 
 class CountedTime(float):
@@ -94,6 +100,20 @@ def test_held_events_are_bounded_by_their_size_as_well_as_their_count():
         ReorderBuffer(10_000.0), matches
     )
     assert buffer.bytes == 0
+
+
+def test_a_live_stream_holds_less_and_sends_a_burst_on_early():
+    """The agent (a lateness in seconds) holds at most MAX_LIVE_BYTES: a burst of long
+    events within the allowance goes on early, oldest first, instead of filling memory."""
+    assert ReorderBuffer(None).max_bytes == MAX_PENDING_BYTES
+    buffer = ReorderBuffer(60.0)
+    assert buffer.max_bytes == MAX_LIVE_BYTES < MAX_PENDING_BYTES
+    long = "x" * 2**20
+    for n in range(40):
+        buffer.push(1000.0 + n, {"n": n, "cmd": long}, n)
+    out = [payload for _, payload in buffer.due()]
+    assert out == list(range(len(out))) and buffer.forced == len(out) >= 40 - 16
+    assert buffer.bytes <= MAX_LIVE_BYTES
 
 
 def test_the_size_of_an_event_is_its_json():
