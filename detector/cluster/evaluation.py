@@ -28,6 +28,7 @@ from hpcsec.detector.core.eventio import checked_event
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.core.timefmt import epoch_seconds
 from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.reorder import MAX_PENDING_BYTES
 from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
 
 HORIZON_SLACK_S = 60.0  # late events of a window still find it open
@@ -162,7 +163,7 @@ def hub_pipeline(
 ) -> Pipeline:
     """The runtime pipeline on the hub's event-time clock (the alert stage's dedup windows
     too); raises HpcsecError with file:line for a broken rule."""
-    return Pipeline.load(
+    pipeline = Pipeline.load(
         config,
         rule_paths,
         # dedup windows on event time too; 0 until the first event has a time
@@ -171,6 +172,10 @@ def hub_pipeline(
         lateness_s=hub_lateness(config) if lateness_s is None else lateness_s,
         clock=clock,
     )
+    # The agent's bound (reorder.MAX_LIVE_BYTES, for a node's 80 MB budget) is too small for
+    # a fleet's matches held for the hub's allowance: past it, a node behind would be late.
+    pipeline.engine.pending.max_bytes = MAX_PENDING_BYTES
+    return pipeline
 
 
 class HubEvaluation:

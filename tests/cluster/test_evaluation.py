@@ -247,3 +247,23 @@ def test_partitions_keep_correlation_groups_together() -> None:
 def test_bad_member_is_a_usage_error(text: str) -> None:
     with pytest.raises(UsageError):
         parse_member(text)
+
+
+def test_a_node_behind_is_correlated_when_the_fleet_sends_long_events_meanwhile() -> None:
+    """The hub holds a fleet's matches for its allowance: the others' process events, each
+    with the 64 KiB command line a process sensor keeps, more of them in that hour than the
+    agent's 16 MiB (reorder.MAX_LIVE_BYTES), must not make gpu-102's events late."""
+    ev = evaluator(lateness_s=HOUR)
+    command_line = "x" * 2**16
+    events = interleaved_events("attack", behind="gpu-102")
+    alerts = []
+    for i, (host, event) in enumerate(events):
+        copies = 1 if host == "gpu-102" else 40
+        for n in range(copies):
+            padded = {**event, "event.id": f"{i}-{n}", "process.command_line": command_line}
+            decoded = ev.decode(orjson.dumps(padded), host)
+            alerts += ev.evaluate([decoded] if decoded is not None else [])
+    alerts += ev.finish()
+    assert ev.pipeline.engine.pending.forced == 0
+    assert ev.counters.late == 0
+    assert JOB_EXFIL in {a["rule.id"] for a in alerts}
