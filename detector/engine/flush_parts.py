@@ -87,6 +87,7 @@ class PartTask:
     state: dict[int, tuple[list[tuple[Any, ShippedGroup]], float]]
     evidence: int
     expired_at: float
+    placeholders: dict[str, list[Any]]  # a category-less rule compiles (and warns) at once
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,7 @@ def _task(
         state,
         len(index),
         expired_at,
+        engine.placeholders,
     )
 
 
@@ -320,6 +322,7 @@ def run_part(task: PartTask) -> PartResult:
     rules = pickle.loads(task.rules)
     engine = Engine(
         RuleSet(rules=rules),
+        task.placeholders,
         max_groups=task.max_groups,
         sample_size=task.sample_size,
         lateness=None,

@@ -409,3 +409,82 @@ def test_a_chunk_is_detected_list_by_list_as_one_whole_list_would_be(tmp_path, m
         report.malformed_lines,
     )
     assert got.malformed > 0
+
+
+PLACEHOLDER_RULES = """\
+title: A miner, whatever the category
+id: 7c1d2e3f-0000-4000-8000-000000000001
+name: any_miner
+status: test
+logsource: {product: hpc}
+detection:
+  selection:
+    process.name|expand: '%miner_names%'
+  condition: selection
+level: low
+"""
+MINER_COUNTS = [
+    """\
+title: Miners on one host
+id: 7c1d2e3f-0000-4000-8000-000000000002
+status: test
+correlation:
+  type: event_count
+  rules: [any_miner]
+  group-by: [host.name]
+  timespan: 5m
+  condition: {gte: 2}
+level: high
+""",
+    """\
+title: One miner thrice
+id: 7c1d2e3f-0000-4000-8000-000000000003
+status: test
+correlation:
+  type: event_count
+  rules: [any_miner]
+  group-by: [process.name]
+  timespan: 5m
+  condition: {gte: 3}
+level: high
+""",
+]
+
+
+def test_the_worker_of_the_correlation_pass_has_the_configs_placeholders(
+    tmp_path, capfd, small_chunks, monkeypatch
+):
+    """A rule for every category is compiled with the worker's engine: without the config's
+    placeholder values it would warn, on the scan's stderr, that its values match nothing."""
+    rules = tmp_path / "miners.yml"
+    rules.write_text("---\n".join([PLACEHOLDER_RULES, *MINER_COUNTS]))
+    events = tmp_path / "events.jsonl"
+    lines = [
+        json.dumps(
+            {
+                "@timestamp": f"2026-12-01T10:{n // 60:02d}:{n % 60:02d}Z",
+                "event.category": "process",
+                "event.action": "exec",
+                "host.name": f"n{n % 7}",
+                "process.name": "xmrig" if n % 3 else "ls",
+                "event.id": str(n),
+            }
+        )
+        for n in range(3000)
+    ]
+    events.write_text("\n".join(lines) + "\n")
+    argv = ["scan", "--format", "jsonl", "--no-default-rules", "--rules", str(rules)]
+    serial = main([*argv, "--events", str(events), "--jobs", "1"]), capfd.readouterr()
+    monkeypatch.setattr(flush_parts, "SPLIT_MIN_FEEDS", 0)
+    received: list[int] = []
+    real_received = flush_parts._received
+
+    def counted(engine: Engine, part: flush_parts.Part, result: flush_parts.PartResult) -> list:
+        received.append(len(result.fired))
+        return real_received(engine, part, result)
+
+    monkeypatch.setattr(flush_parts, "_received", counted)
+    parallel = main([*argv, "--events", str(events), "--jobs", "2"]), capfd.readouterr()
+    assert parallel == serial
+    assert "placeholder" not in serial[1].err
+    assert len(received) == 1 and received[0] > 0  # the worker did a part
