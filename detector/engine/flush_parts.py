@@ -394,6 +394,9 @@ def _received(engine: Engine, part: Part, result: PartResult) -> list[tuple[Step
     stats: EngineStats = engine.stats
     stats.late_events += result.late_events
     stats.evicted_groups += result.evicted_groups
+    for rank in part.ranks:  # closed by the worker: left here as Correlation.flush leaves them
+        engine.correlations[rank].groups.clear()
+        engine.correlations[rank].settled_until = float("inf")
     return [
         (step, Match(rule[rule_id], tuple(events[i] for i in found), group, start, value, time))
         for step, rule_id, found, group, start, value, time in result.fired

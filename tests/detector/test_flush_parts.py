@@ -234,3 +234,17 @@ def test_a_window_closes_at_another_parts_event_time(split_always):
     submit, handed = in_process()
     assert run(stream, submit, 1, 100_000, rules) == whole
     assert handed
+
+
+def test_the_callers_engine_is_left_as_one_engines_flush_leaves_it(split_always):
+    """A worker closed its part's windows: the caller's copies of them are closed too, so
+    that a later flush (or more input) does not see them again, as after Engine.flush."""
+    stream = events(1, 1500, disorder=0.05)
+    submit, handed = in_process()
+    engine = Engine(ruleset(RULES), lateness=None, max_groups=40, sample_size=4)
+    engine.pending.max_pending = 300  # state from matches fed during the scan
+    engine.evaluate([dict(e) for e in stream])
+    assert flush_parts.flush(engine, submit, 1)
+    assert handed
+    assert [len(c.groups) for c in engine.correlations] == [0] * len(engine.correlations)
+    assert engine.flush() == []
