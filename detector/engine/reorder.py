@@ -41,8 +41,10 @@ MAX_PENDING = 200_000  # matches held at most (the default of ReorderBuffer)
 # their events' JSON at most: ~1 GB of Python dicts; 200,000 typical events are ~120 MiB
 MAX_PENDING_BYTES = 256 * 2**20
 # a live stream's (the agent's) at most: it holds matches for seconds, and the agent's whole
-# memory budget is 80 MB; a burst past this goes on early, still correlated
-MAX_LIVE_BYTES = 16 * 2**20
+# memory budget is 80 MB. Held as dicts, events take about four times their JSON (16 MiB of
+# 476-byte process events: 66 MB, by tracemalloc): this is ~16 MB of them. A burst past it
+# goes on early; a match older than those is then late, counted and reported.
+MAX_LIVE_BYTES = 4 * 2**20
 UNSIZED = 4096  # the size counted for an event orjson cannot write (never from JSON input)
 
 

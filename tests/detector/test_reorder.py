@@ -112,7 +112,9 @@ def test_a_live_stream_holds_less_and_sends_a_burst_on_early():
     for n in range(40):
         buffer.push(1000.0 + n, {"n": n, "cmd": long}, n)
     out = [payload for _, payload in buffer.due()]
-    assert out == list(range(len(out))) and buffer.forced == len(out) >= 40 - 16
+    assert (
+        out == list(range(len(out))) and buffer.forced == len(out) >= 40 - MAX_LIVE_BYTES // 2**20
+    )
     assert buffer.bytes <= MAX_LIVE_BYTES
 
 
