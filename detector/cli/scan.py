@@ -19,6 +19,7 @@ from hpcsec.detector.cli.render import footer, write_json, write_jsonl, write_ta
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import UsageError
 from hpcsec.detector.core.schema import LEVELS
+from hpcsec.detector.engine import flush_parts
 from hpcsec.detector.engine.config_names import config_name_errors
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.runtime.chunk_detect import Detect, start_workers
@@ -245,6 +246,8 @@ def _scan(
     detect = Detect.of(pipeline.ruleset, pipeline.engine) if parallel else None
     batches = sources_of(args, EventSources(config, report, workers), detect)
     store = open_store(store_path, config.retention_days)
+    if workers is not None:  # they may take a share of the correlation pass at the end
+        flush_parts.keep_fields(pipeline.engine)
     for batch in batches:
         step = pipeline.process([batch])
         if store is not None:

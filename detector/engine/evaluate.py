@@ -147,6 +147,9 @@ class Engine:
         # the correlations with a group open (the others have nothing to expire), in order
         self._open: list[Correlation] = []
         self._merged: dict[tuple[int, tuple[int, ...]], tuple[Feed, ...]] = {}
+        # fields each held match keeps a copy of, read while its event is in the CPU cache:
+        # flush_parts.py sends them to a worker (set by a scan with workers; None: none kept)
+        self.held_fields: tuple[str, ...] | None = None
         self._late_reported = 0
         detections = [r for r in ruleset.rules if r.kind == "detection"]
         filters = [r for r in ruleset.rules if r.kind == "filter"]
@@ -337,7 +340,9 @@ class Engine:
             return
         if merged:
             feeds = self._merged_feeds(slots, hits, feeds)
-        if not self.pending.push(t, event, (event, feeds)):
+        fields = self.held_fields  # what a worker would read of it (flush_parts.py)
+        values = None if fields is None else tuple(map(event.get, fields))
+        if not self.pending.push(t, event, (event, feeds, values)):
             self.stats.late_events += 1
 
     def _merged_feeds(
@@ -358,7 +363,7 @@ class Engine:
 
     def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
         """Feed the correlations the matches whose event time is settled, oldest first."""
-        for t, (event, feeds) in due:
+        for t, (event, feeds, _) in due:
             if t > self._expired_at:  # windows that closed before this event, in time order
                 self._expired_at = t
                 if t > self._settled_until:  # else _expire() has nothing to do: not called

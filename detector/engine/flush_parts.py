@@ -44,8 +44,9 @@ logger = get_logger(__name__)
 SPLIT_MIN_FEEDS = 20_000
 
 Step = tuple[int, ...]
-# one held match: its time, event and feeds (the payload Engine._hits pushes)
-Held = tuple[float, tuple[dict[str, Any], tuple[Feed, ...]]]
+# one held match: its time, event, feeds, and the values of Engine.held_fields (or None): the
+# payload Engine._hits pushes
+Held = tuple[float, tuple[dict[str, Any], tuple[Feed, ...], tuple[Any, ...] | None]]
 Route = tuple[tuple[int, Feed], ...]  # a match's feeds that go to one part, with positions
 # what a worker sends back of one alert: its step, rule id, evidence (indices into the events
 # the part was given), group, window start, value and time
@@ -63,6 +64,7 @@ class Part:
     indices: list[int] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
+    values: list[tuple[Any, ...] | None] = field(default_factory=list)  # of held_fields
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def partition(engine: Engine, held: list[Held], parts: int) -> list[Part]:
     part when there are too few feeds to split."""
     weight = [len(c.groups) for c in engine.correlations]
     feeds = 0
-    for _, (_, matched) in held:
+    for _, (_, matched, _) in held:
         for feed in matched:
             weight[feed.rank] += 1
         feeds += len(matched)
@@ -183,7 +185,7 @@ def _split(held: list[Held], parts: list[Part]) -> None:
     tuple's routes are worked out once."""
     owner = {rank: n for n, part in enumerate(parts) for rank in part.ranks}
     known: dict[int, list[tuple[Part, Route]]] = {}
-    for i, (_, (event, feeds)) in enumerate(held):
+    for i, (_, (event, feeds, values)) in enumerate(held):
         routes = known.get(id(feeds))  # alive as long as `held`: the id is not reused
         if routes is None:
             by_part: dict[int, list[tuple[int, Feed]]] = {}
@@ -194,6 +196,7 @@ def _split(held: list[Held], parts: list[Part]) -> None:
             part.indices.append(i)
             part.events.append(event)
             part.routes.append(route)
+            part.values.append(values)
 
 
 def feed_part(
@@ -256,22 +259,32 @@ def _rules_payload(engine: Engine) -> bytes | None:
         return None
 
 
-def _read_fields(correlation: Correlation) -> set[str]:
-    """The event fields `correlation` reads: its group-by (per source) and its value field."""
-    names = {name for fields in correlation.fields_by_source for name in fields}
-    field = correlation.field
-    if isinstance(field, str):
-        names.add(field)
-    elif isinstance(field, tuple):
-        names.update(field)
-    return names
+def read_fields(correlations: list[Correlation]) -> tuple[str, ...]:
+    """The event fields `correlations` read: their group-by (per source), value fields."""
+    names: set[str] = set()
+    for correlation in correlations:
+        names.update(name for fields in correlation.fields_by_source for name in fields)
+        field = correlation.field
+        if isinstance(field, str):
+            names.add(field)
+        elif isinstance(field, tuple):
+            names.update(field)
+    return tuple(sorted(names))
+
+
+def keep_fields(engine: Engine) -> None:
+    """Have each held match keep the fields a worker would read of it (Engine.held_fields),
+    taken while its event is in the CPU cache, for a scan that may split its pass: reading
+    them at the end, from events held long since, cost the scan's process a fifth of its
+    share of the pass."""
+    engine.held_fields = read_fields(engine.correlations) or None
 
 
 def _task(
     engine: Engine, part: Part, times: list[float], rules: bytes, expired_at: float
 ) -> PartTask:
     members = [engine.correlations[r] for r in part.ranks]
-    fields = tuple(sorted(set().union(*(_read_fields(c) for c in members))))
+    fields = engine.held_fields or read_fields(members)
     route_ids: list[int] = []
     routes: dict[int, Route] = {}  # by id: a part's routes are the few tuples _split made
     number: dict[int, int] = {}
@@ -298,7 +311,10 @@ def _task(
         times,
         part.indices,
         fields,
-        [tuple(map(event.get, fields)) for event in part.events],
+        [
+            kept if kept is not None else tuple(map(event.get, fields))
+            for event, kept in zip(part.events, part.values, strict=True)
+        ],
         route_ids,
         [tuple((pos, f.rank, f.source) for pos, f in route) for route in routes.values()],
         state,

@@ -88,19 +88,25 @@ def events(seed: int, count: int, disorder: float) -> list[dict[str, Any]]:
     return out
 
 
-def in_process(failing: set[int] = frozenset()) -> tuple[flush_parts.Submit, list[int]]:
+def in_process(failing: set[int] = frozenset()) -> tuple[flush_parts.Submit, list[str]]:
     """A `submit` that runs each task as a worker would (pickled both ways) in this process;
-    the tasks numbered in `failing` raise instead. Also the count of tasks handed."""
-    handed: list[int] = []
+    the tasks numbered in `failing` fail instead. Also what became of each task handed:
+    "ran" or "failed" (a task that raised in run_part appears in neither: the caller did its
+    part, and a test that expects "ran" fails)."""
+    handed: list[str] = []
+    count = 0
 
     def submit(task: flush_parts.PartTask) -> Future[flush_parts.PartResult]:
-        handed.append(len(handed))
+        nonlocal count
+        count += 1
         future: Future[flush_parts.PartResult] = Future()
-        if handed[-1] in failing:
+        if count - 1 in failing:
+            handed.append("failed")
             future.set_exception(RuntimeError("worker died"))
         else:
             result = flush_parts.run_part(pickle.loads(pickle.dumps(task)))
             future.set_result(pickle.loads(pickle.dumps(result)))
+            handed.append("ran")
         return future
 
     return submit, handed
@@ -127,8 +133,11 @@ def run(
     workers: int,
     held: int,
     rules: str = RULES,
+    keep: bool = False,
 ) -> tuple:
     engine = Engine(ruleset(rules), lateness=None, max_groups=40, sample_size=4)
+    if keep:  # as a scan with workers: each held match keeps what a worker reads
+        flush_parts.keep_fields(engine)
     engine.pending.max_pending = held
     during = []
     for start in range(0, len(stream), 50):
@@ -153,7 +162,7 @@ def test_parts_give_one_engines_alerts_in_its_order(split_always, seed, workers)
     submit, handed = in_process()
     parted = run(stream, submit, workers, held)
     assert parted == whole
-    assert len(handed) == workers  # as many parts as processes: the chains spread
+    assert handed == ["ran"] * workers  # as many parts as processes: the chains spread
     kinds = {name for name, *_ in whole[0] + whole[1]}
     assert {"gpu_once_twice", "quiet_gpus", "one_path"} <= kinds  # chains, closing windows
     assert len(whole[1]) > 20 and len({name for name, *_ in whole[1]}) > 4
@@ -180,7 +189,7 @@ def test_a_worker_that_fails_leaves_its_part_to_the_caller(split_always):
     whole = run(stream, None, 0, 300)
     submit, handed = in_process(failing={0})
     assert run(stream, submit, 2, 300) == whole
-    assert len(handed) == 2
+    assert handed == ["failed", "ran"]
 
 
 def test_a_task_that_cannot_be_handed_out_is_done_here(split_always):
@@ -233,7 +242,7 @@ def test_a_window_closes_at_another_parts_event_time(split_always):
     assert "one_path" in names[1:-1]  # closed at t=250 s, among gpu_burst's alerts
     submit, handed = in_process()
     assert run(stream, submit, 1, 100_000, rules) == whole
-    assert handed
+    assert handed == ["ran"]
 
 
 def test_the_callers_engine_is_left_as_one_engines_flush_leaves_it(split_always):
@@ -245,6 +254,18 @@ def test_the_callers_engine_is_left_as_one_engines_flush_leaves_it(split_always)
     engine.pending.max_pending = 300  # state from matches fed during the scan
     engine.evaluate([dict(e) for e in stream])
     assert flush_parts.flush(engine, submit, 1)
-    assert handed
+    assert handed == ["ran"]
     assert [len(c.groups) for c in engine.correlations] == [0] * len(engine.correlations)
     assert engine.flush() == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fields_kept_while_matching_give_the_same_alerts(split_always, seed):
+    """A scan with workers has each held match keep the fields a worker reads (taken while
+    its event is in the cache): what a worker is sent, and so its alerts, are the same."""
+    stream = events(seed, 1500, disorder=0.05)
+    held = 300 if seed % 2 else 100_000
+    whole = run(stream, None, 0, held)
+    submit, handed = in_process()
+    assert run(stream, submit, 2, held, keep=True) == whole
+    assert handed == ["ran", "ran"]
