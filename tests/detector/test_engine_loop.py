@@ -85,7 +85,7 @@ class EveryCorrelationEachTime(Engine):
         if t is None:
             self.stats.untimed_events += 1
             return
-        if not self.pending.push(t, event, (event, self._ordered(feeds))):
+        if not self.pending.push(t, event, (event, self._ordered(feeds), None)):
             self.stats.late_events += 1
 
 
