@@ -115,16 +115,10 @@ def test_workers_detect_and_the_caller_gives_the_same_output(
     assert sum(evaluated) < total  # the caller evaluated only what the workers kept
 
 
-def test_the_correlation_pass_at_the_end_is_shared_with_the_worker(
-    tmp_path, capsys, small_chunks, monkeypatch
-):
-    """The held matches' pass at the end of the input, split by chain between the caller and
-    its worker (engine/flush_parts.py): the output is still that of `--jobs 1`, and the
-    worker did its part (its alerts came back)."""
-    events = tmp_path / "events.jsonl"
-    write_sequences(events, rounds=4)
-    serial = scan(capsys, "--events", str(events), "--jobs", "1")
-    monkeypatch.setattr(flush_parts, "SPLIT_MIN_FEEDS", 0)
+@pytest.fixture
+def worker_parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The alerts each worker's part of the correlation pass at the end sent back, counted
+    (engine/flush_parts.py; `split_always` splits every pass)."""
     received: list[int] = []
     real_received = flush_parts._received
 
@@ -133,8 +127,25 @@ def test_the_correlation_pass_at_the_end_is_shared_with_the_worker(
         return real_received(engine, part, result)
 
     monkeypatch.setattr(flush_parts, "_received", counted)
+    return received
+
+
+def split_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flush_parts, "SPLIT_MIN_FEEDS", 0)
+
+
+def test_the_correlation_pass_at_the_end_is_shared_with_the_worker(
+    tmp_path, capsys, small_chunks, monkeypatch, worker_parts
+):
+    """The held matches' pass at the end of the input, split by chain between the caller and
+    its worker (engine/flush_parts.py): the output is still that of `--jobs 1`, and the
+    worker did its part (its alerts came back)."""
+    events = tmp_path / "events.jsonl"
+    write_sequences(events, rounds=4)
+    serial = scan(capsys, "--events", str(events), "--jobs", "1")
+    split_always(monkeypatch)
     assert scan(capsys, "--events", str(events), "--jobs", "2") == serial
-    assert len(received) == 1 and received[0] > 0
+    assert len(worker_parts) == 1 and worker_parts[0] > 0
     assert small_chunks == []
 
 
@@ -452,7 +463,7 @@ level: high
 
 
 def test_the_worker_of_the_correlation_pass_has_the_configs_placeholders(
-    tmp_path, capfd, small_chunks, monkeypatch
+    tmp_path, capfd, small_chunks, monkeypatch, worker_parts
 ):
     """A rule for every category is compiled with the worker's engine: without the config's
     placeholder values it would warn, on the scan's stderr, that its values match nothing."""
@@ -475,16 +486,8 @@ def test_the_worker_of_the_correlation_pass_has_the_configs_placeholders(
     events.write_text("\n".join(lines) + "\n")
     argv = ["scan", "--format", "jsonl", "--no-default-rules", "--rules", str(rules)]
     serial = main([*argv, "--events", str(events), "--jobs", "1"]), capfd.readouterr()
-    monkeypatch.setattr(flush_parts, "SPLIT_MIN_FEEDS", 0)
-    received: list[int] = []
-    real_received = flush_parts._received
-
-    def counted(engine: Engine, part: flush_parts.Part, result: flush_parts.PartResult) -> list:
-        received.append(len(result.fired))
-        return real_received(engine, part, result)
-
-    monkeypatch.setattr(flush_parts, "_received", counted)
+    split_always(monkeypatch)
     parallel = main([*argv, "--events", str(events), "--jobs", "2"]), capfd.readouterr()
     assert parallel == serial
     assert "placeholder" not in serial[1].err
-    assert len(received) == 1 and received[0] > 0  # the worker did a part
+    assert len(worker_parts) == 1 and worker_parts[0] > 0  # the worker did a part
