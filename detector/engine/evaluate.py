@@ -517,7 +517,7 @@ class Engine:
 
 
 class StepMatches(list[Match]):
-    """The matches of one part of the end-of-input pass (flush_parts.py), each with the step
+    """The matches of one part of the end-of-input pass (flush_steps.py), each with the step
     of the one-process pass that made it (`steps`): (held match, 0, rank) for windows its
     time closed, (held match, 1, feed position) for its feeds, (held matches, 2, round, rank)
     for the closing rounds. A chained match carries the step of the match it came from."""

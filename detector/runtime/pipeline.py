@@ -19,7 +19,7 @@ from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.engine import flush_parts, rulecache
+from hpcsec.detector.engine import flush_parts, part_task, rulecache
 from hpcsec.detector.engine.evaluate import Engine, Match
 from hpcsec.detector.engine.loader import load_rules, rule_paths_for
 from hpcsec.detector.engine.reorder import Clock
@@ -176,7 +176,7 @@ class Pipeline:
         if pool is None:
             return self.stage.fold(self.engine.flush())
 
-        def submit(task: flush_parts.PartTask) -> Future[flush_parts.PartResult]:
-            return pool.submit(flush_parts.run_part, task)
+        def submit(task: part_task.PartTask) -> Future[part_task.PartResult]:
+            return pool.submit(part_task.run_part, task)
 
         return self.stage.fold(flush_parts.flush(self.engine, submit, workers))

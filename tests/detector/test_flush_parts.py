@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hpcsec.detector.engine import flush_parts
+from hpcsec.detector.engine import flush_parts, part_task
 from hpcsec.detector.engine.evaluate import Engine, Match
 from tests.detector.test_engine_correlation import correlation, ev, gpu, read, ruleset
 
@@ -96,15 +96,15 @@ def in_process(failing: set[int] = frozenset()) -> tuple[flush_parts.Submit, lis
     handed: list[str] = []
     count = 0
 
-    def submit(task: flush_parts.PartTask) -> Future[flush_parts.PartResult]:
+    def submit(task: part_task.PartTask) -> Future[part_task.PartResult]:
         nonlocal count
         count += 1
-        future: Future[flush_parts.PartResult] = Future()
+        future: Future[part_task.PartResult] = Future()
         if count - 1 in failing:
             handed.append("failed")
             future.set_exception(RuntimeError("worker died"))
         else:
-            result = flush_parts.run_part(pickle.loads(pickle.dumps(task)))
+            result = part_task.run_part(pickle.loads(pickle.dumps(task)))
             future.set_result(pickle.loads(pickle.dumps(result)))
             handed.append("ran")
         return future
@@ -196,7 +196,7 @@ def test_a_task_that_cannot_be_handed_out_is_done_here(split_always):
     stream = events(4, 800, disorder=0.0)
     whole = run(stream, None, 0, 100_000)
 
-    def broken(task: flush_parts.PartTask) -> Future[flush_parts.PartResult]:
+    def broken(task: part_task.PartTask) -> Future[part_task.PartResult]:
         raise RuntimeError("cannot schedule new futures after shutdown")
 
     assert run(stream, broken, 1, 100_000) == whole

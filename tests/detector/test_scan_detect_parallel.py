@@ -21,7 +21,7 @@ from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import InputReport, read_jsonl
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.engine import flush_parts
+from hpcsec.detector.engine import flush_parts, flush_steps, part_task
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
 from hpcsec.detector.engine.ruleset import RuleSet
@@ -120,13 +120,13 @@ def worker_parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The alerts each worker's part of the correlation pass at the end sent back, counted
     (engine/flush_parts.py; `split_always` splits every pass)."""
     received: list[int] = []
-    real_received = flush_parts._received
+    real_received = flush_parts.received
 
-    def counted(engine: Engine, part: flush_parts.Part, result: flush_parts.PartResult) -> list:
+    def counted(engine: Engine, part: flush_steps.Part, result: part_task.PartResult) -> list:
         received.append(len(result.fired))
         return real_received(engine, part, result)
 
-    monkeypatch.setattr(flush_parts, "_received", counted)
+    monkeypatch.setattr(flush_parts, "received", counted)
     return received
 
 
