@@ -134,18 +134,19 @@ def split_always(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flush_parts, "SPLIT_MIN_FEEDS", 0)
 
 
-def test_the_correlation_pass_at_the_end_is_shared_with_the_worker(
-    tmp_path, capsys, small_chunks, monkeypatch, worker_parts
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_the_correlation_pass_at_the_end_is_shared_with_the_workers(
+    tmp_path, capsys, small_chunks, monkeypatch, worker_parts, jobs
 ):
     """The held matches' pass at the end of the input, split by chain between the caller and
-    its worker (engine/flush_parts.py): the output is still that of `--jobs 1`, and the
-    worker did its part (its alerts came back)."""
+    its workers (engine/flush_parts.py): the output is still that of `--jobs 1`, and each
+    worker did a part (its alerts came back)."""
     events = tmp_path / "events.jsonl"
     write_sequences(events, rounds=4)
     serial = scan(capsys, "--events", str(events), "--jobs", "1")
     split_always(monkeypatch)
-    assert scan(capsys, "--events", str(events), "--jobs", "2") == serial
-    assert len(worker_parts) == 1 and worker_parts[0] > 0
+    assert scan(capsys, "--events", str(events), "--jobs", str(jobs)) == serial
+    assert len(worker_parts) == jobs - 1 and all(worker_parts)
     assert small_chunks == []
 
 
