@@ -363,11 +363,9 @@ class Engine:
 
     def _release(self, due: Iterable[tuple[float, Any]], out: list[Match]) -> None:
         """Feed the correlations the matches whose event time is settled, oldest first."""
+        release_time = self.release_time
         for t, (event, feeds, _) in due:
-            if t > self._expired_at:  # windows that closed before this event, in time order
-                self._expired_at = t
-                if t > self._settled_until:  # else _expire() has nothing to do: not called
-                    self._expire(t, out)
+            release_time(t, out)  # windows that closed before this event, in time order
             evidence = (event,)
             for feed in feeds:  # _feed, inline: once or twice for each match released
                 correlation = feed.correlation
@@ -508,7 +506,7 @@ class Engine:
         that ended before `t`."""
         if t > self._expired_at:
             self._expired_at = t
-            if t > self._settled_until:
+            if t > self._settled_until:  # else _expire() has nothing to do: not called
                 self._expire(t, out)
 
     def feed_one(self, feed: Feed, event: dict[str, Any], t: float, out: list[Match]) -> None:
