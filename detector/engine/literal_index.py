@@ -58,6 +58,19 @@ def probe_texts(value: Any) -> Sequence[str]:
 MEMO_MAX = 1024
 MEMO_TEXT_MAX = 128
 MEMO_TOTAL_MAX = 32768
+# Remembering costs too: a memo rarely asked again is paid for at every text it stores (a
+# third of the index's time under a flood of new values: `bench sigmahq`, unique values). So
+# each memo is judged when it is forgotten, the first time once it holds MEMO_JUDGED_MIN
+# texts: one that answered fewer than one in MEMO_WORTH of the texts it held remembers only
+# every MEMO_STRIDE-th text after, and is judged again at MEMO_JUDGED_MIN. A text repeated
+# often is still met in memory; once MEMO_SAMPLE_MIN of the sample are asked again as often
+# as that, or at the next judgment, the field remembers every text again (up to MEMO_MAX). A
+# node can only make the index remember less: at worst every text is probed anew, which a
+# flood of new values costs anyway.
+MEMO_JUDGED_MIN = 256
+MEMO_WORTH = 4
+MEMO_STRIDE = 8
+MEMO_SAMPLE_MIN = 32  # a sample asked again as often as that remembers every text at once
 NO_RULES: frozenset[int] = frozenset()
 # Up to this many substring literals, a field tests each with `in`; more go into one
 # Aho-Corasick automaton, whose scan costs about a microsecond however few it holds.
@@ -87,7 +100,7 @@ class MemoBudget:
         (once every `limit` texts, so O(1) a text amortised)."""
         if self.used >= self.limit:
             for holder in list(self.holders):
-                holder.memo.clear()
+                holder.forget()
             self.holders.clear()
             self.used = 0
         if not field.memo:
@@ -97,7 +110,7 @@ class MemoBudget:
     def forget(self, field: FieldIndex) -> None:
         """Forget the texts of one field's memo."""
         self.used -= len(field.memo)
-        field.memo.clear()
+        field.forget()
 
 
 MEMOS = MemoBudget(MEMO_TOTAL_MAX)
@@ -113,9 +126,13 @@ class FieldIndex:
         "exact",
         "few",
         "field",
+        "hits",
         "memo",
         "pattern_rules",
         "patterns",
+        "room",
+        "skip",
+        "stride",
     )
 
     def __init__(self, field: str, keys: dict[tuple[str, str], set[int]]):
@@ -144,6 +161,10 @@ class FieldIndex:
         self.patterns = PatternSet(list(patterns)) if patterns else None
         self.pattern_rules = tuple(patterns.values())
         self.memo: dict[str, frozenset[int]] = {}
+        self.hits = 0  # texts the memo answered since it was last forgotten
+        self.stride = 1  # remember one text in `stride` (MEMO_STRIDE when it paid little)
+        self.skip = 1  # texts to go until the next one remembered
+        self.room = MEMO_JUDGED_MIN  # texts it holds before it is forgotten (and judged)
 
     def probe_text(self, text: str, found: set[int]) -> None:
         """Add the rules whose keys a text shows (its literals case-folded, its patterns as
@@ -155,10 +176,30 @@ class FieldIndex:
         if own:
             found |= own
         if len(text) <= MEMO_TEXT_MAX:
-            if len(self.memo) >= MEMO_MAX:  # forget all at once: O(1) a text, whatever comes
+            self.skip -= 1
+            if self.skip:
+                return
+            self.skip = self.stride
+            if len(self.memo) >= self.room:  # forget all at once: O(1) a text, whatever comes
                 MEMOS.forget(self)
+            elif self.stride > 1 and self.hits * MEMO_WORTH >= len(self.memo) >= MEMO_SAMPLE_MIN:
+                self.stride = self.skip = 1  # its sample is asked again: its values repeat
+                self.room = MEMO_MAX
             MEMOS.take(self)
             self.memo[text] = frozenset(own) if own else NO_RULES
+
+    def forget(self) -> None:
+        """Forget what the memo holds (MemoBudget says when), judging first what it was
+        worth: one rarely asked again remembers one text in MEMO_STRIDE from now on, until
+        it is worth more."""
+        stored = len(self.memo)
+        if stored >= MEMO_JUDGED_MIN:
+            paid = self.hits * MEMO_WORTH >= stored
+            self.stride = 1 if paid else MEMO_STRIDE
+            self.room = MEMO_MAX if paid else MEMO_JUDGED_MIN
+            self.skip = min(self.skip, self.stride)
+        self.hits = 0
+        self.memo.clear()
 
     def collect_patterns(self, text: str, found: set[int]) -> None:
         """The rules of the patterns found in the text as it is (not case-folded)."""
@@ -309,8 +350,10 @@ class LiteralIndex:
                 rules = index.memo.get(value)
                 if rules is None:
                     index.probe_text(value, found)
-                elif rules:
-                    found |= rules
+                else:
+                    index.hits += 1
+                    if rules:
+                        found |= rules
             elif value.__class__ is not dict:  # keywords skip objects; no string test reads one
                 for text in probe_texts(value):
                     index.collect(text, found)

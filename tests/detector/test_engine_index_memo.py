@@ -1,6 +1,7 @@
 """What the literal index remembers of the texts it has probed stays bounded for the whole
-process (MEMO_TOTAL_MAX), whatever a node floods it with, and forgetting never changes the
-candidates an event gets."""
+process (MEMO_TOTAL_MAX), whatever a node floods it with; a memo rarely asked again remembers
+only a sample of its texts until its values repeat again; and neither forgetting nor sampling
+ever changes the candidates an event gets."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 
 from hpcsec.detector.engine import literal_index
 from hpcsec.detector.engine.literal_index import (
+    MEMO_JUDGED_MIN,
     MEMO_MAX,
+    MEMO_SAMPLE_MIN,
+    MEMO_STRIDE,
     MEMO_TEXT_MAX,
     MEMO_TOTAL_MAX,
     LiteralIndex,
@@ -83,3 +87,71 @@ def test_a_discarded_index_is_freed_with_its_memo(fresh_budget: MemoBudget):
     del index
     gc.collect()
     assert len(fresh_budget.holders) == 0
+
+
+def test_a_memo_rarely_asked_again_remembers_only_one_text_in_a_stride():
+    index = many_fields_index(1)
+    field = index.fields["f0"]
+    for n in range(MEMO_JUDGED_MIN):  # a first memo's worth of new texts: all remembered
+        index.candidates({"f0": f"new {n}"})
+    assert len(field.memo) == MEMO_JUDGED_MIN
+    flood = MEMO_STRIDE * 100
+    for n in range(flood):
+        index.candidates({"f0": f"newer {n}"})
+    # judged at the next text: asked again for none of them, it now keeps one in a stride
+    assert field.stride == MEMO_STRIDE
+    assert len(field.memo) <= flood // MEMO_STRIDE + 1
+    assert sum(f"newer {n}" in field.memo for n in range(flood)) == len(field.memo)
+
+
+def test_values_that_repeat_again_are_all_remembered_again():
+    index = many_fields_index(1)
+    field = index.fields["f0"]
+    for n in range(MEMO_STRIDE * MEMO_JUDGED_MIN):
+        index.candidates({"f0": f"flood {n}"})
+    assert field.stride == MEMO_STRIDE
+    users = [f"user{n}" for n in range(2 * MEMO_JUDGED_MIN)]  # more than a sampled memo holds
+    for _round in range(2 * MEMO_STRIDE):
+        for user in users:
+            index.candidates({"f0": user})
+    assert field.stride == 1
+    before = field.hits
+    for user in users:
+        index.candidates({"f0": user})
+    assert field.hits == before + len(users)  # every one answered from memory
+
+
+def test_a_field_whose_values_repeat_is_never_sampled():
+    index = many_fields_index(1)
+    field = index.fields["f0"]
+    for n in range(4 * MEMO_MAX):
+        index.candidates({"f0": f"host{n % 100}"})
+        index.candidates({"f0": f"job {n}"})  # half new: still asked again as often
+    assert field.stride == 1
+
+
+def test_sampling_never_changes_the_candidates():
+    index = many_fields_index(2)
+    for n in range(MEMO_STRIDE * MEMO_JUDGED_MIN * 2):
+        assert index.candidates({"f0": f"x{n}"}) == set()
+        if n % 7 == 0:
+            assert index.candidates({"f0": f"x{n} EVIL"}) == {0}
+            assert index.candidates({"f0": "evil", "f1": f"an evil {n}"}) == {0, 1}
+            assert index.candidates({"f0": f"x{n}"}) == set()
+    assert index.fields["f0"].stride == MEMO_STRIDE
+
+
+def test_a_sample_asked_again_makes_the_field_remember_every_text_at_once():
+    index = many_fields_index(1)
+    field = index.fields["f0"]
+    for n in range(MEMO_JUDGED_MIN + 1):  # judged at the last: the memo starts anew, sampled
+        index.candidates({"f0": f"flood {n}"})
+    assert field.stride == MEMO_STRIDE
+    assert len(field.memo) == 1
+    hosts = [f"node{n:03}" for n in range(MEMO_SAMPLE_MIN + 8)]  # too few to fill the memo
+    for _round in range(4 * MEMO_STRIDE):
+        for host in hosts:
+            index.candidates({"f0": host})
+    assert field.stride == 1
+    index.candidates({"f0": "a new one"})
+    assert "a new one" in field.memo
