@@ -366,3 +366,38 @@ def test_a_load_whose_parser_cannot_be_imported_stops_its_workers(
     assert len(started) == 1 and started[0] is not None
     with pytest.raises(RuntimeError, match="shutdown"):
         started[0].pool.submit(int)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_load_stops_its_workers_without_waiting_for_their_exit(tmp_path, monkeypatch, cached):
+    """With every result in, a worker's exit (its interpreter's teardown) is no work of the
+    load's: the caller goes on while the pool reaps it."""
+    for n in range(4):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    shutdowns: list[dict[str, bool]] = []
+    started: list[coldpool.Workers | None] = []
+    real_start = coldpool.start_workers
+
+    def start(files: int) -> coldpool.Workers | None:
+        workers = real_start(files)
+        assert workers is not None
+        real_shutdown = workers.pool.shutdown
+
+        def shutdown(wait: bool = True, *, cancel_futures: bool = False) -> None:
+            shutdowns.append({"wait": wait, "cancel_futures": cancel_futures})
+            real_shutdown(wait=wait, cancel_futures=cancel_futures)
+
+        monkeypatch.setattr(workers.pool, "shutdown", shutdown)
+        started.append(workers)
+        return workers
+
+    monkeypatch.setattr(coldpool, "start_workers", start)
+    cache = tmp_path / "c" if cached else None
+    loaded = load_rules([tmp_path], with_tests=False, cache=cache)
+    assert summary(loaded) == summary(serial)
+    assert len(started) == 1 and shutdowns == [{"wait": False, "cancel_futures": True}]
+    with pytest.raises(RuntimeError, match="shutdown"):
+        started[0].pool.submit(int)  # stopped all the same
