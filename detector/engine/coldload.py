@@ -164,12 +164,22 @@ def parse_entry(
 ) -> bytes | None:
     """One file parsed into a rule cache entry (rulecache.encode); None when a rule's object
     cannot be pickled (the caller then parses the file itself)."""
+    return parse_entry_here(path, data, threshold_values)[0]
+
+
+def parse_entry_here(
+    path: Path, data: bytes | None, threshold_values: Mapping[str, Any] | None
+) -> tuple[bytes, rulecache.FileEntry] | tuple[None, None]:
+    """`parse_entry`, with the entry as rulecache.decode_entry would read it back (not
+    unpickled again: that was a sixth of a cold load's CPU per file)."""
     part = RuleSet()
     load_file(path, part, threshold_values, "", data)
     try:
-        return rulecache.encode(part, [correlation_rules.references_of(r) for r in part.rules])
+        return rulecache.encode_entry(
+            part, [correlation_rules.references_of(r) for r in part.rules]
+        )
     except (pickle.PicklingError, RecursionError, TypeError, AttributeError):
-        return None
+        return None, None
 
 
 @gc_paused()

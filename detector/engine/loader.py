@@ -115,10 +115,11 @@ def load_rules(
     parsed, and the rules come back lazy (ruleset.LoadedRule).
     """
     ruleset = RuleSet()
-    sources = rule_sources([bundled_rules_dir()] if paths is None else paths, ruleset.errors)
+    roots = [bundled_rules_dir()] if paths is None else paths
+    sources = rule_sources(roots, ruleset.errors)
     if ruleset.errors and not collect_errors:
         raise ruleset.errors[0]
-    if cache is None or not _load_through_cache(ruleset, sources, threshold_values, cache):
+    if cache is None or not _load_through_cache(ruleset, sources, roots, threshold_values, cache):
         # on a cache miss only (see the module's docstring), the workers first: they import
         # the parser while this process does
         from hpcsec.detector.engine.coldpool import start_workers, stopped_on_error
@@ -141,19 +142,24 @@ def load_rules(
 def _load_through_cache(
     ruleset: RuleSet,
     sources: Mapping[Path, str],
+    roots: Sequence[str | Path],
     threshold_values: Mapping[str, Any] | None,
     directory: Path,
 ) -> bool:
-    """Add the rules of `sources` from their cache entries, parsing (and caching) only the
-    files without one, then run the checks across files (crossfile.py); False when the cache
-    cannot be used (not private, code unreadable) and nothing was added."""
+    """Add the rules of `sources` (the files under `roots`) from their entries in the pack of
+    `roots`, parsing only the files without one and then rewriting the pack, then run the
+    checks across files (crossfile.py); False when the cache cannot be used (not private,
+    code unreadable) and nothing was added."""
     fingerprint = rulecache.fingerprint()
     with rulecache.CacheDir(directory, create=True) as cache:
         if fingerprint is None or cache.fd is None:
             return False
+        name = rulecache.pack_name(roots)
+        pack = cache.read_pack(name)
         keys: dict[Path, str | None] = {}
         datas: dict[Path, bytes | None] = {}
         found: dict[Path, rulecache.FileEntry | None] = {}
+        stored: dict[str, bytes | memoryview] = {}  # the entries the pack will hold
         for path in sources:
             data = datas[path] = rulecache.read_file(path)
             key = keys[path] = (
@@ -161,7 +167,10 @@ def _load_through_cache(
                 if data is None
                 else rulecache.file_key(fingerprint, path, data, threshold_values)
             )
-            found[path] = cache.read(key) if key is not None else None
+            entry = pack.get(key) if key is not None else None
+            found[path] = rulecache.decode_stored(entry) if entry is not None else None
+            if found[path] is not None and key is not None and entry is not None:
+                stored[key] = entry
         missing = [path for path in sources if found[path] is None]
         if missing:
             # on a miss only (see the module's docstring), the workers first (as above)
@@ -169,24 +178,35 @@ def _load_through_cache(
 
             workers = start_workers(len(missing))
             with stopped_on_error(workers):  # from here on, in_parallel owns the workers
-                from hpcsec.detector.engine.coldload import in_parallel, parse_entry
+                from hpcsec.detector.engine.coldload import in_parallel, parse_entry_here
 
-            def store(path: Path, entry: bytes | None) -> rulecache.FileEntry | None:
+            def store(
+                path: Path, entry: bytes | None, decoded: rulecache.FileEntry | None
+            ) -> rulecache.FileEntry | None:
                 key = keys[path]
                 if entry is not None and key is not None:
-                    cache.write(key, entry)
-                return rulecache.decode_entry(entry) if entry is not None else None
+                    stored[key] = entry
+                return decoded
 
-            # a worker's entries are written as they arrive, while it parses the next files
             parsed = in_parallel(
                 [(p, datas[p]) for p in missing],
                 threshold_values,
-                lambda path, data: store(path, parse_entry(path, data, threshold_values)),
-                lambda path, _, entry: store(path, entry),
+                lambda path, data: store(path, *parse_entry_here(path, data, threshold_values)),
+                lambda path, _, entry: store(
+                    path, entry, rulecache.decode_entry(entry) if entry is not None else None
+                ),
                 workers,
             )
             found.update(zip(missing, parsed, strict=True))
-            cache.prune({k for k in keys.values() if k is not None})
+        # entries of files changed or no longer loaded, the latest first: a few are kept, as
+        # a change may be undone
+        gone = [key for key in pack if key not in stored]
+        if missing or len(gone) > rulecache.SPARE_ENTRIES:
+            stored.update((key, pack[key]) for key in gone[: rulecache.SPARE_ENTRIES])
+            cache.write_pack(name, stored)
+            cache.prune(name)
+        else:
+            cache.touch(name)
     references = _assemble(ruleset, sources, found, datas, threshold_values)
     crossfile.drop_duplicate_ids(ruleset, references)
     crossfile.check_references(ruleset, references)

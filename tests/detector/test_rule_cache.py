@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpcsec.detector.engine import rulecache
 from hpcsec.detector.engine.loader import load_rules
 
 RULE = """title: cached
@@ -29,6 +30,13 @@ def entries(cache: Path) -> list[Path]:
     return sorted(p for p in cache.iterdir() if not p.name.startswith("."))
 
 
+def stored(cache: Path, rules: Path) -> list[str]:
+    """The keys of the entries in the pack of a load of `rules`, each one whole."""
+    pack = rulecache.read(cache, [rules])
+    assert None not in pack.values()
+    return list(pack)
+
+
 def names(ruleset) -> list[str]:
     return [
         str(r.sigma.detection.detections["sel"].detection_items[0].value[0]) for r in ruleset.rules
@@ -40,30 +48,34 @@ def test_second_load_reads_the_entry_and_any_change_makes_a_new_one(tmp_path):
     rules = write_rule(tmp_path / "r.yml", "nc")
     first = load_rules([rules], with_tests=False, cache=cache)
     assert names(first) == ["nc"]
-    assert len(entries(cache)) == 1
+    assert [p.name for p in entries(cache)] == [rulecache.pack_name([rules])]
     assert cache.stat().st_mode & 0o777 == 0o700
-    entry = entries(cache)[0]
-    assert entry.stat().st_mode & 0o777 == 0o600
+    pack = entries(cache)[0]
+    assert pack.stat().st_mode & 0o777 == 0o600
+    assert len(stored(cache, rules)) == 1
+    written = pack.stat().st_ino
     again = load_rules([rules], with_tests=False, cache=cache)
     assert names(again) == ["nc"] and len(entries(cache)) == 1
+    assert pack.stat().st_ino == written  # read, not written again
     write_rule(rules, "ncat")  # a rule file change
     assert names(load_rules([rules], with_tests=False, cache=cache)) == ["ncat"]
+    assert len(stored(cache, rules)) == 2  # the old entry is kept: an edit may be undone
     load_rules([rules], with_tests=False, cache=cache, threshold_values={"limit": 9})
-    assert len(entries(cache)) == 3  # and a threshold change: a key of its own
+    assert len(stored(cache, rules)) == 3  # and a threshold change: a key of its own
+    assert len(entries(cache)) == 1  # all in the one pack of these rules
 
 
-def test_a_corrupt_entry_is_ignored_and_rebuilt(tmp_path):
+def test_a_corrupt_pack_is_ignored_and_rebuilt(tmp_path):
     cache = tmp_path / "hpcsec"
     rules = write_rule(tmp_path / "r.yml", "nc")
     load_rules([rules], with_tests=False, cache=cache)
-    entry = entries(cache)[0]
-    entry.write_bytes(b"\x80\x05not a pickle")
-    assert names(load_rules([rules], with_tests=False, cache=cache)) == ["nc"]
-    assert entry.read_bytes().startswith(b"\x80")  # rewritten whole
-    assert names(load_rules([rules], with_tests=False, cache=cache)) == ["nc"]
-    entry.write_bytes(b"")  # truncated
-    assert names(load_rules([rules], with_tests=False, cache=cache)) == ["nc"]
-    assert entry.stat().st_size > 0
+    pack = entries(cache)[0]
+    whole = pack.read_bytes()
+    for damaged in (b"\x80\x05not a pack", b"", whole[:-1], whole + b"x", whole[:30]):
+        pack.write_bytes(damaged)
+        assert rulecache.read(cache, [rules]) == {}  # the index does not hold: no entry
+        assert names(load_rules([rules], with_tests=False, cache=cache)) == ["nc"]
+        assert pack.read_bytes() == whole  # rewritten whole
 
 
 def test_a_cache_that_is_not_private_or_is_a_symlink_is_not_used(tmp_path):

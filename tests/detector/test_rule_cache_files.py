@@ -1,6 +1,7 @@
-"""The rule cache keeps one entry per rule file (engine/rulecache.py): a load parses only the
-files that changed, the checks across files run over the assembled set at every load with the
-errors a parse gives, and old entries do not pile up."""
+"""The rule cache keeps one entry per rule file (engine/rulecache.py), in one pack per rule
+paths: a load parses only the files that changed, the checks across files run over the
+assembled set at every load with the errors a parse gives, and old entries and packs do not
+pile up."""
 
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def entries(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
 
 
+def stored(cache: Path, roots: list[Path]) -> set[str]:
+    """The keys of the entries the pack of `roots` holds."""
+    return set(rulecache.read(cache, roots))
+
+
+def key_of(path: Path, thresholds: dict[str, int] | None = None) -> str:
+    return rulecache.file_key(rulecache.fingerprint() or b"", path, path.read_bytes(), thresholds)
+
+
 @pytest.fixture
 def parsed(monkeypatch) -> list[str]:
     """The files load_file parses in this process (the real one runs; a spawned worker
@@ -80,7 +90,8 @@ def test_only_the_changed_file_is_parsed_and_the_set_is_the_parsed_one(tmp_path,
     cache = tmp_path / "hpcsec"
     load_rules([tmp_path], with_tests=False, cache=cache)
     assert sorted(parsed) == ["r0.yml", "r1.yml", "r2.yml", "r3.yml"]
-    assert len(entries(cache)) == 4
+    assert entries(cache) == [rulecache.pack_name([tmp_path])]
+    assert stored(cache, [tmp_path]) == {key_of(f) for f in files}
     parsed.clear()
     write(files[2], 2, value="ncat")
     loaded = load_rules([tmp_path], with_tests=False, cache=cache)
@@ -147,25 +158,66 @@ def test_a_correlation_whose_rule_went_away_in_another_file_fails_from_its_entry
     ]
 
 
-def test_old_entries_are_pruned_to_a_bound_and_the_current_ones_kept(tmp_path, monkeypatch):
+def test_a_pack_keeps_the_latest_spare_entries_and_the_current_ones(tmp_path, monkeypatch, parsed):
     monkeypatch.setattr(rulecache, "SPARE_ENTRIES", 2)
     rules = tmp_path / "rules"
     rules.mkdir()
-    write(rules / "steady.yml", 1)
+    steady = write(rules / "steady.yml", 1)
     edited = rules / "edited.yml"
+    cache = tmp_path / "hpcsec"
+    keys = []
+    for n in range(6):
+        write(edited, 2, value=f"tool{n}")
+        keys.append(key_of(edited))
+        load_rules([rules], with_tests=False, cache=cache)
+        assert stored(cache, [rules]) == {key_of(steady), *keys[-3:]}  # current + 2 latest
+    pack = cache / rulecache.pack_name([rules])
+    written = pack.stat().st_ino
+    parsed.clear()
+    write(edited, 2, value="tool4")  # an edit undone: its entry is still there
+    load_rules([rules], with_tests=False, cache=cache)
+    assert parsed == []
+    assert pack.stat().st_ino == written  # 2 entries of no file: within the spares, unwritten
+    steady_key = key_of(steady)
+    steady.unlink()  # one more: the pack is written again with the 2 latest
+    load_rules([rules], with_tests=False, cache=cache)
+    assert pack.stat().st_ino != written
+    assert stored(cache, [rules]) == {keys[4], keys[5], steady_key}
+
+
+def test_packs_beyond_the_bound_and_old_entry_files_are_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(rulecache, "MAX_PACKS", 3)
     cache = tmp_path / "hpcsec"
     cache.mkdir(mode=0o700)
     (cache / "config-entry").write_bytes(b"another cache's")  # not the rule cache's to remove
-    for n in range(12):
-        write(edited, 2, value=f"tool{n}")
-        load_rules([rules], with_tests=False, cache=cache)
-        assert len(entries(cache)) <= 2 * 2 + 2 + 1
-    assert (cache / "config-entry").exists()
-    current = {
-        rulecache.file_key(rulecache.fingerprint() or b"", p, p.read_bytes(), None)
-        for p in (rules / "steady.yml", edited)
-    }
-    assert current <= set(entries(cache))
+    (cache / f"{rulecache.OLD_ENTRY_PREFIX}{'0' * 64}").write_bytes(b"an earlier version's")
+    files = [write(tmp_path / f"r{n}.yml", n) for n in range(6)]
+    load_rules([files[0]], with_tests=False, cache=cache)
+    assert entries(cache) == ["config-entry", rulecache.pack_name(files[:1])]
+    for n, file in enumerate(files[1:], 1):
+        time.sleep(0.01)  # mtimes apart
+        load_rules([file], with_tests=False, cache=cache)
+        if n == 3:
+            time.sleep(0.01)
+            load_rules([files[1]], with_tests=False, cache=cache)  # read: used again
+    assert entries(cache) == sorted(
+        ["config-entry", *(rulecache.pack_name([files[n]]) for n in (1, 4, 5))]
+    )
+
+
+def test_one_pack_serves_the_paths_in_any_order_and_spelling(tmp_path, parsed):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for n, directory in enumerate((one, two)):
+        directory.mkdir()
+        write(directory / "r.yml", n)
+    cache = tmp_path / "hpcsec"
+    load_rules([one, two], with_tests=False, cache=cache)
+    parsed.clear()
+    load_rules([two, f"{one}/", one], with_tests=False, cache=cache)
+    assert parsed == []
+    assert entries(cache) == [rulecache.pack_name([one, two])]
+    load_rules([one], with_tests=False, cache=cache)  # other paths: a pack of their own
+    assert len(entries(cache)) == 2
 
 
 def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(

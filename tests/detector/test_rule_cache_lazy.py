@@ -159,15 +159,16 @@ def test_config_check_finds_a_misspelled_list_from_cached_headers(tmp_path):
 def test_a_damaged_entry_fails_its_checksum_and_is_rebuilt(tmp_path, rules_file):
     cache = tmp_path / "hpcsec"
     load_rules([rules_file], with_tests=False, cache=cache)
-    (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
-    data = bytearray(entry.read_bytes())
+    (pack,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    data = bytearray(pack.read_bytes())
     at = data.index(b"xmrig")  # inside a rule's pickled object, past the headers
     data[at : at + 5] = b"xmrog"
-    entry.write_bytes(bytes(data))
-    assert rulecache.read(cache, entry.name) is None  # the checksum no longer holds
+    pack.write_bytes(bytes(data))
+    (entry,) = rulecache.read(cache, [rules_file]).values()
+    assert entry is None  # the pack's index holds, the entry's checksum no longer does
     again = load_rules([rules_file], with_tests=False, cache=cache)
     assert matched(Engine(again)) == sorted(r.id for r in again.rules)  # xmrig fires again
-    assert b"xmrig" in entry.read_bytes()  # rewritten whole
+    assert b"xmrig" in pack.read_bytes() and b"xmrog" not in pack.read_bytes()  # rewritten
 
 
 def forged(ruleset: RuleSet, broken: int) -> RuleSet:
@@ -295,3 +296,26 @@ def test_the_cache_key_reads_versions_as_importlib_metadata_does(name):
     except importlib.metadata.PackageNotFoundError:
         expected = "-"
     assert rulecache.installed_version(name) == expected
+
+
+def test_an_entry_made_here_is_the_one_its_bytes_read_back_with_objects_unread(tmp_path):
+    """What the loading process keeps of a file it parsed for the cache (coldload's
+    parse_entry_here) is what a later load reads from the cache: lazy rules, their errors
+    and references alike."""
+    from hpcsec.detector.engine.coldload import parse_entry_here
+
+    path = tmp_path / "rules.yml"
+    path.write_text(RULES + "---\ntitle: broken\nlogsource: {category: process}\ndetection: 5\n")
+    data, here = parse_entry_here(path, None, None)
+    assert data is not None and here is not None
+    back = rulecache.decode_entry(data)
+    assert back is not None
+    assert not any(r.sigma_loaded for r in here.ruleset.rules)
+    assert here.references == back.references
+    assert [str(e) for e in here.ruleset.errors] == [str(e) for e in back.ruleset.errors]
+    assert len(here.ruleset.errors) == 1 and f"{path}:" in str(here.ruleset.errors[0])
+    assert here.ruleset.files == back.ruleset.files == [str(path)]
+    assert here.ruleset.rules == back.ruleset.rules  # headers, places and pySigma objects
+    assert [tuple(r.header) for r in here.ruleset.rules] == [
+        tuple(r.header) for r in back.ruleset.rules
+    ]
