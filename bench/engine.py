@@ -228,13 +228,16 @@ def sql_queries(ruleset: RuleSet, placeholders: dict[str, list]) -> list[tuple[s
     backend = sqliteBackend(processing_pipeline=pipeline)
     queries = []
     for rule in ruleset.rules:
-        if rule.kind != "detection" or (rule.sigma.logsource.product or "") != "hpc":
+        # the header's logsource: a rule routed to a category of its own (bench sigmahq) keeps
+        # its pySigma object's
+        header = rule.header
+        if rule.kind != "detection" or (header.product or "") != "hpc":
             continue
         sigma = copy.deepcopy(rule.sigma)
         sigma._backreferences, sigma._output = [], True
         for query in backend.convert(SigmaCollection([sigma])):
             where = query.split(" WHERE ", 1)[1]
-            queries.append((rule.id, sigma.logsource.category, where))
+            queries.append((rule.id, header.category, where))
     return queries
 
 
