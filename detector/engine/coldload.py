@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hpcsec.detector.core.errors import HpcsecError, RuleError, location
+from hpcsec.detector.core.switching import quick_thread_switches
 from hpcsec.detector.core.yamlsrc import decode_source, iter_documents, load_documents
 from hpcsec.detector.engine import correlation_rules, crossfile, rulecache, ruletests, thresholds
 from hpcsec.detector.engine.coldpool import (
@@ -190,6 +191,7 @@ def _parse_group(
 
 
 @gc_paused()
+@quick_thread_switches()  # the pool's threads pass tasks and results while this one parses
 def in_parallel(
     items: Sequence[tuple[Path, bytes | None]],
     threshold_values: Mapping[str, Any] | None,

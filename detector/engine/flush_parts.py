@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from hpcsec.detector.core.log import get_logger
+from hpcsec.detector.core.switching import quick_thread_switches
 from hpcsec.detector.engine.evaluate import Engine, Feed, Match
 from hpcsec.detector.engine.flush_steps import Held, Part, Route, merged, read_fields, run_here
 from hpcsec.detector.engine.part_task import PartResult, PartTask, received, rules_payload, task_for
@@ -34,6 +35,7 @@ SPLIT_MIN_FEEDS = 20_000
 Submit = Callable[[PartTask], "Future[PartResult] | None"]
 
 
+@quick_thread_switches()  # the pool's threads send parts while this process does its own
 def flush(engine: Engine, submit: Submit | None, workers: int) -> list[Match]:
     """`engine.flush()`, its correlations split into up to `workers + 1` parts when the held
     matches feed at least SPLIT_MIN_FEEDS times: the caller does the first, `submit` hands

@@ -36,6 +36,7 @@ from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.eventio import InputReport, bounded_lines, read_jsonl_blocks, skip_line
 from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event
+from hpcsec.detector.core.switching import quick_thread_switches
 from hpcsec.detector.enrich.enricher import apply_policy
 from hpcsec.detector.enrich.policy import apply_fleet_majority
 
@@ -214,6 +215,8 @@ def in_file_order(
     ahead = workers * AHEAD_PER_WORKER + 1
     with contextlib.ExitStack() as owned:
         executor = pool if pool is not None else owned.enter_context(new_pool(workers))
+        # the pool's threads pass chunks and results while this one parses and evaluates
+        owned.enter_context(quick_thread_switches())
         window: deque[Slot] = deque()
         handed_out = 0  # slots of the window handed to the workers (done or not)
 
