@@ -602,3 +602,29 @@ def test_pending_is_true_until_started_then_follows_the_queue():
     assert sensor.pending() is True
     watch._errors, watch.restarts = 0, 1  # a restarted responder is reported promptly
     assert sensor.pending() is True
+
+
+@root_only
+def test_a_running_watch_keeps_thread_switches_quick_and_puts_them_back(shared_dir):
+    """An open waits for the reader thread: while the watch runs, a thread of the agent that
+    computes must let it have the GIL at once (bench file_access: 16 ms an open at the
+    default interval while one computes, 1 ms so)."""
+    import sys
+
+    from hpcsec.detector.core.switching import QUICK_SWITCH_S
+    from hpcsec.sensors.file_access import fanwatch
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        ctx = NodeTree(shared_dir / "ctx").context(watch=[str(shared_dir)], stream=True)
+        watch = fanwatch.FanotifyWatch.start(ctx, [str(shared_dir)], lambda p: True, Folder())
+        try:
+            assert sys.getswitchinterval() == pytest.approx(QUICK_SWITCH_S)
+        finally:
+            watch.stop()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        watch.stop()  # stopped twice: nothing more to put back
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+    finally:
+        sys.setswitchinterval(before)
