@@ -171,8 +171,8 @@ def parse_entry(
 def parse_entry_here(
     path: Path, data: bytes | None, threshold_values: Mapping[str, Any] | None
 ) -> tuple[bytes, rulecache.FileEntry] | tuple[None, None]:
-    """`parse_entry`, with the entry as rulecache.decode_entry would read it back (not
-    unpickled again: that was a sixth of a cold load's CPU per file)."""
+    """`parse_entry`, with the entry as rulecache.decode_entry would read it back, made
+    without unpickling it again (0.17 ms a SigmaHQ file: bench rule_load --phases)."""
     part = RuleSet()
     load_file(path, part, threshold_values, "", data)
     try:

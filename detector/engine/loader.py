@@ -160,6 +160,7 @@ def _load_through_cache(
         datas: dict[Path, bytes | None] = {}
         found: dict[Path, rulecache.FileEntry | None] = {}
         stored: dict[str, bytes | memoryview] = {}  # the entries the pack will hold
+        added = 0  # of them, entries made by this load
         for path in sources:
             data = datas[path] = rulecache.read_file(path)
             key = keys[path] = (
@@ -183,9 +184,11 @@ def _load_through_cache(
             def store(
                 path: Path, entry: bytes | None, decoded: rulecache.FileEntry | None
             ) -> rulecache.FileEntry | None:
+                nonlocal added
                 key = keys[path]
                 if entry is not None and key is not None:
                     stored[key] = entry
+                    added += 1
                 return decoded
 
             parsed = in_parallel(
@@ -199,9 +202,10 @@ def _load_through_cache(
             )
             found.update(zip(missing, parsed, strict=True))
         # entries of files changed or no longer loaded, the latest first: a few are kept, as
-        # a change may be undone
+        # a change may be undone. A file that gives no entry (unreadable, or a rule that
+        # cannot be pickled) is parsed at every load, without writing the pack every time.
         gone = [key for key in pack if key not in stored]
-        if missing or len(gone) > rulecache.SPARE_ENTRIES:
+        if added or len(gone) > rulecache.SPARE_ENTRIES:
             stored.update((key, pack[key]) for key in gone[: rulecache.SPARE_ENTRIES])
             cache.write_pack(name, stored)
             cache.prune(name)

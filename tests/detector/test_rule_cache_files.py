@@ -453,3 +453,24 @@ def test_a_load_stops_its_workers_without_waiting_for_their_exit(tmp_path, monke
     assert len(started) == 1 and shutdowns == [{"wait": False, "cancel_futures": True}]
     with pytest.raises(RuntimeError, match="shutdown"):
         started[0].pool.submit(int)  # stopped all the same
+
+
+def test_a_file_without_an_entry_is_parsed_at_every_load_without_rewriting_the_pack(
+    tmp_path, monkeypatch, parsed
+):
+    files = [write(tmp_path / f"r{n}.yml", n) for n in range(3)]
+    cache = tmp_path / "hpcsec"
+    real_read = rulecache.read_file
+    # unreadable when its key is made (no bytes, no key), read by its parse
+    monkeypatch.setattr(
+        rulecache, "read_file", lambda path: None if path == files[1] else real_read(path)
+    )
+    first = load_rules([tmp_path], with_tests=False, cache=cache)
+    pack = cache / rulecache.pack_name([tmp_path])
+    written = pack.stat().st_ino
+    assert stored(cache, [tmp_path]) == {key_of(files[0]), key_of(files[2])}
+    parsed.clear()
+    again = load_rules([tmp_path], with_tests=False, cache=cache)
+    assert parsed == ["r1.yml"]  # parsed again, as it has no entry
+    assert pack.stat().st_ino == written  # and the pack is not written again for it
+    assert summary(again) == summary(first)
