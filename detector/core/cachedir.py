@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -75,16 +76,25 @@ def read_entry(directory: Path, name: str) -> bytes | None:
     if fd is None:
         return None
     try:
+        return read_entry_at(fd, name)
+    finally:
+        os.close(fd)
+
+
+def read_entry_at(fd: int, name: str) -> bytes | None:
+    """`read_entry` in the directory open as `fd` (open_private_dir's)."""
+    try:
         entry = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     except OSError:
         return None
-    finally:
-        os.close(fd)
-    with os.fdopen(entry, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            return None
-        return f.read()
+    try:
+        with os.fdopen(entry, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return None
+            return f.read()
+    except OSError:
+        return None
 
 
 def write_entry(directory: Path, name: str, data: bytes) -> bool:
@@ -93,17 +103,23 @@ def write_entry(directory: Path, name: str, data: bytes) -> bool:
     fd = open_private_dir(directory, create=True)
     if fd is None:
         return False
+    try:
+        return write_entry_at(fd, name, [data])
+    finally:
+        os.close(fd)
+
+
+def write_entry_at(fd: int, name: str, parts: Sequence[bytes | memoryview]) -> bool:
+    """`write_entry` of the bytes of `parts` in turn, in the directory open as `fd`."""
     temporary = f".{name}.{os.getpid()}"
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=fd), "wb") as f:
-            f.write(data)
+            f.writelines(parts)
         os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
     except OSError:
         remove_entry_at(fd, temporary)
         return False
-    finally:
-        os.close(fd)
     return True
 
 
