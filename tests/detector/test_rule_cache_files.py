@@ -356,8 +356,11 @@ def test_groups_whose_worker_raises_are_parsed_by_the_caller(tmp_path, monkeypat
     rules.mkdir()
     for n in range(8):
         write(rules / f"r{n}.yml", n, value=f"tool{n}")
-    (rules / "r5.yml").write_text("title: [unclosed\n")
+    # an error found after the thresholds are read (a YAML error is found before: a worker
+    # would send it back without raising, and the caller would not parse that file)
+    (rules / "r5.yml").write_text(RULE.format(n=5, name="", value="x").replace("sel\n", "nosel\n"))
     serial = load_rules([rules], with_tests=False, collect_errors=True)
+    assert [e for e in errors_of(serial) if "r5.yml" in e]
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
     real = coldload.load_file
