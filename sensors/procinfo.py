@@ -49,13 +49,20 @@ class Users:
         return None if uid is None else self.names.get(uid)
 
 
-def status_fields(text: str) -> dict[str, str]:
-    """`Key:\tvalue` lines of /proc/<pid>/status, values stripped."""
+PROCESS_STATUS_KEYS = frozenset({"Name", "PPid", "Uid"})  # what process_fields reads
+
+
+def status_fields(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
+    """`Key:\tvalue` lines of /proc/<pid>/status, values stripped; with `keys`, those only,
+    read up to the last of them (the kernel writes Name, PPid and Uid in its first lines,
+    and the 50 after them cost as much again)."""
     out = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if sep:
+        if sep and (keys is None or key in keys):
             out[key] = value.strip()
+            if keys is not None and len(out) == len(keys):
+                break
     return out
 
 
@@ -100,7 +107,7 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     status = ctx.proc.read_text(f"{base}/status", STATUS_MAX)
     if status is None:
         return {}
-    values = status_fields(status)
+    values = status_fields(status, PROCESS_STATUS_KEYS)
     comm = ctx.proc.read_text(f"{base}/comm", 64)
     fields: dict[str, Any] = {
         "process.pid": pid,

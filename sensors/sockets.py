@@ -78,7 +78,7 @@ def socket_inodes(proc: FsRoot, pid: int) -> frozenset[int]:
 def fd_count(proc: FsRoot, pid: int) -> int | None:
     """How many descriptors `pid` holds: the size Linux (6.2 and later) gives /proc/<pid>/fd,
     without listing it; older kernels say 0, and then the entries are counted."""
-    path = proc.path / str(pid) / "fd"
+    path = proc.full_path(f"{pid}/fd")
     try:
         size = os.stat(path).st_size
         return size if size > 0 else len(os.listdir(path))

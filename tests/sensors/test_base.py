@@ -1,4 +1,5 @@
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, SensorUnavailable, run_sensor
+from hpcsec.sensors.procinfo import PROCESS_STATUS_KEYS, status_fields
 
 
 class _Rec:
@@ -80,3 +81,42 @@ def test_run_sensor_turns_absence_and_failure_into_status(tmp_path):
     broken = run_sensor(SensorSpec("broken", _Broken, "t"), _Broken(), ctx)
     assert broken.status["event.action"] == "error"
     assert broken.status["message"] == "ValueError: bad parse"
+
+
+def test_live_reads_stop_at_the_limit_and_refuse_what_is_not_a_file(tmp_path):
+    """read_bytes on the live node reads a descriptor directly: at most `limit` bytes,
+    whatever the file's size, across as many reads as the kernel makes; None for a
+    directory or a missing file, and nothing recorded then."""
+    (tmp_path / "proc/1").mkdir(parents=True)
+    (tmp_path / "proc/1/big").write_bytes(b"x" * 300_000)
+    (tmp_path / "proc/1/small").write_bytes(b"Name:\tbash\n")
+    rec = _Rec()
+    proc = _ctx(tmp_path, rec).proc
+    assert proc.read_bytes("1/big", 100) == b"x" * 100
+    assert proc.read_bytes("1/big", 1 << 20) == b"x" * 300_000
+    assert proc.read_bytes("/1/small") == b"Name:\tbash\n"
+    assert proc.read_bytes("1") is None and proc.read_bytes("1/gone") is None
+    assert rec.files == {("proc", "1/big"): b"x" * 300_000, ("proc", "/1/small"): b"Name:\tbash\n"}
+    assert proc.full_path("") == str(tmp_path / "proc")
+    assert proc.full_path("/1/small") == str(tmp_path / "proc/1/small")
+    proc.path = tmp_path / "elsewhere"  # tests point a context's roots at other trees
+    assert (
+        proc.full_path("1") == str(tmp_path / "elsewhere/1") and proc.read_bytes("1/small") is None
+    )
+
+
+def test_status_fields_can_stop_at_the_keys_asked_for():
+    text = "Name:\tbash\nUmask:\t0022\nPPid:\t1\nUid:\t1000\t1000\t1000\t1000\nGid:\t100\n"
+    assert status_fields(text) == {
+        "Name": "bash",
+        "Umask": "0022",
+        "PPid": "1",
+        "Uid": "1000\t1000\t1000\t1000",
+        "Gid": "100",
+    }
+    assert status_fields(text, PROCESS_STATUS_KEYS) == {
+        "Name": "bash",
+        "PPid": "1",
+        "Uid": "1000\t1000\t1000\t1000",
+    }
+    assert status_fields("Name:\tx\n", PROCESS_STATUS_KEYS) == {"Name": "x"}  # absent: absent
