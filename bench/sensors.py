@@ -37,7 +37,8 @@ from typing import Any
 
 from hpcsec.detector.core.schema import rfc3339
 from hpcsec.detector.runtime import registry
-from hpcsec.sensors.base import FsRoot, SensorContext, run_sensor
+from hpcsec.detector.runtime.sensorset import BudgetedSensors, fork_context
+from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, run_sensor
 from hpcsec.sensors.snapshot import close_sensor
 from hpcsec.sensors.sockets import SocketSensor
 from tests.fakes.nvml import h100_node, installed
@@ -209,6 +210,44 @@ def sockets_figure(held: int, samples: int = 5) -> None:
     )
 
 
+def threaded_figure(
+    specs: list[SensorSpec], sys_root: Path, canned: dict[str, str], cycles: int
+) -> None:
+    """CPU time of a cycle as the agent samples (BudgetedSensors: every sensor in its own
+    thread, all at once) against the same sensors run in turn in one thread, alternating in
+    the same run: what the threads' hand-overs cost."""
+    # fork_context copies the context field by field: the class keeps the canned outputs
+    CannedContext.canned = canned
+    threaded = BudgetedSensors(specs)
+    in_turn = [(spec, spec.factory()) for spec in specs]
+    states: dict[str, dict[str, Any]] = {"threads": {}, "in turn": {}}
+    costs: dict[str, list[float]] = {"threads": [], "in turn": []}
+    try:
+        for cycle in range(cycles + 1):
+            for label, state in states.items():
+                ctx = context(sys_root, state, canned)
+                start = time.process_time()
+                if label == "threads":
+                    threaded.sample(ctx, lambda name: 60.0)
+                else:
+                    for spec, sensor in in_turn:
+                        run_sensor(spec, sensor, fork_context(ctx))
+                if cycle:
+                    costs[label].append(time.process_time() - start)
+                time.sleep(0.001)  # distinct sample times
+    finally:
+        threaded.close()
+        for _, sensor in in_turn:
+            close_sensor(sensor)
+        CannedContext.canned = {}
+    together, alone = (statistics.median(costs[k]) for k in ("threads", "in turn"))
+    print(
+        f"as the agent samples (a thread per sensor, {cycles} cycles): {together * 1e3:.3f} ms "
+        f"CPU a cycle, against {alone * 1e3:.3f} ms for the same sensors in turn "
+        f"({together / max(alone, 1e-9):.2f} x)"
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sensors", description=__doc__)
     parser.add_argument("--cycles", type=int, default=200)
@@ -268,6 +307,7 @@ def main(argv: list[str]) -> int:
             for _, sensor in sensors:
                 close_sensor(sensor)
         wall = time.perf_counter() - wall
+        threaded_figure(specs, sys_root, canned, max(args.cycles // 4, 5))
     print(
         f"sensors: one sampling cycle on the 8-GPU, 4-HCA fixture node, {args.cycles} cycles "
         f"(CPU time of this process, ms)"
