@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -162,10 +163,13 @@ def test_environ_claims(slurm_cluster, two_jobs):
         jc = ctx.state[STATE_KEY]
         jc.refresh(ctx)
         own, forged = procs
-        for _ in range(50):  # until env has exec'd sleep
-            if all(b"sleep" in Path(f"/proc/{p.pid}/cmdline").read_bytes() for p in procs):
-                break
-            subprocess.run(["sleep", "0.05"])
+        deadline = time.monotonic() + 30
+        # until env has exec'd sleep (setpriv's and env's own command lines name it too)
+        while not all(
+            Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep\0") for p in procs
+        ):
+            assert time.monotonic() < deadline, "setpriv and env did not exec sleep"
+            time.sleep(0.05)
         fields = jc.fields_for_pid(ctx, own.pid)
         assert (fields["slurm.job.id"], fields["slurm.job.id_source"]) == (alice_job, "environ")
         assert jc.fields_for_pid(ctx, forged.pid) == {}  # bob cannot borrow alice's job

@@ -75,13 +75,21 @@ def live_context() -> SensorContext:
     )
 
 
-def wait_for_process(tag: str) -> dict:
-    for _ in range(100):
+def wait_for_process(tag: str, name: str) -> dict:
+    """Alice's process `name` with `tag` in its command line; by name, because runuser's
+    child and `env` hold the same command line (and not yet the environment) for a moment
+    before they exec the program."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         for event in ProcessSensor().collect(live_context()):
-            if tag in event.get("process.command_line", "") and event.get("user.name") == "alice":
+            if (
+                tag in event.get("process.command_line", "")
+                and event.get("user.name") == "alice"
+                and event.get("process.name") == name
+            ):
                 return event
         time.sleep(0.05)
-    raise AssertionError(f"no process of alice with {tag}")
+    raise AssertionError(f"no process {name} of alice with {tag}")
 
 
 @pytest.fixture
@@ -102,7 +110,7 @@ def alice_runs() -> Iterator:
 def test_ld_preload_behind_a_70_kb_variable_is_found(alice_runs):
     tag = "31415"
     alice_runs("env", "-i", f"BIG={'x' * PAD}", "LD_PRELOAD=/tmp/evil.so", "sleep", tag)
-    event = wait_for_process(tag)
+    event = wait_for_process(tag, "sleep")
     assert event["process.env.LD_PRELOAD"] == "/tmp/evil.so"
 
 
@@ -113,7 +121,7 @@ def test_a_miner_url_behind_a_66_kb_argument_still_raises_the_alert(alice_runs):
     alice_runs(
         "/usr/bin/python3", "-c", sleeper, tag, "a" * 66_000, "--url", "stratum+tcp://p:3333"
     )
-    event = wait_for_process(tag)
+    event = wait_for_process(tag, "python3")
     assert "--url stratum+tcp://p:3333" in event["process.command_line"]
     assert event["process.command_line_truncated"] is True
     scan = subprocess.run(

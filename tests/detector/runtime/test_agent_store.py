@@ -51,10 +51,11 @@ def test_agent_journal_reaches_hpcsec_alerts_with_dispositions_and_deliveries(no
     node.config.write_text("dedup_window_s: 86400\nsilences: [{user: u5, comment: bench}]\n")
     store = node.root / "store.duckdb"
     journal = Path(str(store) + ".journal")
+    # both before the agent starts: one sample sees both (the test waits for u1's alert only)
+    node.start_process(4242, "cryptominer", 1)
+    node.start_process(4246, "otherminer", 5)  # silenced: stored, not sent
     agent = AgentProcess(node, "--output", receiver.url, "--store", str(store))
     try:
-        node.start_process(4242, "cryptominer", 1)
-        node.start_process(4246, "otherminer", 5)  # silenced: stored, not sent
         wait_for(lambda: receiver.received, "the webhook delivery", check=agent)
         maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
         assert "duckdb" not in maps  # the memory budget: no DuckDB in the agent
