@@ -29,8 +29,10 @@ from scapy.layers.inet import UDP
 from scapy.packet import Packet
 from scapy.utils import PcapReader
 
+from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import Event, new_event, rfc3339
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
+from hpcsec.sensors.rdma import roce_filter
 from hpcsec.sensors.rdma.roce_headers import (
     ACK_OPS,
     ATOMIC_OPS,
@@ -47,11 +49,13 @@ from hpcsec.sensors.rdma.roce_headers import (
 )
 
 NAME = "roce"
-ROCE_V2_PORT = 4791
+ROCE_V2_PORT = roce_filter.ROCE_V2_PORT  # IANA's port for RoCEv2
 DEFAULT_INTERVAL_S = 10.0
 DEFAULT_DURATION_S = 10.0
 MAX_REPORTED_ERRORS = 20
 LOOPBACK = "lo"
+
+logger = get_logger(__name__)
 SOL_PACKET, PACKET_IGNORE_OUTGOING = 263, 23  # linux/socket.h, linux/if_packet.h
 
 
@@ -194,21 +198,43 @@ def _is_roce(packet: Packet) -> bool:
     return udp is not None and udp.dport == ROCE_V2_PORT
 
 
-def _listen(interface: str):
+def _listen(interface: str, link_type: int | None):
     """A PF_PACKET socket on `interface`. On loopback every packet passes twice (leaving and
-    arriving); like libpcap, keep only the arriving copy."""
+    arriving); like libpcap, keep only the arriving copy. On an Ethernet link (`link_type`,
+    from /sys/class/net/<if>/type) the kernel drops what cannot be RoCE (roce_filter.py)."""
     from scapy.config import conf
 
     sock = conf.L2listen(iface=interface)
     if interface == LOOPBACK:
         with contextlib.suppress(OSError):  # PACKET_IGNORE_OUTGOING needs Linux 4.20
             sock.ins.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    if link_type in roce_filter.ETHERNET_TYPES:
+        try:
+            roce_filter.attach(sock.ins)
+        except OSError as exc:
+            logger.warning(
+                "roce: the kernel refused the packet filter on %s (%s): every frame is "
+                "checked in Python, and a busy port may drop packets",
+                interface,
+                exc.strerror or exc,
+            )
+    else:
+        logger.warning(
+            "roce: %s is not an Ethernet link (type %s): every frame is checked in Python",
+            interface,
+            link_type,
+        )
     return sock
 
 
-def sniff_interface(interface: str, duration_s: float, aggregator: FlowAggregator) -> None:
-    """Sniff for `duration_s` seconds. The filter runs in Python: a BPF filter would need
-    libpcap or tcpdump, which compute nodes often lack."""
+def sniff_interface(
+    interface: str,
+    duration_s: float,
+    aggregator: FlowAggregator,
+    link_type: int | None = 1,
+) -> None:
+    """Sniff for `duration_s` seconds. The kernel keeps what may be RoCE (roce_filter.py, on
+    an Ethernet `link_type`), and `_is_roce` decides in Python."""
     from scapy.sendrecv import sniff
 
     try:
@@ -216,7 +242,7 @@ def sniff_interface(interface: str, duration_s: float, aggregator: FlowAggregato
     except OSError:
         raise CaptureError(f"cannot sniff {interface}: no such network interface") from None
     try:
-        sock = _listen(interface)
+        sock = _listen(interface, link_type)
     except PermissionError:
         raise SensorUnavailable(f"sniffing {interface} needs root or CAP_NET_RAW") from None
     except OSError as exc:
@@ -249,10 +275,12 @@ class RoceSensor:
             read_pcap(str(pcap), aggregator)
         else:
             duration = ctx.options.get("duration")
+            link = (ctx.sys.read_text(f"class/net/{interface}/type") or "").strip()
             sniff_interface(
                 str(interface),
                 float(DEFAULT_DURATION_S if duration is None else duration),
                 aggregator,
+                int(link) if link.isdigit() else None,
             )
         events = aggregator.events(ctx)
         if aggregator.unattributed_count:
