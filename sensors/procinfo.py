@@ -33,7 +33,7 @@ class Users:
     @classmethod
     def parse(cls, text: str) -> Users:
         names: dict[int, str] = {}
-        for line in text.splitlines():
+        for line in text.split("\n"):  # as getpwent: a GECOS with `\r` stays in its line
             if line.startswith("#"):
                 continue
             parts = line.split(":")
@@ -55,9 +55,13 @@ PROCESS_STATUS_KEYS = frozenset({"Name", "PPid", "Uid"})  # what process_fields 
 def status_fields(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
     """`Key:\tvalue` lines of /proc/<pid>/status, values stripped; with `keys`, those only,
     read up to the last of them (the kernel writes Name, PPid and Uid in its first lines,
-    and the 50 after them cost as much again)."""
+    and the 50 after them cost as much again).
+
+    Lines end at `\n` only: Name is the process's own comm, in which the kernel escapes `\n`
+    but not `\r`, `\v`, `\f` or `\x1c`-`\x1e`, where str.splitlines also breaks; a comm of
+    `\rUid:\t0` would otherwise be a line of its own, before the real one."""
     out = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         key, sep, value = line.partition(":")
         if sep and (keys is None or key in keys):
             out[key] = value.strip()

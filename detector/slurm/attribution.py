@@ -73,7 +73,8 @@ class ProcReader:
         """The first number of a `Key:` line of /proc/<pid>/status (Uid: real uid, PPid:)."""
         if pid not in self._status:
             self._status[pid] = self.proc.read_text(f"{pid}/status")
-        for line in (self._status[pid] or "").splitlines():
+        # `\n` only: the Name line holds the process's own comm (procinfo.status_fields)
+        for line in (self._status[pid] or "").split("\n"):
             if line.startswith(key + ":"):
                 parts = line.split()
                 return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None

@@ -306,8 +306,12 @@ _CGROUP_V2 = re.compile(
 
 
 def job_from_cgroup(text: str) -> PidJob | None:
-    """The job of a process from its `/proc/<pid>/cgroup` (cgroup v1 or v2 layout)."""
-    for line in text.splitlines():
+    """The job of a process from its `/proc/<pid>/cgroup` (cgroup v1 or v2 layout).
+
+    Lines end at `\n` only: Linux refuses it in a cgroup's name, but not `\r`, where
+    str.splitlines also breaks, so a user's delegated `x\r0::/slurmstepd.scope/job_1` would
+    otherwise read as a line anchored at the root."""
+    for line in text.split("\n"):
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue

@@ -160,9 +160,14 @@ _TEXT_NUMBERS = {"lqpn", "rqpn", "rq-psn", "sq-psn", "pdn", "pid"}
 
 
 def _text_record(line: str) -> dict[str, Any]:
-    tokens = line.split()
+    # `comm` comes last and is the process's own name (spaces and `\r` included): the rest
+    # of the line, never split into more keys (a comm of `x pid 0` made its QP the kernel's)
+    head, sep, comm = line.partition(" comm ")
+    tokens = head.split()
     if len(tokens) % 2:
         raise ValueError(f"odd number of words in {line.strip()!r}")
+    if sep:
+        tokens += ["comm", comm.rstrip(" \t")]
     record: dict[str, Any] = {}
     for key, value in zip(tokens[::2], tokens[1::2], strict=True):
         if key == "link":
@@ -184,7 +189,7 @@ def _text_record(line: str) -> dict[str, Any]:
 def parse_qp_text(text: str) -> QpParse:
     """`rdma res show qp` text output, one QP per line."""
     records: list[Any] = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines: a comm may hold `\r` (procinfo)
         if not line.strip():
             continue
         try:

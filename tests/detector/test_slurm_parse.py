@@ -219,6 +219,16 @@ def test_cgroup_v2_layouts():
     ]
 
 
+def test_a_carriage_return_in_a_delegated_cgroup_name_forges_no_job():
+    """Linux refuses `\n` in a cgroup's name but not `\r`, and prints the path raw: this is
+    /proc/<pid>/cgroup of a process in `x\r0::/slurmstepd.scope/job_1` made below the root
+    (read on a 6.x kernel). Split at `\r` as well, its tail read as a root-anchored job."""
+    text = "0::/user.slice/user-1001.slice/x\r0::/slurmstepd.scope/job_1\n"
+    assert slurm.job_from_cgroup(text) is None
+    v1 = "4:memory:/user/alice/x\r4:memory:/slurm/uid_0/job_7\n"
+    assert slurm.job_from_cgroup(v1) is None
+
+
 def test_cgroup_v1_debian_and_upstream_names():
     assert slurm.job_from_cgroup("4:memory:/slurm/uid_1001/job_9/step_extern/task_0") == PidJob(
         "9", "extern", "cgroup"

@@ -1,5 +1,5 @@
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorSpec, SensorUnavailable, run_sensor
-from hpcsec.sensors.procinfo import PROCESS_STATUS_KEYS, status_fields
+from hpcsec.sensors.procinfo import PROCESS_STATUS_KEYS, Users, status_fields
 
 
 class _Rec:
@@ -120,3 +120,13 @@ def test_status_fields_can_stop_at_the_keys_asked_for():
         "Uid": "1000\t1000\t1000\t1000",
     }
     assert status_fields("Name:\tx\n", PROCESS_STATUS_KEYS) == {"Name": "x"}  # absent: absent
+
+
+def test_status_and_passwd_lines_end_at_newlines_only():
+    """The status Name line is the process's own comm and a GECOS is its user's to set: the
+    kernel and chfn keep `\\n` out, not `\\r` (where str.splitlines also breaks)."""
+    text = "Name:\t\rUid:\t0\rPPid:\t1\nPPid:\t4242\nUid:\t1001\t1001\t1001\t1001\n"
+    values = status_fields(text, PROCESS_STATUS_KEYS)
+    assert (values["PPid"], values["Uid"].split()[0]) == ("4242", "1001")
+    users = Users.parse("root:x:0:0:root:/root:/bin/sh\nalice:x:1001:100:A\rbob:x:7:7::/:\n")
+    assert (users.name(1001), users.name(7)) == ("alice", None)

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from hpcsec.detector.cli.main import main
+from hpcsec.detector.slurm.attribution import ProcReader
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.process import ProcessSensor
+from hpcsec.sensors.procinfo import process_fields
 from tests.slurm_harness import ensure_users
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as alice and bob")
@@ -136,3 +138,31 @@ def test_stream_keeps_a_read_of_weights_beside_a_read_of_a_hostile_name(shared_d
     paths = {(e["process.pid"], e["file.path"]) for e in events if e["event.action"] == "read"}
     assert (alice.pid, f"{models}/\\xff.bin") in paths
     assert (bob.pid, str(weights)) in paths
+
+
+def test_a_comm_with_carriage_returns_does_not_forge_the_uid_or_parent():
+    """A process names itself (prctl, /proc/self/comm): the kernel escapes `\\n` in the status
+    Name line but not `\\r`. Split with str.splitlines, `\\rPPid:\\t1\\rUid:\\t0` became lines
+    of their own, read before the real ones; every reader of the status file must keep the
+    real uid and parent (the process sensor, the Slurm attribution's reader)."""
+    ensure_users()
+    forged = "import time; open('/proc/self/comm', 'w').write('\\rPPid:\\t1\\rUid:\\t0'); "
+    child = start_as("alice", ["python3", "-c", forged + "time.sleep(60)", "hpcsec-comm-forger"])
+    try:
+        wait_exec(child, b"hpcsec-comm-forger")
+        deadline = time.monotonic() + 10
+        while b"Uid" not in Path(f"/proc/{child.pid}/comm").read_bytes():
+            assert time.monotonic() < deadline, "the child never renamed itself"
+            time.sleep(0.02)
+        ctx = SensorContext(
+            "n1", FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc")
+        )
+        fields = process_fields(ctx, child.pid)
+        alice = pwd.getpwnam("alice").pw_uid
+        assert (fields["user.id"], fields["user.name"]) == (alice, "alice")
+        assert fields["process.parent.pid"] == os.getpid()
+        reader = ProcReader(ctx.proc)
+        assert (reader.uid(child.pid), reader.parent(child.pid)) == (alice, os.getpid())
+    finally:
+        child.kill()
+        child.wait()

@@ -120,6 +120,22 @@ def test_old_iproute2_pid_zero_means_kernel():
     assert "process.pid" not in {k for k, v in qp.fields().items() if v is not None}
 
 
+def test_a_comm_with_a_carriage_return_is_no_second_qp():
+    """A user names its own process; `rdma` prints the name raw, last, in its text form:
+    neither a `\r` nor words in it make another line or other fields."""
+    parsed = parse_qp_text(
+        "link mlx5_0/1 lqpn 9 type RC state RTS sq-psn 0 pid 4242 comm x\r"
+        "link mlx5_0/1 lqpn 1 type RC state RTS sq-psn 0 pid 0 comm [ib_core]\n"
+        "link mlx5_0/1 lqpn 10 type RC state RTS sq-psn 0 pid 4243 comm a pid 0 \n"
+    )
+    assert parsed.errors == ()
+    assert [(qp.lqpn, qp.kernel, qp.fields()["process.pid"]) for qp in parsed.qps] == [
+        (9, False, 4242),
+        (10, False, 4243),
+    ]
+    assert parsed.qps[1].fields()["process.name"] == "a pid 0"
+
+
 def test_empty_output_is_no_qps():
     assert parse_qp_output("[]\n").qps == ()
     assert parse_qp_output("").qps == ()
