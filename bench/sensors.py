@@ -214,8 +214,8 @@ def threaded_figure(
     specs: list[SensorSpec], sys_root: Path, canned: dict[str, str], cycles: int
 ) -> None:
     """CPU time of a cycle as the agent samples (BudgetedSensors: every sensor in its own
-    thread, all at once) against the same sensors run in turn in one thread, alternating in
-    the same run: what the threads' hand-overs cost."""
+    thread, each started when the one before has its run) against the same sensors run in
+    turn in one thread, alternating in the same run: what the threads' hand-overs cost."""
     # fork_context copies the context field by field: the class keeps the canned outputs
     CannedContext.canned = canned
     threaded = BudgetedSensors(specs)

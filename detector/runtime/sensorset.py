@@ -175,10 +175,11 @@ class BudgetedSensors:
         runs: list[SensorRun] = []
         with self._cond:
             for worker in self.workers:
+                # taken here, just before the worker is given this sample: a run of an earlier
+                # sample may end while the sensors before it read (a new run would overwrite it)
                 late = worker.take()
                 if late is not None:
                     runs.append(late)
-            for worker in self.workers:
                 if worker.busy:
                     continue  # still reading an earlier sample
                 worker.submit(fork_context(ctx))

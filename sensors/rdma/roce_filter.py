@@ -7,13 +7,15 @@ the program is written here, for Ethernet frames. It only drops frames that the 
 (`roce._is_roce`: the first UDP header's destination port is 4791) would drop too:
 
 - IPv4: UDP to port 4791 passes (any header length); other UDP, TCP, ICMP and later
-  fragments (no UDP header of their own) are dropped; tunnels (IP-in-IP, IPv6-in-IPv4, GRE,
-  as ERSPAN mirrors carry frames) pass, for scapy to open;
+  fragments (no UDP header of their own) are dropped; tunnels (IP-in-IP, IPv6-in-IPv4, GRE)
+  pass, for scapy to open (GRE carrying IP or Ethernet; it does not decode ERSPAN's own
+  header, so a mirror that sends ERSPAN is not read through);
 - IPv6: UDP to port 4791 passes, other UDP, TCP and ICMPv6 are dropped; extension headers
   and tunnels pass;
 - a VLAN tag: Linux strips one before packet sockets see the frame (as VLAN offload
   does), so it is filtered as untagged; a frame still tagged (the inner tag of 802.1ad
   QinQ) passes, its headers being further on;
+- 802.3 frames (a length, 1500 or less, where the EtherType would be: LLC and SNAP) pass;
 - other EtherTypes (ARP, LLDP…) are dropped.
 """
 
@@ -29,7 +31,7 @@ _KEEP = 0x40000  # bytes of a passing frame handed to the socket (more than any 
 
 # classic BPF opcodes (linux/filter.h)
 _LDH_ABS, _LDB_ABS, _LDH_IND, _LDXB_MSH = 0x28, 0x30, 0x48, 0xB1
-_JEQ, _JSET, _RET = 0x15, 0x45, 0x06
+_JEQ, _JGT, _JSET, _RET = 0x15, 0x25, 0x45, 0x06
 _ETH = 14  # Ethernet header
 _IP6 = 40  # IPv6 fixed header
 
@@ -37,6 +39,7 @@ _PASS, _DROP = "pass", "drop"
 # (label, opcode, k, jump if true, jump if false): a jump names a label; None falls through
 _PROGRAM: list[tuple[str | None, int, int, str | None, str | None]] = [
     (None, _LDH_ABS, 12, None, None),  # EtherType
+    (None, _JGT, 1500, None, _PASS),  # else an 802.3 length: LLC or SNAP, for scapy
     (None, _JEQ, 0x0800, "ipv4", None),
     (None, _JEQ, 0x86DD, "ipv6", None),
     (None, _JEQ, 0x8100, _PASS, None),

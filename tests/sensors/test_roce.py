@@ -6,7 +6,6 @@ import os
 import random
 import socket
 import threading
-import time
 
 import pytest
 from scapy.contrib.roce import AETH, BTH
@@ -281,7 +280,7 @@ def test_registry_entry_is_opt_in():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sniffing needs root (CI runs as root)")
-def test_sniffing_loopback_sees_roce_datagrams(tmp_path, caplog):
+def test_sniffing_loopback_sees_roce_datagrams(tmp_path, caplog, sniffer_open):
     """Only this test's datagrams are counted: anything else on the machine may send to the
     RoCE port on `lo` meanwhile (another test run, another worker), so ours come from a
     source address and QP of their own. The link's type comes from the sysfs root: loopback,
@@ -293,7 +292,8 @@ def test_sniffing_loopback_sees_roce_datagrams(tmp_path, caplog):
     bth = bytes(BTH(opcode=0x0A, dqpn=dqpn, icrc=0) / RETH(rkey=0x77, dma_length=4096))
 
     def send_later():
-        time.sleep(0.5)
+        if not sniffer_open.wait(60):
+            return  # the sniff never started: the test fails on what it did not see
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind((source, 0))
             for _ in range(3):

@@ -71,6 +71,8 @@ def test_the_kernel_passes_roce_datagrams_only():
             "gre",
             "vlan",
             "vlan-other-port",
+            "llc",
+            "arp",
         )
     }
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -94,6 +96,10 @@ def test_the_kernel_passes_roce_datagrams_only():
             for port, mark in ((4791, marks["vlan"]), (other_port, marks["vlan-other-port"])):
                 tagged = Ether() / Dot1Q(vlan=5) / IP(dst="127.0.0.1") / UDP(dport=port) / mark
                 raw.send(bytes(tagged))
+            # 802.3: a length where the EtherType would be (LLC, SNAP): for scapy to open
+            llc = b"\xaa\xaa\x03" + marks["llc"]
+            raw.send(bytes(12) + len(llc).to_bytes(2, "big") + llc)
+            raw.send(bytes(12) + b"\x08\x06" + marks["arp"])  # ARP: dropped
         with socket.create_connection(listener.getsockname()) as tcp:
             tcp.sendall(marks["tcp"])
             peer, _ = listener.accept()
@@ -104,7 +110,7 @@ def test_the_kernel_passes_roce_datagrams_only():
         sock.close()
         receiver.close()
         listener.close()
-    assert seen == {marks[name] for name in ("v4", "v4-options", "v6", "gre", "vlan")}
+    assert seen == {marks[name] for name in ("v4", "v4-options", "v6", "gre", "vlan", "llc")}
 
 
 def test_the_program_jumps_forward_within_range():
@@ -115,13 +121,14 @@ def test_the_program_jumps_forward_within_range():
             assert i + 1 + max(jt, jf) < len(program)
 
 
-def test_a_link_without_the_filter_is_said_and_still_read(caplog):
+def test_a_link_without_the_filter_is_said_and_still_read(caplog, sniffer_open):
     """Not Ethernet (no /sys type, or another): the frames are checked in Python only."""
     source = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}.{random.randrange(2, 255)}"
     aggregator = FlowAggregator()
 
     def send_later() -> None:
-        time.sleep(0.5)
+        if not sniffer_open.wait(60):
+            return  # the sniff never started: the test fails on what it did not see
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind((source, 0))
             # BTH: RDMA WRITE ONLY to QP 0x123456, then a 16-byte RETH and the ICRC

@@ -48,10 +48,11 @@ class _Stuck:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.calls = 0
+        self.released = False
 
     def collect(self, ctx: SensorContext) -> list[Event]:
         self.calls += 1
-        self.release.wait(30)
+        self.released = self.release.wait(30)  # False: nobody released it in time
         return [new_event("process", "present", self.name, ctx.host_name, ctx.timestamp, {})]
 
 
@@ -155,6 +156,47 @@ def test_a_sensor_still_reading_after_the_handover_time_gets_company(tmp_path: P
         runs = sensors.sample(_context(tmp_path), lambda name: GENEROUS_S)
         assert [(r.name, r.status["event.action"]) for r in runs] == [("stuck", "ok"), ("b", "ok")]
         assert log == [("start", "b"), ("end", "b")] and stuck.calls == 1
+        assert stuck.released  # by `b`, started beside it: not after its 30 s wait
+    finally:
+        stuck.release.set()
+        sensors.close()
+
+
+def test_a_late_run_that_ends_while_the_sample_starts_is_still_delivered(tmp_path: Path):
+    """`b` is still reading sample 1 when sample 2 starts; it ends while `a` reads sample 2,
+    before `b`'s turn: its run of sample 1 comes with sample 2, beside its run of sample 2
+    (taking late runs only before the first start overwrote it with the new one)."""
+    stuck = _Stuck()
+    holder: list[BudgetedSensors] = []
+
+    class _Releaser(_Fast):
+        calls = 0
+
+        def collect(self, ctx: SensorContext) -> list[Event]:
+            self.calls += 1
+            if self.calls == 2:  # in sample 2: let `b` finish sample 1, and wait till it has
+                stuck.release.set()
+                deadline = time.monotonic() + GENEROUS_S
+                while holder[0].workers[1].busy and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            return super().collect(ctx)
+
+    specs = [SensorSpec("a", lambda: _Releaser("a"), "fast"), SensorSpec("b", lambda: stuck, "s")]
+    sensors = BudgetedSensors(specs)
+    holder.append(sensors)
+    try:
+        first, second = _context(tmp_path), _context(tmp_path)
+        first.timestamp, second.timestamp = "2026-12-02T00:00:00.000Z", "2026-12-02T00:00:10.000Z"
+        budgets = {"a": GENEROUS_S, "b": STUCK_BUDGET_S}
+        runs = sensors.sample(first, budgets.__getitem__)
+        assert [(r.name, r.status["event.action"]) for r in runs] == [("a", "ok"), ("b", "slow")]
+        runs = sensors.sample(second, lambda name: GENEROUS_S)
+        delivered = [(r.name, [e["@timestamp"] for e in r.events]) for r in runs]
+        assert delivered == [
+            ("b", [first.timestamp]),  # late, first, not lost
+            ("a", [second.timestamp]),
+            ("b", [second.timestamp]),
+        ]
     finally:
         stuck.release.set()
         sensors.close()
