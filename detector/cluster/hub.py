@@ -140,10 +140,11 @@ class Hub:
                 fetched = [await asyncio.wait_for(queue.get(), timeout=0.5)]
             except TimeoutError:
                 fetched = []
-            messages = sum(len(msgs) for _, msgs in fetched)
+            # a batch is None when its partition fetched nothing but may not be caught up
+            messages = sum(len(msgs or ()) for _, msgs in fetched)
             while not queue.empty() and messages < COALESCE_MESSAGES:
                 fetched.append(queue.get_nowait())
-                messages += len(fetched[-1][1])
+                messages += len(fetched[-1][1] or ())
             # with nothing new, time still moves on (HubClock): held matches and windows settle
             await self._handle(fetched, delivered)
             self._housekeeping()

@@ -5,13 +5,19 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import orjson
 
 from hpcsec.detector.cli.main import main
+from hpcsec.detector.cluster.evaluation import HubClock, HubEvaluation
+from hpcsec.detector.cluster.hub import Hub, HubSetup
 from hpcsec.detector.cluster.partition import subject_for
-from hpcsec.detector.cluster.streams import EVENTS_STREAM, connect
+from hpcsec.detector.cluster.streams import EVENTS_STREAM, StreamSettings, connect
+from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.timefmt import parse_time
+from hpcsec.detector.runtime.metrics import AgentMetrics
+from hpcsec.detector.runtime.sink import AlertSink
 from tests.cluster.conftest import HubProcess, wait_for
 from tests.cluster.harness import NatsServer
 from tests.cluster.scenario import (
@@ -172,3 +178,30 @@ def test_publish_a_snapshot_as_scan_reads_it(nats_server: NatsServer) -> None:
     assert published > 10
     assert main(args) == 0  # the same events again: the duplicate window keeps one copy
     assert asyncio.run(_stream_messages(nats_server.url)) == published
+
+
+def test_a_partition_not_confirmed_caught_up_does_not_stop_the_loop() -> None:
+    """A fetch that found nothing is queued as None when the consumer does not confirm the
+    partition is caught up (a message published meanwhile waits): the loop counted the
+    batch's messages with len() and died on it, a member's `internal error` at start-up."""
+
+    async def loop_over(batches: list) -> None:
+        clock = HubClock(sources=[0])
+        hub = Hub(
+            HubSetup([], (0, 1), StreamSettings()),
+            HubEvaluation.load(SiteConfig(), clock=clock),
+            AlertSink(None, None, AgentMetrics()),
+        )
+        queue: asyncio.Queue = asyncio.Queue()
+        for batch in batches:
+            queue.put_nowait(batch)
+        task = asyncio.create_task(hub._loop(queue, delivered=None))
+        while not queue.empty() and not task.done():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        hub.stop.set()
+        await task  # raises what the loop raised
+
+    feed = SimpleNamespace(partition=0)
+    asyncio.run(loop_over([(feed, None)]))
+    asyncio.run(loop_over([(feed, []), (feed, None), (feed, None)]))  # coalesced behind one
