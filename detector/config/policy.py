@@ -40,7 +40,8 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
         ch = pattern[i]
         out.append("[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch))
         i += 1
-    return re.compile("".join(out) + r"\Z")
+    # DOTALL: a path with a newline in a name (`/models/a\nb/w.pt`) is still under `/models/**`
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,9 @@ class SlurmJobsSensor:
 
         text = ctx.raw_input(EVENTS_INPUT, live)
         bad: list[str] = []
-        for n, line in enumerate((text or "").splitlines(), 1):
+        # `\n` only: orjson leaves U+0085, U+2028 and U+2029 of a process's name raw in a
+        # line, and str.splitlines breaks there too (the hooks' finding was lost)
+        for n, line in enumerate((text or "").split("\n"), 1):
             if not line.strip():
                 continue
             try:

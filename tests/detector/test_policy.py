@@ -77,6 +77,17 @@ def test_an_asset_read_through_another_path_is_decided_by_its_own_path(config):
     )
 
 
+def test_a_newline_in_a_name_under_an_asset_stays_in_the_asset(config):
+    """A writer of the tree (or a copy of it) names a directory `a\nb`: `**` still covers
+    it, so a read of it is decided as the asset's (a glob's `.` stopped at the newline)."""
+    event = file_event("/lustre/models/llama-70b/a\nb/model.safetensors", "mallory", "vision")
+    policy_for(config).apply(event)
+    assert (event["hpcsec.asset.name"], event["hpcsec.asset.read_allowed"]) == (
+        "llama-70b",
+        False,
+    )
+
+
 def test_writers_may_write_and_read(config):
     by_user = file_event("/lustre/datasets/imagenet/train/a.JPEG", "svc-data", action="write")
     by_account = file_event("/lustre/datasets/imagenet/x", "carl", "data-eng", action="delete")

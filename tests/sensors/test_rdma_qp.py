@@ -136,6 +136,23 @@ def test_a_comm_with_a_carriage_return_is_no_second_qp():
     assert parsed.qps[1].fields()["process.name"] == "a pid 0"
 
 
+def test_comms_that_older_iproute2_does_not_escape_lose_no_qp():
+    """Before 7.0 iproute2 writes a comm's control bytes raw in its JSON, and 5.3-6.0 write
+    `'` as `\\'`: one process's name made the whole listing "not JSON"."""
+    record = '{"ifname":"mlx5_0","port":1,"lqpn":%d,"type":"RC","state":"RTS","pid":%d,"comm":"%s"}'
+    # in the JSON: it\'s, x^Ay, a\\ (an escaped backslash), b\\\' (one, then \')
+    names = ["it\\'s", "x\x01y", "a\\\\", "b\\\\\\'"]
+    text = "[" + ",".join(record % (7 + i, 9 + i, n) for i, n in enumerate(names)) + "]"
+    parsed = parse_qp_output(text)
+    assert parsed.errors == ()
+    assert [(qp.lqpn, qp.fields()["process.name"]) for qp in parsed.qps] == [
+        (7, "it's"),
+        (8, "x\x01y"),
+        (9, "a\\"),
+        (10, "b\\'"),
+    ]
+
+
 def test_empty_output_is_no_qps():
     assert parse_qp_output("[]\n").qps == ()
     assert parse_qp_output("").qps == ()

@@ -1,6 +1,8 @@
 import json
 from pathlib import Path
 
+import orjson
+
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, hook_state_dir, job_context
 from hpcsec.detector.slurm.sensor import SlurmJobsSensor
@@ -141,6 +143,29 @@ def test_hook_records_are_tailed(tmp_path):
     with events_file.open("a") as fh:
         fh.write('log"}\n')
     assert [e["event.action"] for e in sample()] == ["epilog"]
+
+
+def test_a_hook_record_holding_line_separators_is_read_whole(tmp_path):
+    """The hooks write with orjson, which leaves U+0085, U+2028 and U+2029 raw: a lingering
+    process named with one must not split its finding into pieces that are not JSON."""
+    finding = {
+        "event.category": "slurm_job",
+        "event.action": "epilog_findings",
+        "slurm.job.id": "5",
+        "process.name": "xmrig\u0085",
+        "process.command_line": "xmrig \u2028--url\u2029 stratum+tcp://p:3333",
+    }
+    (tmp_path / "slurm-events.jsonl").write_bytes(orjson.dumps(finding) + b"\n")
+    ctx = ctx_for(tmp_path, None, {})
+    ctx.options["slurm_state_dir"] = str(tmp_path)
+    ctx.state[STATE_KEY] = JobContext(Down(), ttl_s=3600)
+    events = list(SlurmJobsSensor().collect(ctx))
+    assert [e["event.action"] for e in events if e["event.category"] == "slurm_job"] == [
+        "epilog_findings"
+    ]
+    assert not [e for e in events if e["event.action"] == "malformed"]
+    (read,) = [e for e in events if e["event.category"] == "slurm_job"]
+    assert read["process.command_line"] == finding["process.command_line"]
 
 
 def test_hook_state_dir_defaults_to_the_hooks_default(tmp_path, monkeypatch):
