@@ -22,6 +22,7 @@ STATUS_MAX = 16 * 1024
 CMDLINE_MAX = proclists.CMDLINE_MAX
 # The environment variables any part of hpcsec reads; nothing else of an environment is kept.
 ENVIRON_KEYS = ("LD_PRELOAD", "SLURM_JOB_ID", "SLURM_STEP_ID", "CUDA_VISIBLE_DEVICES")
+LAST_WINS = ("LD_PRELOAD",)  # ld.so reads every entry, the last one stands; getenv the first
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
 def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
     """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it."""
     return proc.read_condensed(
-        f"{pid}/environ", lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS)
+        f"{pid}/environ",
+        lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, LAST_WINS),
     )
 
 

@@ -25,6 +25,7 @@ from typing import BinaryIO
 CHUNK = 64 * 1024
 SCAN_MAX = 64 * 1024 * 1024  # past this (an absurd stack limit) the rest is not read
 ENTRY_MAX = 16 * 1024  # an environment value we keep (LD_PRELOAD lists)
+MARKER_ROOM = 64  # what a CUT marker adds to a kept entry, at most
 CMDLINE_MAX = 64 * 1024
 HEAD_MAX = 32 * 1024
 MIDDLE_MAX = 12 * 1024
@@ -63,18 +64,30 @@ def _entries(stream: BinaryIO, keep_max: int) -> Iterator[tuple[bytes, int]]:
         yield bytes(current), length
 
 
-def environ_entries(stream: BinaryIO, names: Iterable[str]) -> bytes:
-    """The entries `NAME=value` of `names` (first of each, as getenv), NUL-terminated."""
+def environ_entries(stream: BinaryIO, names: Iterable[str], last_wins: Iterable[str] = ()) -> bytes:
+    """The entries `NAME=value` of `names`, NUL-terminated: the first of each, as getenv
+    reads it, or the last for the names in `last_wins` (ld.so takes the last LD_PRELOAD, so
+    an allowed one before it must not hide it). An entry longer than ENTRY_MAX is cut with a
+    CUT marker, never silently: a library behind 16 KiB of `:` is not claimed to be absent."""
     prefixes = {name.encode() + b"=" for name in names}
+    last = {name.encode() + b"=" for name in last_wins} & prefixes
     kept: dict[bytes, bytes] = {}
-    for head, _length in _entries(stream, ENTRY_MAX):
+    for head, length in _entries(stream, ENTRY_MAX + MARKER_ROOM):
         key, sep, _ = head.partition(b"=")
         prefix = key + sep
-        if prefix in prefixes and prefix not in kept:
-            kept[prefix] = head[:ENTRY_MAX]
-            if len(kept) == len(prefixes):
+        if prefix in prefixes and (prefix not in kept or prefix in last):
+            kept[prefix] = _cut_entry(head, length)
+            if len(kept) == len(prefixes) and not last:
                 break
     return b"".join(entry + b"\0" for entry in kept.values())
+
+
+def _cut_entry(head: bytes, length: int) -> bytes:
+    """An environment entry within ENTRY_MAX, as it is, or cut with a marker; one cut already
+    (a snapshot's record, read again) stays as it is."""
+    if length <= ENTRY_MAX or (length <= ENTRY_MAX + MARKER_ROOM and CUT.search(head)):
+        return head
+    return head[:ENTRY_MAX] + f"\u2026[hpcsec: cut {length - ENTRY_MAX} bytes]".encode()
 
 
 def _cut(head: bytes, length: int) -> bytes:

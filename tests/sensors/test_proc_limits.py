@@ -12,9 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from hpcsec.detector.enrich.policy import preload_allowed
 from hpcsec.sensors import proclists
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.process import ProcessSensor
+from hpcsec.sensors.procinfo import environ_value, read_environ
 from tests.hostile_fs import as_root
 
 PAD = 70 * 1024
@@ -64,6 +66,32 @@ def test_environ_keeps_the_asked_entries_wherever_they_are():
     assert proclists.environ_entries(io.BytesIO(env), ["LD_PRELOAD", "SLURM_JOB_ID"]) == (
         b"LD_PRELOAD=/tmp/evil.so\0"
     )
+
+
+def test_the_last_ld_preload_is_kept_as_ld_so_reads_it(tmp_path):
+    """An allowed library first, then the user's: ld.so loads the last one, getenv (and so
+    the first-wins reading) would name the allowed one. The sensor reads it as ld.so does."""
+    allowed = b"LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    env = allowed + b"\0SLURM_JOB_ID=5\0LD_PRELOAD=/home/u/evil.so\0SLURM_JOB_ID=6\0"
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "environ").write_bytes(env)
+    kept = read_environ(FsRoot("proc", tmp_path), 42)
+    assert environ_value(kept, "LD_PRELOAD") == "/home/u/evil.so"
+    assert environ_value(kept, "SLURM_JOB_ID") == "5"  # getenv's, the first
+
+
+def test_an_ld_preload_past_the_kept_length_is_cut_with_a_marker():
+    """Padding before the library (`allowed.so` + 20,000 `:` + `evil.so`) hid it: the cut
+    is marked, and a marked value is never an allowed preload."""
+    value = b"/usr/lib/x86_64-linux-gnu/libjemalloc.so.2" + b":" * 20_000 + b":/home/u/evil.so"
+    kept = proclists.environ_entries(io.BytesIO(b"LD_PRELOAD=" + value + b"\0"), ["LD_PRELOAD"])
+    assert proclists.CUT.search(kept.rstrip(b"\0"))
+    assert len(kept) < proclists.ENTRY_MAX + proclists.MARKER_ROOM
+    again = proclists.environ_entries(io.BytesIO(kept), ["LD_PRELOAD"])
+    assert again == kept  # a snapshot's record reads back the same
+    shown = environ_value(kept, "LD_PRELOAD")
+    assert shown is not None and not preload_allowed(shown, ["libjemalloc"])
+    assert preload_allowed(shown.split(":")[0], ["libjemalloc"])  # the library alone is
 
 
 # -- live, as an unprivileged user -----------------------------------------------------------
