@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -249,7 +250,9 @@ def parse_jobs_json(text: str) -> JobsParse:
 # ------------------------------------------------------------------ scontrol show job -d
 
 _JOB_START = re.compile(r"^JobId=(\d+)\b", re.M)
-_NODE_GRES = re.compile(r"^\s+Nodes=(\S+)\s.*?\bGRES=(\S+)", re.M)
+_NODE_GRES = re.compile(r"\s+Nodes=(\S+)\s.*?\bGRES=(\S+)")
+# lines Slurm prints once per job, at the start of a line: a second one was written by a user
+_ONCE = ("   UserId=", "   Socks/Node=", "   JOB_GRES=")
 
 
 def parse_show_job_detail(
@@ -259,22 +262,71 @@ def parse_show_job_detail(
 
     The detail lines look like `     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)`;
     a job with GRES but no detail line on a node holds no GPU there.
+
+    Slurm prints what a user names (job name, wckey, comment, paths) raw, line breaks
+    included, so only its own structure decides: detail lines count in the run right after
+    the job's `JOB_GRES=` line, which follows its `Socks/Node=` line. A job listed twice, a
+    block with one of those lines (or `UserId=`) twice, or a first line broken by the job's
+    name is an error: that job's GPUs are not taken from the listing (unknown, not forged).
     """
     out: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
     errors: list[str] = []
-    starts = [m for m in _JOB_START.finditer(text)]
+    starts = list(_JOB_START.finditer(text))
+    listed = Counter(m.group(1) for m in starts)
+    doubled: set[str] = set()
     for i, start in enumerate(starts):
+        job = start.group(1)
+        if listed[job] > 1:
+            if job not in doubled:  # said once
+                doubled.add(job)
+                errors.append(f"job {job}: listed {listed[job]} times: {_UNTRUSTED}")
+            continue
         block = text[start.start() : starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        lines = block.split("\n")
+        problem = _ambiguous(lines)
+        if problem:
+            errors.append(f"job {job}: {problem}: {_UNTRUSTED}")
+            continue
         pairs: list[tuple[str, tuple[int, ...]]] = []
         try:
-            for m in _NODE_GRES.finditer(block):
-                gpus = gres_gpu_indices(m.group(2))
-                pairs.extend((node, gpus) for node in hostlist.expand(m.group(1)))
+            for line in _detail_lines(lines):
+                m = _NODE_GRES.match(line)
+                if m is not None:
+                    gpus = gres_gpu_indices(m.group(2))
+                    pairs.extend((node, gpus) for node in hostlist.expand(m.group(1)))
         except ValueError as exc:
-            errors.append(f"job {start.group(1)}: {exc}")
+            errors.append(f"job {job}: {exc}")
             continue
-        out[start.group(1)] = tuple(pairs)
+        out[job] = tuple(pairs)
     return out, tuple(errors)
+
+
+_UNTRUSTED = "a name or path of a job holds a line break; its GPUs are not taken from this listing"
+
+
+def _ambiguous(lines: list[str]) -> str | None:
+    if len(lines) < 2 or not lines[1].startswith("   UserId="):
+        return "its first line is broken"
+    for key in _ONCE:
+        if sum(1 for line in lines if line.startswith(key)) > 1:
+            return f"{key.strip()} printed twice"
+    gres = [i for i, line in enumerate(lines) if line.startswith("   JOB_GRES=")]
+    if gres and not lines[gres[0] - 1].startswith("   Socks/Node="):
+        return "JOB_GRES= out of its place"
+    return None
+
+
+def _detail_lines(lines: list[str]) -> list[str]:
+    """The `Nodes=` lines right after the block's JOB_GRES= line."""
+    for i, line in enumerate(lines):
+        if line.startswith("   JOB_GRES="):
+            run = []
+            for detail in lines[i + 1 :]:
+                if not detail.startswith("     Nodes="):
+                    break
+                run.append(detail)
+            return run
+    return []
 
 
 # ------------------------------------------------------------------ scontrol listpids

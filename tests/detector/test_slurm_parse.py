@@ -160,18 +160,64 @@ def test_show_job_detail_all_jobs():
     assert detail == {"1": (("vm", (0, 1)),), "3": (("vm", (2, 3)),), "4": ()}
 
 
-def test_show_job_detail_multi_node_lines():
-    text = (
-        "JobId=77 JobName=x\n   JOB_GRES=gpu:8\n"
-        "     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)\n"
-        "     Nodes=gpu003 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:4,6)\n"
-        "JobId=78 JobName=y\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:zz)\n"
+def show_job(
+    job: str, name: str = "x", wckey: str = "(null)", gres: str = "", tail: str = ""
+) -> str:
+    """One job as `scontrol show job -d` prints it (the lines around the detail)."""
+    return (
+        f"JobId={job} JobName={name}\n   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A\n"
+        f"   Priority=1 Nice=0 Account=llm QOS=normal WCKey={wckey}\n"
+        "   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
+        "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*\n"
+        f"{gres}   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0\n"
+        f"   WorkDir=/home/alice{tail}\n   StdOut=/home/alice/out\n   \n"
     )
+
+
+def test_show_job_detail_multi_node_lines():
+    text = show_job(
+        "77",
+        gres="   JOB_GRES=gpu:8\n"
+        "     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)\n"
+        "     Nodes=gpu003 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:4,6)\n",
+    ) + show_job("78", gres="   JOB_GRES=gpu:1\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:zz)\n")
     detail, errors = slurm.parse_show_job_detail(text)
     assert detail == {
         "77": (("gpu001", (0, 1, 2, 3)), ("gpu002", (0, 1, 2, 3)), ("gpu003", (4, 6)))
     }
     assert errors == ("job 78: bad GPU index 'zz' in GRES 'gpu:1(IDX:zz)'",)
+
+
+FORGED = "   JOB_GRES=gpu:8\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)\n"
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        # a name with a line break, the fake detail after it
+        show_job("42", name="x\n" + FORGED.rstrip("\n")),
+        # the same, with a fake UserId= line so that the second line looks right
+        show_job("42", name="x\n" + FORGED + "   UserId=z"),
+        # a wckey with the fake detail and the line before it, for a job with no GRES
+        show_job("42", wckey="x\n   Socks/Node=*\n" + FORGED.rstrip("\n")),
+        # a work directory that starts a block of its own for the job, after its real one
+        show_job(
+            "42",
+            gres="   JOB_GRES=gpu:1\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n",
+            tail="\n\n" + show_job("42", gres=FORGED).rstrip("\n"),
+        ),
+        # a path after the detail, with a fake detail run of its own
+        show_job("42", tail="\n   Socks/Node=*\n" + FORGED.rstrip("\n")),
+    ],
+)
+def test_a_line_break_in_a_users_text_forges_no_gpu_allocation(job):
+    """Slurm prints a job's name, wckey and paths raw: a user who puts `JOB_GRES=` and
+    `Nodes=` lines in them gets an error for the job and unknown GPUs, never GPUs 0-7."""
+    detail, errors = slurm.parse_show_job_detail(job + show_job("43"))
+    assert detail.get("42") in (None, ())
+    assert detail["43"] == ()
+    if "42" not in detail:
+        assert errors and all(e.startswith("job 42: ") for e in errors)
 
 
 def test_listpids_all_jobs():
