@@ -21,6 +21,7 @@ from hpcsec.detector.outputs.protocol import DeliveryFailed, OutputOptions
 from hpcsec.detector.outputs.registry import open_outputs
 from hpcsec.detector.outputs.syslog import SyslogOutput, octet_frame
 from tests.detector.outputs.sample_alerts import SD_EXPECTED, make_alert
+from tests.ports import bound_port
 
 RSYSLOGD = shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
 # rsyslog's TLS driver (Debian package rsyslog-gnutls), next to its other modules
@@ -253,7 +254,8 @@ def test_tcp_cef_body(rsyslog, tmp_path):
 
 
 def test_receiver_down_keeps_alerts_spooled_until_it_is_back(tmp_path):
-    port = free_port(socket.SOCK_STREAM)
+    held = bound_port()  # the receiver's port, refusing until it listens
+    port = held.getsockname()[1]
     url = f"syslog+tcp://127.0.0.1:{port}"
     alert = make_alert("down", 0)
     with open_outputs([url], spool_dir=str(tmp_path)) as outputs:
@@ -261,7 +263,8 @@ def test_receiver_down_keeps_alerts_spooled_until_it_is_back(tmp_path):
         assert report.destinations[url].pending == 1
         assert "Connection refused" in report.destinations[url].last_error
     received = []
-    with socket.create_server(("127.0.0.1", port)) as server:
+    held.listen()
+    with held as server:
 
         def accept() -> None:
             conn, _ = server.accept()

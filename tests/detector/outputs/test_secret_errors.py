@@ -3,8 +3,6 @@ syslog URL's configuration errors show no path token, query token or userinfo.""
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
 
@@ -12,6 +10,7 @@ from hpcsec.detector.outputs.httpauth import transport_failure
 from hpcsec.detector.outputs.protocol import DeliveryFailed, OutputError, redact
 from hpcsec.detector.outputs.registry import open_outputs
 from hpcsec.detector.outputs.webhook import WebhookOutput
+from tests.ports import refusing_port
 
 PATH_TOKEN = "T000/B000/XXXXpathTOKEN"
 QUERY_TOKEN = "QUERYsecret"
@@ -36,16 +35,8 @@ def test_transport_error_text_is_redacted(message):
     assert str(failure).startswith("ConnectError: ")
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_real_connection_failure_names_only_the_redacted_url():
-    url = (
-        f"http://user:PASSWORDx@127.0.0.1:{closed_port()}/services/{PATH_TOKEN}?token={QUERY_TOKEN}"
-    )
+    url = f"http://user:PASSWORDx@127.0.0.1:{refusing_port()}/services/{PATH_TOKEN}?token={QUERY_TOKEN}"
     output = WebhookOutput(url, b"s3cret", timeout_s=2)
     try:
         with pytest.raises(DeliveryFailed) as caught:

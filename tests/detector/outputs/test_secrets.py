@@ -5,23 +5,17 @@ signing secret others can read is warned about, and refused by the agent."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 from hpcsec.detector.cli import main as cli
 from hpcsec.detector.core.display import redacted_url
+from tests.ports import refusing_port
 from tests.rule_texts import MINER_RULE
 
 PATH_TOKEN = "T000/B000/XXXXpathTOKEN"
 QUERY_TOKEN = "QUERYsecret"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_redacted_url_keeps_scheme_host_port_and_a_hash():
@@ -83,7 +77,7 @@ def everything_under(root: Path) -> str:
 
 def test_scan_to_an_unreachable_webhook_shows_no_token(events, tmp_path, capsys):
     rules, events_file = events
-    url = f"http://127.0.0.1:{closed_port()}/services/{PATH_TOKEN}?token={QUERY_TOKEN}"
+    url = f"http://127.0.0.1:{refusing_port()}/services/{PATH_TOKEN}?token={QUERY_TOKEN}"
     spool = tmp_path / "spool"
     argv = ["scan", "--events", str(events_file), "--no-default-rules", "--rules", str(rules)]
     argv += ["--output", url]
@@ -127,7 +121,7 @@ def test_a_mistyped_scheme_shows_no_token(events, tmp_path, capsys, where):
 
 def test_a_secret_file_others_can_read_is_a_warning_for_scan(events, tmp_path, capsys):
     rules, events_file = events
-    url = f"http://127.0.0.1:{closed_port()}/hook"
+    url = f"http://127.0.0.1:{refusing_port()}/hook"
     secret = private_secret(tmp_path, 0o644)
     argv = ["scan", "--events", str(events_file), "--no-default-rules", "--rules", str(rules)]
     argv += ["--output", url]
