@@ -22,7 +22,9 @@ STATUS_MAX = 16 * 1024
 CMDLINE_MAX = proclists.CMDLINE_MAX
 # The environment variables any part of hpcsec reads; nothing else of an environment is kept.
 ENVIRON_KEYS = ("LD_PRELOAD", "SLURM_JOB_ID", "SLURM_STEP_ID", "CUDA_VISIBLE_DEVICES")
-LAST_WINS = ("LD_PRELOAD",)  # ld.so reads every entry, the last one stands; getenv the first
+# glibc's ld.so loads the last LD_PRELOAD of an environment, musl's the first (getenv): both
+# are kept, and read as one list, every library of which must be allowed
+EVERY_LOADER = ("LD_PRELOAD",)
 
 
 @dataclass(frozen=True)
@@ -72,19 +74,25 @@ def status_fields(text: str, keys: frozenset[str] | None = None) -> dict[str, st
 
 
 def environ_value(environ: bytes | None, var: str) -> str | None:
-    """The value of `var` in a NUL-separated /proc/<pid>/environ, or None."""
+    """The value of `var` in a NUL-separated /proc/<pid>/environ (as read_environ keeps it),
+    or None: the first entry, as getenv reads it; for EVERY_LOADER names, every entry kept,
+    joined by `:` as ld.so separates libraries."""
     prefix = var.encode() + b"="
-    for entry in (environ or b"").split(b"\0"):
-        if entry.startswith(prefix):
-            return from_node_bytes(entry[len(prefix) :])
-    return None
+    values = [
+        from_node_bytes(entry[len(prefix) :])
+        for entry in (environ or b"").split(b"\0")
+        if entry.startswith(prefix)
+    ]
+    if not values:
+        return None
+    return ":".join(dict.fromkeys(values)) if var in EVERY_LOADER else values[0]
 
 
 def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
     """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it."""
     return proc.read_condensed(
         f"{pid}/environ",
-        lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, LAST_WINS),
+        lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
     )
 
 

@@ -64,22 +64,32 @@ def _entries(stream: BinaryIO, keep_max: int) -> Iterator[tuple[bytes, int]]:
         yield bytes(current), length
 
 
-def environ_entries(stream: BinaryIO, names: Iterable[str], last_wins: Iterable[str] = ()) -> bytes:
+def environ_entries(
+    stream: BinaryIO, names: Iterable[str], first_and_last: Iterable[str] = ()
+) -> bytes:
     """The entries `NAME=value` of `names`, NUL-terminated: the first of each, as getenv
-    reads it, or the last for the names in `last_wins` (ld.so takes the last LD_PRELOAD, so
-    an allowed one before it must not hide it). An entry longer than ENTRY_MAX is cut with a
-    CUT marker, never silently: a library behind 16 KiB of `:` is not claimed to be absent."""
+    reads it, and for the names in `first_and_last` the last one too when it differs (glibc's
+    ld.so takes the last LD_PRELOAD, musl's the first: an allowed one must hide neither). An
+    entry longer than ENTRY_MAX is cut with a CUT marker, never silently: a library behind
+    16 KiB of `:` is not claimed to be absent."""
     prefixes = {name.encode() + b"=" for name in names}
-    last = {name.encode() + b"=" for name in last_wins} & prefixes
-    kept: dict[bytes, bytes] = {}
+    both = {name.encode() + b"=" for name in first_and_last} & prefixes
+    first: dict[bytes, bytes] = {}
+    last: dict[bytes, bytes] = {}
     for head, length in _entries(stream, ENTRY_MAX + MARKER_ROOM):
         key, sep, _ = head.partition(b"=")
         prefix = key + sep
-        if prefix in prefixes and (prefix not in kept or prefix in last):
-            kept[prefix] = _cut_entry(head, length)
-            if len(kept) == len(prefixes) and not last:
+        if prefix not in prefixes:
+            continue
+        if prefix not in first:
+            first[prefix] = _cut_entry(head, length)
+            if len(first) == len(prefixes) and not both:
                 break
-    return b"".join(entry + b"\0" for entry in kept.values())
+        elif prefix in both:
+            last[prefix] = _cut_entry(head, length)
+    kept = [first[p] for p in first]
+    kept += [last[p] for p in first if p in last and last[p] != first[p]]
+    return b"".join(entry + b"\0" for entry in kept)
 
 
 def _cut_entry(head: bytes, length: int) -> bytes:

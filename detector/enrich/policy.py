@@ -245,12 +245,18 @@ def preload_allowed(value: str, allowed: Iterable[str]) -> bool:
     is an absolute path, `*` matching within one path component; a bare name (`libjemalloc`)
     allows that library (`libjemalloc.so`, `libjemalloc.so.2`, not `libjemalloc-hook.so`)
     in a system library directory only. An entry without a `/` in LD_PRELOAD is found
-    through LD_LIBRARY_PATH, which the user sets: it is never allowed.
+    through LD_LIBRARY_PATH, which the user sets: it is never allowed, nor is a value the
+    sensor cut (`…[hpcsec: cut N bytes]`): what was cut is unknown.
     """
+    if CUT_MARK.search(value):
+        return False
     libraries = [item for item in re.split(r"[: ]+", value) if item]
     return bool(libraries) and all(
         library.startswith("/") and _allowed_entry(library, allowed) for library in libraries
     )
+
+
+CUT_MARK = re.compile(r"\u2026\[hpcsec: cut \d+ bytes\]")  # sensors/proclists.py's CUT
 
 
 # Policies prepared per config object: the agent reloads the config on SIGHUP, so a handful

@@ -252,7 +252,10 @@ def parse_jobs_json(text: str) -> JobsParse:
 _JOB_START = re.compile(r"^JobId=(\d+)\b", re.M)
 _NODE_GRES = re.compile(r"\s+Nodes=(\S+)\s.*?\bGRES=(\S+)")
 # lines Slurm prints once per job, at the start of a line: a second one was written by a user
-_ONCE = ("   UserId=", "   Socks/Node=", "   JOB_GRES=")
+_ONCE = ("   UserId=", "   Socks/Node=", "   JOB_GRES=", "   HetJobIdSet=", "   SLUID=")
+# lines Slurm may print between the JobId= line and UserId= (a heterogeneous job's parts;
+# 25.11's SLUID with -d)
+_BEFORE_USER = ("   HetJobIdSet=", "   SLUID=")
 
 
 def parse_show_job_detail(
@@ -305,7 +308,10 @@ _UNTRUSTED = "a name or path of a job holds a line break; its GPUs are not taken
 
 
 def _ambiguous(lines: list[str]) -> str | None:
-    if len(lines) < 2 or not lines[1].startswith("   UserId="):
+    second = 1
+    while second < len(lines) and lines[second].startswith(_BEFORE_USER):
+        second += 1
+    if second >= len(lines) or not lines[second].startswith("   UserId="):
         return "its first line is broken"
     for key in _ONCE:
         if sum(1 for line in lines if line.startswith(key)) > 1:

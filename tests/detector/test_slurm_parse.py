@@ -161,11 +161,17 @@ def test_show_job_detail_all_jobs():
 
 
 def show_job(
-    job: str, name: str = "x", wckey: str = "(null)", gres: str = "", tail: str = ""
+    job: str,
+    name: str = "x",
+    wckey: str = "(null)",
+    gres: str = "",
+    tail: str = "",
+    head: str = "",
 ) -> str:
     """One job as `scontrol show job -d` prints it (the lines around the detail)."""
     return (
-        f"JobId={job} JobName={name}\n   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A\n"
+        f"JobId={job} JobName={name}\n{head}"
+        "   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A\n"
         f"   Priority=1 Nice=0 Account=llm QOS=normal WCKey={wckey}\n"
         "   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
         "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*\n"
@@ -186,6 +192,18 @@ def test_show_job_detail_multi_node_lines():
         "77": (("gpu001", (0, 1, 2, 3)), ("gpu002", (0, 1, 2, 3)), ("gpu003", (4, 6)))
     }
     assert errors == ("job 78: bad GPU index 'zz' in GRES 'gpu:1(IDX:zz)'",)
+
+
+def test_show_job_detail_of_heterogeneous_job_parts_and_sluids():
+    """Slurm prints HetJobIdSet= (a heterogeneous job's parts) and, from 25.11 with -d,
+    SLUID= between the first line and UserId=: their GPUs are read as any job's."""
+    gres = "   JOB_GRES=gpu:2\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)\n"
+    text = show_job("50 HetJobId=50 HetJobOffset=0", head="   HetJobIdSet=50-51\n", gres=gres)
+    text += show_job("51 HetJobId=50 HetJobOffset=1", head="   HetJobIdSet=50-51\n")
+    text += show_job("52", head="   SLUID=s1a2b3c4\n", gres=gres)
+    detail, errors = slurm.parse_show_job_detail(text)
+    assert errors == ()
+    assert detail == {"50": (("n1", (0, 1)),), "51": (), "52": (("n1", (0, 1)),)}
 
 
 FORGED = "   JOB_GRES=gpu:8\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)\n"

@@ -16,7 +16,7 @@ from hpcsec.detector.enrich.policy import preload_allowed
 from hpcsec.sensors import proclists
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.process import ProcessSensor
-from hpcsec.sensors.procinfo import environ_value, read_environ
+from hpcsec.sensors.procinfo import ENVIRON_KEYS, EVERY_LOADER, environ_value, read_environ
 from tests.hostile_fs import as_root
 
 PAD = 70 * 1024
@@ -68,16 +68,33 @@ def test_environ_keeps_the_asked_entries_wherever_they_are():
     )
 
 
-def test_the_last_ld_preload_is_kept_as_ld_so_reads_it(tmp_path):
-    """An allowed library first, then the user's: ld.so loads the last one, getenv (and so
-    the first-wins reading) would name the allowed one. The sensor reads it as ld.so does."""
+@pytest.mark.parametrize("user_first", [False, True])
+def test_the_first_and_the_last_ld_preload_are_both_read(tmp_path, user_first):
+    """glibc's ld.so loads the last LD_PRELOAD of an environment, musl's the first (getenv):
+    an allowed library on one side must not hide the user's on the other."""
     allowed = b"LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-    env = allowed + b"\0SLURM_JOB_ID=5\0LD_PRELOAD=/home/u/evil.so\0SLURM_JOB_ID=6\0"
+    evil = b"LD_PRELOAD=/home/u/evil.so"
+    first, last = (evil, allowed) if user_first else (allowed, evil)
+    env = first + b"\0SLURM_JOB_ID=5\0LD_PRELOAD=/middle.so\0" + last + b"\0SLURM_JOB_ID=6\0"
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "environ").write_bytes(env)
     kept = read_environ(FsRoot("proc", tmp_path), 42)
-    assert environ_value(kept, "LD_PRELOAD") == "/home/u/evil.so"
+    assert kept == first + b"\0SLURM_JOB_ID=5\0" + last + b"\0"  # what a snapshot records
+    value = environ_value(kept, "LD_PRELOAD")
+    assert value == f"{first[11:].decode()}:{last[11:].decode()}"
+    assert not preload_allowed(value or "", ["libjemalloc"])
     assert environ_value(kept, "SLURM_JOB_ID") == "5"  # getenv's, the first
+    again = proclists.environ_entries(io.BytesIO(kept), ENVIRON_KEYS, EVERY_LOADER)
+    assert again == kept  # a snapshot's record reads back the same
+
+
+def test_one_allowed_ld_preload_given_twice_is_allowed(tmp_path):
+    lib = b"LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2\0"
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "environ").write_bytes(lib + b"HOME=/\0" + lib)
+    value = environ_value(read_environ(FsRoot("proc", tmp_path), 7), "LD_PRELOAD")
+    assert value == "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    assert preload_allowed(value, ["libjemalloc"])
 
 
 def test_an_ld_preload_past_the_kept_length_is_cut_with_a_marker():
