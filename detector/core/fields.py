@@ -251,6 +251,12 @@ FIELDS: tuple[Field, ...] = (
     _f("slurm.job.end", "date", "job end time"),
     _f("slurm.job.step", "keyword", "step id (batch, extern, 0, …)"),
     _f("slurm.job.name", "keyword", "job name"),
+    _f(
+        "slurm.job.listing_tampered",
+        "boolean",
+        "the job's own text broke the lines of `scontrol show job -d` (GPUs unknown)",
+        "slurm_job",
+    ),
     _f("slurm.node.users", "list", "users with a job on this node", "slurm_job"),
     _f("slurm.node.job_count", "long", "running jobs on this node (node-level events)"),
     _f("slurm.node.user_has_job", "boolean", "the event's user has a running job on this node"),

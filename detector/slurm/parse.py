@@ -18,7 +18,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpcsec.detector.core import hostlist
 from hpcsec.detector.core.schema import rfc3339
@@ -41,6 +41,8 @@ class JobRecord:
     name: str | None = None
     # GPU indices per node from the GRES IDX detail; None when no detail was available.
     gpus_by_node: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    # its own text (name, wckey, paths) broke the lines of `scontrol show job -d`
+    listing_tampered: bool = False
 
     def gpus_on(self, host: str) -> tuple[int, ...] | None:
         """GPU indices allocated on `host` (short name match); None when not known."""
@@ -69,6 +71,7 @@ class JobRecord:
             "slurm.job.state": self.state,
             "slurm.job.start": self.start,
             "slurm.job.name": self.name,
+            "slurm.job.listing_tampered": True if self.listing_tampered else None,
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -258,9 +261,13 @@ _ONCE = ("   UserId=", "   Socks/Node=", "   JOB_GRES=", "   HetJobIdSet=", "   
 _BEFORE_USER = ("   HetJobIdSet=", "   SLUID=")
 
 
-def parse_show_job_detail(
-    text: str,
-) -> tuple[dict[str, tuple[tuple[str, tuple[int, ...]], ...]], tuple[str, ...]]:
+class ShowJobDetail(NamedTuple):
+    gpus: dict[str, tuple[tuple[str, tuple[int, ...]], ...]]  # job id -> (node, GPU indices)
+    errors: tuple[str, ...]
+    tampered: frozenset[str]  # jobs whose own text broke the listing's lines
+
+
+def parse_show_job_detail(text: str) -> ShowJobDetail:
     """Per-job, per-node GPU indices from `scontrol show job -d` (any number of jobs).
 
     The detail lines look like `     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)`;
@@ -270,25 +277,28 @@ def parse_show_job_detail(
     included, so only its own structure decides: detail lines count in the run right after
     the job's `JOB_GRES=` line, which follows its `Socks/Node=` line. A job listed twice, a
     block with one of those lines (or `UserId=`) twice, or a first line broken by the job's
-    name is an error: that job's GPUs are not taken from the listing (unknown, not forged).
+    name is an error: that job's GPUs are not taken from the listing (unknown, not forged),
+    and the job is named in `tampered` (its owner hid its allocation: an alert of its own).
     """
     out: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {}
     errors: list[str] = []
     starts = list(_JOB_START.finditer(text))
     listed = Counter(m.group(1) for m in starts)
     doubled: set[str] = set()
+    tampered: set[str] = set()
     for i, start in enumerate(starts):
         job = start.group(1)
         if listed[job] > 1:
             if job not in doubled:  # said once
                 doubled.add(job)
                 errors.append(f"job {job}: listed {listed[job]} times: {_UNTRUSTED}")
-            continue
+            continue  # which of the jobs wrote the other block is not known: none is named
         block = text[start.start() : starts[i + 1].start() if i + 1 < len(starts) else len(text)]
         lines = block.split("\n")
         problem = _ambiguous(lines)
         if problem:
             errors.append(f"job {job}: {problem}: {_UNTRUSTED}")
+            tampered.add(job)
             continue
         pairs: list[tuple[str, tuple[int, ...]]] = []
         try:
@@ -301,7 +311,7 @@ def parse_show_job_detail(
             errors.append(f"job {job}: {exc}")
             continue
         out[job] = tuple(pairs)
-    return out, tuple(errors)
+    return ShowJobDetail(out, tuple(errors), frozenset(tampered))
 
 
 _UNTRUSTED = "a name or path of a job holds a line break; its GPUs are not taken from this listing"

@@ -50,11 +50,13 @@ def build_table(raw: dict[str, str | None]) -> JobTable:
         errors.extend(parsed.errors)
         jobs = {j.job_id: j for j in parsed.jobs}
     if raw.get("slurm-jobs-detail.txt"):
-        detail, derr = slurm.parse_show_job_detail(raw["slurm-jobs-detail.txt"] or "")
-        errors.extend(derr)
-        for job_id, pairs in detail.items():
+        detail = slurm.parse_show_job_detail(raw["slurm-jobs-detail.txt"] or "")
+        errors.extend(detail.errors)
+        for job_id, pairs in detail.gpus.items():
             if job_id in jobs and jobs[job_id].gpus_by_node is None:
                 jobs[job_id] = replace(jobs[job_id], gpus_by_node=tuple(pairs))
+        for job_id in detail.tampered & jobs.keys():
+            jobs[job_id] = replace(jobs[job_id], listing_tampered=True)
     pids: dict[int, PidJob] = {}
     if raw.get("slurm-listpids.txt"):
         listed = slurm.parse_listpids(raw["slurm-listpids.txt"] or "")

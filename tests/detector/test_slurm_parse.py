@@ -155,8 +155,8 @@ def test_gres_gpu_indices_malformed(gres):
 
 
 def test_show_job_detail_all_jobs():
-    detail, errors = slurm.parse_show_job_detail(read("show-job-d-all.txt"))
-    assert errors == ()
+    detail, errors, tampered = slurm.parse_show_job_detail(read("show-job-d-all.txt"))
+    assert errors == () and tampered == frozenset()
     assert detail == {"1": (("vm", (0, 1)),), "3": (("vm", (2, 3)),), "4": ()}
 
 
@@ -187,7 +187,8 @@ def test_show_job_detail_multi_node_lines():
         "     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)\n"
         "     Nodes=gpu003 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:4,6)\n",
     ) + show_job("78", gres="   JOB_GRES=gpu:1\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:zz)\n")
-    detail, errors = slurm.parse_show_job_detail(text)
+    detail, errors, tampered = slurm.parse_show_job_detail(text)
+    assert tampered == frozenset()
     assert detail == {
         "77": (("gpu001", (0, 1, 2, 3)), ("gpu002", (0, 1, 2, 3)), ("gpu003", (4, 6)))
     }
@@ -201,8 +202,8 @@ def test_show_job_detail_of_heterogeneous_job_parts_and_sluids():
     text = show_job("50 HetJobId=50 HetJobOffset=0", head="   HetJobIdSet=50-51\n", gres=gres)
     text += show_job("51 HetJobId=50 HetJobOffset=1", head="   HetJobIdSet=50-51\n")
     text += show_job("52", head="   SLUID=s1a2b3c4\n", gres=gres)
-    detail, errors = slurm.parse_show_job_detail(text)
-    assert errors == ()
+    detail, errors, tampered = slurm.parse_show_job_detail(text)
+    assert errors == () and tampered == frozenset()
     assert detail == {"50": (("n1", (0, 1)),), "51": (), "52": (("n1", (0, 1)),)}
 
 
@@ -231,11 +232,13 @@ FORGED = "   JOB_GRES=gpu:8\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)\n
 def test_a_line_break_in_a_users_text_forges_no_gpu_allocation(job):
     """Slurm prints a job's name, wckey and paths raw: a user who puts `JOB_GRES=` and
     `Nodes=` lines in them gets an error for the job and unknown GPUs, never GPUs 0-7."""
-    detail, errors = slurm.parse_show_job_detail(job + show_job("43"))
+    detail, errors, tampered = slurm.parse_show_job_detail(job + show_job("43"))
     assert detail.get("42") in (None, ())
     assert detail["43"] == ()
     if "42" not in detail:
         assert errors and all(e.startswith("job 42: ") for e in errors)
+        # named as its listing's tamperer, unless it is listed twice (which wrote which?)
+        assert tampered == (frozenset() if "listed 2 times" in errors[0] else {"42"})
 
 
 def test_listpids_all_jobs():

@@ -99,6 +99,25 @@ class Down:
     listpids = jobs_detail = jobs_json
 
 
+def test_a_job_name_that_breaks_the_detail_listing_is_flagged_and_its_gpus_unknown(tmp_path):
+    """Slurm before 22.05: no gres_detail in the JSON, so `scontrol show job -d` is read. A
+    job named with a line break and a fake detail line gets no GPUs from it (unknown), and
+    its present event says why, for the rule *Slurm job whose own text breaks the listing*."""
+    doc = json.loads(jobs_doc(1, 3))
+    for job in doc["jobs"]:
+        job.pop("gres_detail", None)
+    detail = (FIX / "show-job-d-all.txt").read_text()
+    forged = "JobName=wrap\n     Nodes=vm CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)"
+    detail = detail.replace("JobId=3 JobName=wrap", "JobId=3 " + forged, 1)
+    replay = {"slurm-jobs.json": json.dumps(doc), "slurm-jobs-detail.txt": detail}
+    events = list(SlurmJobsSensor().collect(ctx_for(tmp_path, replay)))
+    present = {e["slurm.job.id"]: e for e in events if e["event.action"] == "present"}
+    assert present["1"]["slurm.job.gpus"] == [0, 1]
+    assert "slurm.job.listing_tampered" not in present["1"]
+    assert present["3"]["slurm.job.listing_tampered"] is True
+    assert "slurm.job.gpus" not in present["3"]  # unknown, not the forged 0-7
+
+
 def test_outage_is_not_the_end_of_every_job(tmp_path):
     state: dict = {}
     sensor = SlurmJobsSensor()
