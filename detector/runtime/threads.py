@@ -35,6 +35,18 @@ DEFAULT_BUDGET_SHARE = 0.5
 STREAM_POLL_S = 0.25
 
 
+def fair_shares(sizes: list[int], room: int) -> list[int]:
+    """How much of each size fits in `room` shared evenly: the smaller ones whole, the
+    largest cut to what is left (max-min fairness)."""
+    shares = [0] * len(sizes)
+    left = room
+    order = sorted(range(len(sizes)), key=sizes.__getitem__)
+    for n, i in enumerate(order):
+        shares[i] = min(sizes[i], left // (len(order) - n))
+        left -= shares[i]
+    return shares
+
+
 class EventQueue:
     """Bounded (in events) FIFO of batches between the source threads and the main loop."""
 
@@ -54,12 +66,17 @@ class EventQueue:
 
     def put_many(self, batches: list[tuple[SourceBatch, str]]) -> int:
         """Queue batches (with the sensor each came from) at once, so the main loop sees a
-        whole sample together; what does not fit is dropped and counted per sensor."""
+        whole sample together; what does not fit is dropped and counted per sensor.
+
+        The room left is shared out evenly (`fair_shares`), not first come first served: a
+        user who floods one sensor (100,000 sockets) must not crowd out the others' events
+        of the same sample, which came after it."""
         lost_total = 0
         with self._cond:
-            for batch, sensor in batches:
-                room = max(self.max_events - self._size, 0)
-                kept = batch.events if len(batch.events) <= room else batch.events[:room]
+            room = max(self.max_events - self._size, 0)
+            shares = fair_shares([len(batch.events) for batch, _ in batches], room)
+            for (batch, sensor), share in zip(batches, shares, strict=True):
+                kept = batch.events[:share]
                 lost = len(batch.events) - len(kept)
                 if lost:
                     self._dropped[sensor] = self._dropped.get(sensor, 0) + lost

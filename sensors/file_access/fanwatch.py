@@ -37,6 +37,7 @@ from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
 from hpcsec.sensors.file_access.openers import OpenerCache
 from hpcsec.sensors.file_access.records import Drained
 from hpcsec.sensors.file_access.restart import RestartPolicy
+from hpcsec.sensors.file_access.walk import walk_tree
 
 CONTENT_MASK = fan.FAN_OPEN_PERM | fan.FAN_OPEN_EXEC_PERM | fan.FAN_ACCESS  # and writes:
 CONTENT_MASK |= fan.FAN_MODIFY | fan.FAN_CLOSE_WRITE
@@ -150,7 +151,7 @@ class FanotifyWatch:
         self._add_mount_fd(root)
         # Inode marks even on a tree that is a mount of its own: a mount mark would miss the
         # same files reached through a bind mount or another mount of the filesystem.
-        for dirpath, _, names in os.walk(root):
+        for dirpath, names in walk_tree(root):
             self._mark_dir(dirpath)
             for name in names:
                 self._mark_file(os.path.join(dirpath, name))

@@ -17,6 +17,8 @@ import os
 import stat
 import time
 
+from hpcsec.sensors.file_access.walk import walk_tree
+
 DEFAULT_MAX_FILES = 1_000_000
 REBUILD_S = 300.0
 
@@ -72,6 +74,6 @@ def _regular_files(root: str):
     if not os.path.isdir(root):
         yield root
         return
-    for dirpath, _, names in os.walk(root):  # symlinks are not followed: they are not assets
+    for dirpath, names in walk_tree(root):  # symlinks are not followed: they are not assets
         for name in names:
             yield os.path.join(dirpath, name)

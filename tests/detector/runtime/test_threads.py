@@ -11,7 +11,7 @@ from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.core.schema import new_event
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch
-from hpcsec.detector.runtime.threads import EventQueue, StreamSource
+from hpcsec.detector.runtime.threads import EventQueue, StreamSource, fair_shares
 from hpcsec.sensors.base import SensorSpec
 
 
@@ -39,6 +39,34 @@ def test_queue_is_bounded_in_events_and_counts_drops(tmp_path: Path):
     got = q.get(max_events=2, timeout=0)
     assert [[e["process.pid"] for e in c.events] for c in got] == [[2]]
     assert q.get(max_events=2, timeout=0) == [] and len(q) == 0
+
+
+def test_a_flood_from_one_sensor_does_not_crowd_out_the_others(tmp_path: Path):
+    """A user's 100,000 sockets came first in the sample; the room is shared, so the other
+    sensors' events of that sample are queued whole and the flood is cut (and counted)."""
+    ctx = live_context(SiteConfig(), etc_root=tmp_path, host_name="n1")
+
+    def batch(sensor: str, n: int) -> tuple[SourceBatch, str]:
+        events = [
+            new_event("x", "present", sensor, "n1", ctx.timestamp, {"process.pid": i})
+            for i in range(n)
+        ]
+        return SourceBatch(events, ctx), sensor
+
+    q = EventQueue(max_events=100)
+    assert q.put(*batch("process", 10)) == 0  # 90 left
+    lost = q.put_many([batch("sockets", 1000), batch("file_access", 5), batch("gpu", 3)])
+    assert lost == 918 and q.take_dropped() == {"sockets": 918}
+    got = q.get(max_events=1000, timeout=0)
+    counts = [(c.events[0]["hpcsec.sensor"], len(c.events)) for c in got]
+    assert counts == [("process", 10), ("sockets", 82), ("file_access", 5), ("gpu", 3)]
+
+
+def test_fair_shares_fill_the_room_smallest_first():
+    assert fair_shares([1000, 5, 3], 90) == [82, 5, 3]
+    assert fair_shares([50, 50, 50], 90) == [30, 30, 30]
+    assert fair_shares([10, 20], 100) == [10, 20]
+    assert fair_shares([7, 7], 0) == [0, 0] and fair_shares([], 5) == []
 
 
 class _FakeStream:
