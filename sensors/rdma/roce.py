@@ -53,6 +53,11 @@ ROCE_V2_PORT = roce_filter.ROCE_V2_PORT  # IANA's port for RoCEv2
 DEFAULT_INTERVAL_S = 10.0
 DEFAULT_DURATION_S = 10.0
 MAX_REPORTED_ERRORS = 20
+# A capture's flows and a flow's distinct rkeys are kept up to these bounds: datagrams to
+# port 4791 with random QPs and rkeys need no privilege. Packets of flows past the bound
+# are counted in a `dropped` status.
+MAX_FLOWS = 50_000
+MAX_RKEYS = 4_096
 LOOPBACK = "lo"
 
 logger = get_logger(__name__)
@@ -83,6 +88,13 @@ class FlowCounts:
 FlowKey = tuple[float, str, str, int]  # interval start, source, destination, dqpn
 
 
+def _add_rkey(counts: FlowCounts, rkey: int) -> None:
+    """Distinct rkeys of a flow, up to MAX_RKEYS (a probe of random rkeys is past any
+    rule's threshold long before; the count stays at the bound)."""
+    if len(counts.rkeys) < MAX_RKEYS:
+        counts.rkeys.add(rkey)
+
+
 class FlowAggregator:
     """Folds packets into per-flow, per-interval counts."""
 
@@ -91,6 +103,7 @@ class FlowAggregator:
             raise ValueError(f"flow interval must be positive, got {interval_s!r}")
         self.interval_s = interval_s
         self.flows: dict[FlowKey, FlowCounts] = {}
+        self.untracked_packets = 0  # of flows past MAX_FLOWS
         self.packets_seen = 0
         self.unattributed: list[str] = []
         self.unattributed_count = 0
@@ -112,6 +125,9 @@ class FlowAggregator:
         key = (start, str(ip.src), str(ip.dst), int(bth.dqpn))
         counts = self.flows.get(key)
         if counts is None:
+            if len(self.flows) >= MAX_FLOWS:  # random QPs or addresses: memory stays bounded
+                self.untracked_packets += 1
+                return
             counts = self.flows[key] = FlowCounts()
         counts.packets += 1
         counts.bytes += getattr(packet, "wirelen", None) or len(packet)
@@ -135,15 +151,15 @@ class FlowAggregator:
             reth = bth[RETH]
             counts.write_requests += 1
             counts.write_bytes += int(reth.dma_length)
-            counts.rkeys.add(int(reth.rkey))
+            _add_rkey(counts, int(reth.rkey))
         elif operation == READ_REQUEST_OP:
             reth = bth[RETH]
             counts.read_requests += 1
             counts.read_bytes += int(reth.dma_length)
-            counts.rkeys.add(int(reth.rkey))
+            _add_rkey(counts, int(reth.rkey))
         elif operation in ATOMIC_OPS:
             counts.atomic_requests += 1
-            counts.rkeys.add(int(bth[AtomicETH].rkey))
+            _add_rkey(counts, int(bth[AtomicETH].rkey))
         elif operation in SEND_OPS:
             counts.sends += 1
         elif operation in ACK_OPS:
@@ -283,6 +299,16 @@ class RoceSensor:
                 int(link) if link.isdigit() else None,
             )
         events = aggregator.events(ctx)
+        if aggregator.untracked_packets:
+            events.append(
+                ctx.status(
+                    NAME,
+                    "dropped",
+                    f"{aggregator.untracked_packets} RoCE packets of flows past the "
+                    f"{MAX_FLOWS} flows a capture keeps",
+                    **{"hpcsec.dropped": aggregator.untracked_packets},
+                )
+            )
         if aggregator.unattributed_count:
             events.append(
                 ctx.status(

@@ -28,18 +28,26 @@ def test_the_walk_gives_what_os_walk_gives(tmp_path: Path):
 
 
 def test_a_tree_nested_deeper_than_the_recursion_limit_is_indexed(tmp_path: Path):
-    deep = str(tmp_path)
-    for _ in range(1_100):  # 2 bytes a level: well within PATH_MAX; mkdir(parents) recurses
-        deep = os.path.join(deep, "a")
-        os.mkdir(deep)
-    weights = os.path.join(deep, "weights.pt")
-    with open(weights, "wb") as fh:
-        fh.write(b"w")
-    index = AssetIndex([str(tmp_path)])
-    index.build()
-    st = os.stat(weights)
-    found = index.lookup(st.st_dev, st.st_ino)
-    assert found is not None and found == weights  # (the path is 2 KiB: not printed)
+    # made and removed here, level by level: mkdir(parents=True) and shutil.rmtree (pytest's
+    # clean-up of old temporary directories) recurse as os.walk does, and fail the same way
+    levels = [str(tmp_path)]
+    for _ in range(1_100):  # 2 bytes a level: well within PATH_MAX
+        levels.append(os.path.join(levels[-1], "a"))
+        os.mkdir(levels[-1])
+    weights = os.path.join(levels[-1], "weights.pt")
+    try:
+        with open(weights, "wb") as fh:
+            fh.write(b"w")
+        index = AssetIndex([str(tmp_path)])
+        index.build()
+        st = os.stat(weights)
+        found = index.lookup(st.st_dev, st.st_ino)
+        assert found is not None and found == weights  # (the path is 2 KiB: not printed)
+    finally:
+        if os.path.exists(weights):
+            os.remove(weights)
+        for level in reversed(levels[1:]):
+            os.rmdir(level)
 
 
 def test_a_directory_that_cannot_be_listed_is_skipped(tmp_path: Path):

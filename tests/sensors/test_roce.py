@@ -18,6 +18,7 @@ from scapy.utils import wrpcap
 from hpcsec.detector.cli import main as cli
 from hpcsec.detector.runtime.registry import by_name
 from hpcsec.sensors.base import FsRoot, SensorContext, SensorUnavailable, run_sensor
+from hpcsec.sensors.rdma import roce
 from hpcsec.sensors.rdma.roce import CaptureError, FlowAggregator, RoceSensor, read_pcap
 from hpcsec.sensors.rdma.roce_headers import DETH, RETH, XRCETH, AtomicETH
 
@@ -416,3 +417,26 @@ def test_scan_evaluates_the_rules_on_a_capture(tmp_path, capsys):
     assert "RoCE flow touching many distinct rkeys" in {a["rule.title"] for a in alerts}
     assert "hpcsec: sensor roce: ok: 1 events" in err
     assert cli.main(["scan", "--pcap", str(path), "--events", str(path)]) == 2
+
+
+def test_flows_and_rkeys_are_bounded_and_the_rest_counted(tmp_path, monkeypatch):
+    """Datagrams to 4791 with random QPs and rkeys need no privilege: past the bounds the
+    capture keeps no more flows (their packets are counted in a `dropped` status) and a
+    flow's rkey count stays at its bound."""
+    monkeypatch.setattr(roce, "MAX_FLOWS", 3)
+    monkeypatch.setattr(roce, "MAX_RKEYS", 2)
+
+    def write(dqpn: int, rkey: int):
+        frame = Ether() / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=5000, dport=4791)
+        return frame / BTH(opcode=0x0A, dqpn=dqpn) / RETH(rkey=rkey, dma_length=64) / Raw(b"x")
+
+    packets = [write(dqpn, rkey) for dqpn in (1, 2, 3, 4, 5) for rkey in (7, 8, 9)]
+    for i, packet in enumerate(packets):
+        packet.time = 1_764_464_400 + i * 0.001
+    events, keyed = _flows(tmp_path, packets)
+    flows = {k: e for k, e in keyed.items() if e["event.category"] == "roce_flow"}
+    assert sorted(key[2] for key in flows) == [1, 2, 3]
+    assert {e["rdma.flow.rkeys"] for e in flows.values()} == {2}
+    assert {e["network.packets"] for e in flows.values()} == {3}
+    (dropped,) = [e for e in events if e["event.action"] == "dropped"]
+    assert dropped["hpcsec.dropped"] == 6 and "past the 3 flows" in dropped["message"]
