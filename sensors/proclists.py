@@ -32,7 +32,9 @@ MIDDLE_MAX = 12 * 1024
 TAIL_MAX = 16 * 1024
 ARG_KEEP = 4 * 1024
 # The markers: a cut argument ends with CUT, an argument standing for those left out is GAP.
-CUT = re.compile(rb"\xe2\x80\xa6\[hpcsec: cut \d+ bytes\]\Z")
+CUT_MARKER = rb"\xe2\x80\xa6\[hpcsec: cut \d+ bytes\]"
+CUT = re.compile(CUT_MARKER + rb"\Z")
+_CUT_ANYWHERE = re.compile(CUT_MARKER)
 GAP = re.compile(rb"\A\xe2\x80\xa6\[hpcsec: \d+ arguments? \(\d+ bytes\) left out\]\Z")
 
 
@@ -95,15 +97,25 @@ def environ_entries(
 def _cut_entry(head: bytes, length: int) -> bytes:
     """An environment entry within ENTRY_MAX, as it is, or cut with a marker; one cut already
     (a snapshot's record, read again) stays as it is."""
-    if length <= ENTRY_MAX or (length <= ENTRY_MAX + MARKER_ROOM and CUT.search(head)):
+    if length <= ENTRY_MAX + MARKER_ROOM and CUT.search(head):
         return head
-    return head[:ENTRY_MAX] + f"\u2026[hpcsec: cut {length - ENTRY_MAX} bytes]".encode()
+    return _cut_to(head, length, ENTRY_MAX)
 
 
 def _cut(head: bytes, length: int) -> bytes:
-    if length <= ARG_KEEP:
+    return _cut_to(head, length, ARG_KEEP)
+
+
+def _cut_to(head: bytes, length: int, keep: int) -> bytes:
+    """The first `keep` bytes of what was `length` long, and a CUT marker when it was longer."""
+    if length <= keep:
         return head
-    return head[:ARG_KEEP] + f"\u2026[hpcsec: cut {length - ARG_KEEP} bytes]".encode()
+    return head[:keep] + f"\u2026[hpcsec: cut {length - keep} bytes]".encode()
+
+
+def holds_cut(value: str) -> bool:
+    """Whether event text (a kept argument or environment value) holds a CUT marker."""
+    return _CUT_ANYWHERE.search(value.encode("utf-8", "surrogateescape")) is not None
 
 
 def _is_indicator(arg: bytes) -> bool:

@@ -36,6 +36,7 @@ from typing import Any
 
 from hpcsec.detector.config.site import Asset, SiteConfig
 from hpcsec.detector.core.schema import Event, parse_time
+from hpcsec.sensors import proclists
 
 SYSTEM_UID_LIMIT = 1000  # regular users are uid >= 1000 (Debian/Red Hat convention)
 COMM_MAX = 15  # the kernel keeps the first 15 bytes of an executable's name as `comm`
@@ -248,15 +249,12 @@ def preload_allowed(value: str, allowed: Iterable[str]) -> bool:
     through LD_LIBRARY_PATH, which the user sets: it is never allowed, nor is a value the
     sensor cut (`…[hpcsec: cut N bytes]`): what was cut is unknown.
     """
-    if CUT_MARK.search(value):
+    if proclists.holds_cut(value):
         return False
     libraries = [item for item in re.split(r"[: ]+", value) if item]
     return bool(libraries) and all(
         library.startswith("/") and _allowed_entry(library, allowed) for library in libraries
     )
-
-
-CUT_MARK = re.compile(r"\u2026\[hpcsec: cut \d+ bytes\]")  # sensors/proclists.py's CUT
 
 
 # Policies prepared per config object: the agent reloads the config on SIGHUP, so a handful

@@ -107,7 +107,10 @@ def test_an_ld_preload_past_the_kept_length_is_cut_with_a_marker():
     again = proclists.environ_entries(io.BytesIO(kept), ["LD_PRELOAD"])
     assert again == kept  # a snapshot's record reads back the same
     shown = environ_value(kept, "LD_PRELOAD")
-    assert shown is not None and not preload_allowed(shown, ["libjemalloc"])
+    assert shown is not None and proclists.holds_cut(shown)
+    assert not preload_allowed(shown, ["libjemalloc"])
+    # a cut value is refused, even when what stands before the marker is allowed
+    assert not preload_allowed(shown.split(":")[0] + "\u2026[hpcsec: cut 9 bytes]", ["*"])
     assert preload_allowed(shown.split(":")[0], ["libjemalloc"])  # the library alone is
 
 
