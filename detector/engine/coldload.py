@@ -23,13 +23,9 @@ from hpcsec.detector.core.errors import HpcsecError, RuleError, location
 from hpcsec.detector.core.switching import quick_thread_switches
 from hpcsec.detector.core.yamlsrc import decode_source, iter_documents, load_documents
 from hpcsec.detector.engine import correlation_rules, crossfile, rulecache, ruletests, thresholds
-from hpcsec.detector.engine.coldpool import (
-    PARALLEL_MIN_FILES,
-    Workers,
-    gc_paused,
-    start_workers,
-)
+from hpcsec.detector.engine.coldpool import PARALLEL_MIN_FILES, Workers, start_workers
 from hpcsec.detector.engine.collection import rule_documents
+from hpcsec.detector.engine.memory import gc_paused
 from hpcsec.detector.engine.parse import parse_document
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 

@@ -7,7 +7,6 @@ miss, before coldload.py)."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -69,23 +68,3 @@ def stopped_on_error(workers: Workers | None) -> Iterator[None]:
 def _import_parser() -> None:
     """A worker's first task: the parser's imports, while the caller does its own."""
     import hpcsec.detector.engine.coldload  # noqa: F401  # the point: imported in the worker
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a parse: every rule parsed stays alive, so each
-    full collection walks all the rules so far again, a third of a cold load's CPU in the
-    caller. What a parse leaves as garbage is a file's worth at most (its YAML nodes, a
-    rejected rule's objects), freed by reference counting or by the next full collection.
-    Process-wide: other threads' cycles wait for the load's end too."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            # what the load allocated goes to the oldest generation unexamined: enabled
-            # as it is, the next allocation would walk all of it as one young generation
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()

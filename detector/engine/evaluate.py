@@ -47,7 +47,7 @@ from hpcsec.detector.engine.correlate import Correlation, check_chains
 from hpcsec.detector.engine.correlation_rules import referenced_rules
 from hpcsec.detector.engine.groups import EngineStats, Fired, epoch, timestamp_text
 from hpcsec.detector.engine.index import INDEX_MIN_RULES, CategoryBuilder, category_weight
-from hpcsec.detector.engine.memory import return_freed_memory
+from hpcsec.detector.engine.memory import return_freed_memory, young_collected
 from hpcsec.detector.engine.prepare import (
     fill_placeholders,
     filter_applies,
@@ -193,7 +193,9 @@ class Engine:
             rules = self._unbuilt.pop(category, None)
             if rules is None:
                 return self._any_category if category is None else self._by_category.get(category)
-            entry = self._compile(category, rules)
+            with young_collected():
+                entry = self._compile(category, rules)
+            return_freed_memory()  # after the collection: what the compile let go is free
             if category is None:
                 self._any_category = entry
             else:
@@ -220,7 +222,6 @@ class Engine:
                 f"the rules of category {category} are too large to compile: {e}",
                 location(rules[0].path, rules[0].line),
             ) from e
-        return_freed_memory()
         feeds, silenced = self._feeds, self._silenced
         slots = tuple(
             Slot(r, r.id not in silenced, self._ordered(feeds.get(r.id, []))) for r in compiled

@@ -1,8 +1,12 @@
-"""Memory the engine hands back to the system."""
+"""Memory the engine hands back to the system, and when the cyclic garbage collector runs
+while rules are parsed and compiled."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
+from collections.abc import Iterator
 
 
 def return_freed_memory() -> None:
@@ -14,3 +18,43 @@ def return_freed_memory() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a parse: every rule parsed stays alive, so each
+    full collection walks all the rules so far again, a third of a cold load's CPU in the
+    caller. What a parse leaves as garbage is a file's worth at most (its YAML nodes, a
+    rejected rule's objects), freed by reference counting or by the next full collection.
+    Process-wide: other threads' cycles wait for the load's end too."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            # what the load allocated goes to the oldest generation unexamined: enabled
+            # as it is, the next allocation would walk all of it as one young generation
+            gc.freeze()
+            gc.unfreeze()
+            gc.enable()
+
+
+@contextlib.contextmanager
+def young_collected() -> Iterator[None]:
+    """The cyclic garbage collector off while a category compiles, then one collection of
+    the young generations: what the compile made (the rules' condition trees and pySigma
+    objects it let go, cyclic through their parent links), not the whole heap. Left on, the
+    objects a compile keeps set off full collections, each walking every rule and event in
+    memory: 15 of them, 5 of the 12 s of CPU a lazy engine spent compiling SigmaHQ's 136
+    categories, against 1.5 s for one young collection after each (bench sigmahq). Unlike
+    gc_paused, the compile's garbage is freed before the engine hands memory back.
+    Process-wide: other threads' young cycles wait for the compile's end too."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.collect(1)
+            gc.enable()
