@@ -31,7 +31,7 @@ class ProcessSensor:
         users = Users.load(ctx.etc)
         for pid in found:
             fields = process_fields(ctx, pid, users)
-            if "process.command_line" not in fields:
+            if "process.command_line" not in fields and "process.memory_read_stalled" not in fields:
                 continue  # a kernel thread, or the process exited while we looked
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:

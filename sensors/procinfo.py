@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.core.text import from_node_bytes
-from hpcsec.sensors import proclists
+from hpcsec.sensors import proclists, stalls
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
@@ -89,11 +89,18 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
 
 
 def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
-    """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it."""
-    return proc.read_condensed(
-        f"{pid}/environ",
-        lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
-    )
+    """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it; None
+    when it cannot be read, or a read of the process's memory is stuck (stalls.py)."""
+    try:
+        return stalls.guarded(
+            int(pid),
+            lambda: proc.read_condensed(
+                f"{pid}/environ",
+                lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
+            ),
+        )
+    except stalls.Quarantined:
+        return None
 
 
 def _first_int(value: str | None) -> int | None:
@@ -114,7 +121,9 @@ def users_of(ctx: SensorContext) -> Users:
 def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> dict[str, Any]:
     """process.* and user.* fields of `pid`; {} when the process is gone (or not visible).
 
-    A kernel thread has an empty cmdline: it gets no `process.command_line`. Every string is
+    A kernel thread has an empty cmdline: it gets no `process.command_line`; nor does a
+    process a read of whose memory is stuck, marked `process.memory_read_stalled` (stalls.py).
+    Every string is
     event text (core/text): a name or argument that is not UTF-8 keeps its bytes as `\\xNN`.
     """
     base = str(pid)
@@ -129,7 +138,13 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         "process.executable": ctx.proc.readlink(f"{base}/exe"),
         "process.parent.pid": _first_int(values.get("PPid")),
     }
-    cmdline = ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline)
+    try:
+        cmdline = stalls.guarded(
+            pid, lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline)
+        )
+    except stalls.Quarantined:  # its arguments sit on a file system that does not answer
+        cmdline = None
+        fields["process.memory_read_stalled"] = True
     if cmdline:
         # each argument decoded on its own: an odd byte stays `\xNN` in its own argument
         args = [from_node_bytes(arg) for arg in cmdline.rstrip(b"\0").split(b"\0")]

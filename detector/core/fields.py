@@ -83,6 +83,12 @@ FIELDS: tuple[Field, ...] = (
         "true when the command line was too long to keep whole: arguments were cut or left "
         "out (head, tail, flags and URLs are kept; markers say what is missing)",
     ),
+    _f(
+        "process.memory_read_stalled",
+        "boolean",
+        "true when a read of the process's arguments or environment (its own memory) did not "
+        "return: they are left out while the read is stuck",
+    ),
     _f("process.parent.pid", "long", "parent process id"),
     _f("process.start", "date", "process start time"),
     _f("process.cgroup", "keyword", "cgroup path(s) of the process"),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 
 from hpcsec.detector.core.log import get_logger
+from hpcsec.sensors import stalls
 from hpcsec.sensors.base import (
     FsRoot,
     Sensor,
@@ -39,6 +40,8 @@ SLOW = "slow"
 CLOSE_WAIT_S = 2.0
 # How long a sample waits for one sensor's run before it starts the next one beside it.
 HANDOVER_S = 0.1
+# How often a caller waiting for a sensor's run looks whether it stalled (SensorSet).
+WATCH_S = 0.5
 
 
 def make_sensor(spec: SensorSpec) -> Sensor:
@@ -47,23 +50,62 @@ def make_sensor(spec: SensorSpec) -> Sensor:
 
 
 class SensorSet:
-    """The sensors of `specs`, created once, sampled together, closed together."""
+    """The sensors of `specs`, created once, sampled together, closed together.
+
+    Each sensor runs in a thread of its own, started at its first run and kept until the set
+    closes (a sensor may start helpers that live as long as the thread that started them:
+    the file-access responder dies with it), while the caller waits, watching: a run stalled
+    in a read of a process's memory (sensors/stalls.py) is given up, and the sensor runs
+    again in a new thread without that process's memory, rather than the caller (`scan`)
+    waiting for it forever."""
 
     def __init__(self, specs: Iterable[SensorSpec]):
         self.sensors: list[tuple[SensorSpec, Sensor]] = [(s, make_sensor(s)) for s in specs]
+        self._lock = threading.RLock()
+        self._done = threading.Condition(self._lock)
+        self._workers: dict[int, _Worker] = {}  # by position, started at the first run
 
     def runs(self, ctx: SensorContext) -> Iterator[SensorRun]:
         """Every sensor once, in order, run as the caller iterates (it may stop early);
         absent or failing ones give their status record."""
-        for spec, sensor in self.sensors:
-            yield run_sensor(spec, sensor, ctx)
+        for position in range(len(self.sensors)):
+            yield self._run(position, ctx)
 
     def sample(self, ctx: SensorContext) -> list[SensorRun]:
         return list(self.runs(ctx))
 
+    def _run(self, position: int, ctx: SensorContext) -> SensorRun:
+        spec, sensor = self.sensors[position]
+        with self._done:
+            worker = self._workers.get(position)
+            if worker is None:
+                worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
+            worker.submit(fork_context(ctx))
+            while True:
+                self._done.wait(WATCH_S)
+                if not worker.busy:
+                    run = worker.take()
+                    assert run is not None  # a worker that is not busy has its run
+                    return run
+                if _gave_up(spec, worker.thread.ident):
+                    worker.close()  # it ends, its run dropped, once its read returns
+                    worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
+                    worker.submit(fork_context(ctx))
+
     def close(self) -> None:
-        for _, sensor in self.sensors:
-            close_sensor(sensor)
+        """Close the sensors (from the caller's thread, while their threads still live),
+        then end the threads; a sensor whose thread is still reading is left unclosed."""
+        with self._done:
+            reading = {p for p, w in self._workers.items() if w.busy}
+        for position, (_, sensor) in enumerate(self.sensors):
+            if position not in reading:
+                close_sensor(sensor)
+        with self._done:
+            for worker in self._workers.values():
+                worker.close()
+        for worker in self._workers.values():
+            worker.thread.join(CLOSE_WAIT_S)
+        self._workers.clear()
 
     def __enter__(self) -> SensorSet:
         return self
@@ -88,6 +130,25 @@ def fork_context(ctx: SensorContext) -> SensorContext:
         etc=_own_root(ctx.etc),
         refused=[],
     )
+
+
+def _gave_up(spec: SensorSpec, ident: int | None) -> bool:
+    """Whether the sensor thread `ident` was stalled in a read of a process's memory and is
+    now given up (its process quarantined): the caller runs the sensor again."""
+    if stalls.stalled(ident) is None:
+        return False
+    pid = stalls.abandon(ident)
+    if pid is None:  # too many given up already: waited for as any slow sensor
+        return False
+    logger.warning(
+        "sensor %s: a read of process %d's memory has not returned for %g s (a file system "
+        "that does not answer under its arguments or environment): that read is given up, "
+        "the process's memory is not read while it is stuck",
+        spec.name,
+        pid,
+        stalls.STALL_S,
+    )
+    return True
 
 
 class _Worker:
@@ -130,6 +191,10 @@ class _Worker:
         return result
 
     def _loop(self) -> None:
+        with stalls.watched():  # the sampler gives this thread up if a read stalls it
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self._wake:
                 while self.job is None and not self.closed:
@@ -160,7 +225,7 @@ class BudgetedSensors:
 
     def __init__(self, specs: Iterable[SensorSpec]):
         self.sensors = SensorSet(specs)
-        lock = threading.RLock()
+        self._lock = lock = threading.RLock()
         self._cond = threading.Condition(lock)  # a run finished, or the sample is interrupted
         self._interrupted = False
         self.workers = [
@@ -181,7 +246,9 @@ class BudgetedSensors:
                 if late is not None:
                     runs.append(late)
                 if worker.busy:
-                    continue  # still reading an earlier sample
+                    if not _gave_up(worker.spec, worker.thread.ident):
+                        continue  # still reading an earlier sample
+                    worker = self._replace(worker)
                 worker.submit(fork_context(ctx))
                 # one at a time while each is quick: sensors reading at once fought over the
                 # GIL at every file they read (a sample cost 1.2-1.8x the CPU of the same
@@ -201,6 +268,14 @@ class BudgetedSensors:
                     run = slow_run(worker.spec, ctx, budget, reading.timestamp)
                 runs.append(run)
         return runs
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        """A new thread for the sensor whose thread was given up (that one ends, its run
+        dropped, once its read returns); the caller holds the condition."""
+        worker.close()
+        fresh = _Worker(worker.spec, worker.sensor, self._lock, self._cond)
+        self.workers[self.workers.index(worker)] = fresh
+        return fresh
 
     def _wait_while_busy(self, worker: _Worker, deadline: float) -> None:
         """Until `worker` has its run (or the sample is interrupted), at most to `deadline`

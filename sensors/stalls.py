@@ -1,0 +1,227 @@
+"""Reads that a process's owner can make hang: /proc/<pid>/cmdline and environ.
+
+Those files are the process's own memory, read by the kernel from its address space. A user
+who maps a file of their own FUSE file system over the pages that hold their process's
+arguments (munmap, then mmap at the same address) makes every read of that process's cmdline
+wait for an answer their FUSE daemon never gives: the reading thread blocks in the kernel and
+no signal short of its process's death frees it. Unguarded, the process sensor stopped at
+that process at every sample and reported nothing more, for every user of the node.
+
+Every such read goes through `guarded`. Two ways, by thread:
+- A sensor's own thread (`watched()`): the read is made in place, and says which process it
+  reads (a dict entry, nothing more on the agent's hottest path). Whoever runs the sensor
+  asks, while it waits, whether the thread has been in one read for STALL_S (`stalled`) and
+  then gives the thread up (`abandon`) and runs the sensor again in a new one.
+- Any other thread (enrichment, Slurm attribution, the file-access watch): the read is made
+  by a reader thread, waited for at most STALL_S; a reader stuck past that is given up and
+  a new one takes the reads after it.
+
+A process a given-up read is stuck on is quarantined: its memory is not read (Quarantined),
+and its events come without what could not be read, marked `process.memory_read_stalled`
+(a rule alerts on it: no program hides its arguments behind a file system that does not
+answer by accident). When the given-up read returns at last (the daemon answered or died),
+its thread lifts the quarantine and ends: a sensor's run raises Abandoned there and is
+dropped. At most MAX_ABANDONED threads are given up and still blocked: past that a sensor is
+waited for as any slow one is, and the other threads' reads are refused (Quarantined), so
+that a node's hostile processes cannot pile up blocked threads in the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from threading import get_ident
+from time import monotonic
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+STALL_S = 2.0  # one read of a process's memory this long: the thread is given up
+MAX_ABANDONED = 8  # threads given up and still blocked, at most
+
+_lock = threading.Lock()
+_reading: dict[int, tuple[int, float]] = {}  # thread ident -> (pid read, since when)
+_abandoned: dict[int, int] = {}  # thread ident -> the pid its read is stuck on
+_quarantined: dict[int, int] = {}  # pid -> how many given-up reads of it are still blocked
+_local = threading.local()  # .watched: reads of this thread are watched by its runner
+
+
+class Abandoned(Exception):
+    """A given-up read returned: its run was replaced, and ends here."""
+
+
+class Quarantined(Exception):
+    """The process's memory is not read: a read of it is stuck (see the module's docstring)."""
+
+
+@contextlib.contextmanager
+def watched() -> Iterator[None]:
+    """Reads of the calling thread are made in place: its runner watches for stalls."""
+    _local.watched = True
+    try:
+        yield
+    finally:
+        _local.watched = False
+
+
+def guarded(pid: int, read: Callable[[], T]) -> T:
+    """`read()` of process `pid`'s memory; raises Quarantined for a process a read of which
+    is stuck, and, in a thread that is not watched, for one whose read stalls now."""
+    if _local.__dict__.get("watched"):
+        return _in_place(pid, read)
+    return _by_reader(pid, read)
+
+
+def _in_place(pid: int, read: Callable[[], T]) -> T:
+    # no lock on the way (the agent's process sensor makes two such reads a process): only
+    # this thread sets or ends its entry, and abandon() looks at the entry again after
+    # marking the thread, so that one of the two always sees the other (see there)
+    if pid in _quarantined:
+        raise Quarantined(pid)
+    ident = get_ident()
+    _reading[ident] = (pid, monotonic())
+    try:
+        return read()
+    finally:
+        stuck_on = _done_reading(ident)
+        if stuck_on is not None:
+            raise Abandoned(stuck_on)
+
+
+def _done_reading(ident: int) -> int | None:
+    """The thread's read is over: the pid it was given up on, if it was (unquarantined)."""
+    del _reading[ident]
+    if not _abandoned or ident not in _abandoned:
+        return None
+    with _lock:
+        stuck_on = _abandoned.pop(ident, None)
+        if stuck_on is not None:
+            left = _quarantined.pop(stuck_on, 1) - 1
+            if left > 0:
+                _quarantined[stuck_on] = left
+        return stuck_on
+
+
+def stalled(ident: int | None, after_s: float | None = None) -> int | None:
+    """The pid thread `ident` has been reading for `after_s` (STALL_S) or longer, if any."""
+    with _lock:
+        reading = _reading.get(ident) if ident is not None else None
+    limit = STALL_S if after_s is None else after_s
+    if reading is None or time.monotonic() - reading[1] < limit:
+        return None
+    return reading[0]
+
+
+def abandon(ident: int | None) -> int | None:
+    """Give thread `ident` up, stalled in a read: quarantine the process it reads; its pid.
+    None when it is not reading, or MAX_ABANDONED threads are given up already."""
+    with _lock:
+        if ident is None or ident in _abandoned or len(_abandoned) >= MAX_ABANDONED:
+            return None
+        reading = _reading.get(ident)
+        if reading is None:
+            return None
+        _abandoned[ident] = pid = reading[0]
+        # the thread ends its entry, then looks for its mark, without the lock: marked
+        # first and looked again here, a read that ended meanwhile is never given up
+        if _reading.get(ident) is not reading:
+            del _abandoned[ident]
+            return None
+        _quarantined[pid] = _quarantined.get(pid, 0) + 1
+        return pid
+
+
+def quarantined() -> list[int]:
+    """The processes whose memory is not read now."""
+    with _lock:
+        return sorted(_quarantined)
+
+
+# -- reads of threads nobody watches: made by a reader thread, waited for at most STALL_S ----
+
+
+class _Job:
+    __slots__ = ("done", "error", "pid", "read", "result", "started")
+
+    def __init__(self, pid: int, read: Callable[[], Any]):
+        self.pid, self.read = pid, read
+        self.started = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class _Reader:
+    """A thread making reads in turn; given up when one stalls (then it ends after it)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="hpcsec-proc-reader", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        ident = threading.get_ident()
+        while True:
+            job = self.jobs.get()
+            with _lock:
+                if job.pid in _quarantined:
+                    job.error = Quarantined(job.pid)
+                else:
+                    job.started = True
+                    _reading[ident] = (job.pid, time.monotonic())
+            if job.started:
+                try:
+                    job.result = job.read()
+                except BaseException as exc:  # handed to the caller
+                    job.error = exc
+            job.done.set()
+            if job.started and _done_reading(ident) is not None:
+                return  # given up: a new reader took the reads queued after this one
+
+
+_reader: _Reader | None = None
+
+
+def _current_reader() -> _Reader:
+    global _reader
+    with _lock:
+        if _reader is None:
+            _reader = _Reader()
+        return _reader
+
+
+def _by_reader(pid: int, read: Callable[[], T]) -> T:
+    while True:
+        reader = _current_reader()
+        with _lock:
+            given_up_all = len(_abandoned) >= MAX_ABANDONED
+        if given_up_all and stalled(reader.thread.ident) is not None:
+            raise Quarantined(pid)  # no reader to spare: refused now, not after STALL_S
+        job = _Job(pid, read)
+        reader.jobs.put(job)
+        if not job.done.wait(STALL_S):
+            _give_up(reader)
+        if job.done.is_set():
+            if job.error is not None:
+                raise job.error
+            result: T = job.result
+            return result
+        if job.started:  # this read is the one stuck: its process is quarantined now
+            raise Quarantined(pid)
+        # queued behind a stuck read: a new reader makes it (unless too many are given up)
+        with _lock:
+            if len(_abandoned) >= MAX_ABANDONED:
+                raise Quarantined(pid)
+
+
+def _give_up(reader: _Reader) -> None:
+    """The reader has been in one read for STALL_S: the reads after it go to a new reader."""
+    global _reader
+    ident = reader.thread.ident
+    abandon(ident)
+    with _lock:
+        if ident in _abandoned and _reader is reader:
+            _reader = None

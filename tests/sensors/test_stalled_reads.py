@@ -1,0 +1,202 @@
+"""A process whose arguments never come back (sensors/stalls.py): its owner maps a file of a
+FUSE file system that does not answer over them. Here the read blocks in the kernel on a
+FIFO with no writer, in a /proc fixture tree: the same wait, without FUSE."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.config.site import SiteConfig
+from hpcsec.detector.runtime import sensorset
+from hpcsec.detector.runtime.node import live_context
+from hpcsec.detector.runtime.registry import by_name
+from hpcsec.detector.runtime.sensorset import BudgetedSensors, SensorSet
+from hpcsec.sensors import stalls
+from hpcsec.sensors.base import SensorContext
+from hpcsec.sensors.procinfo import process_fields, read_environ
+
+STALL_S = 0.3
+HOSTILE, HONEST = 4242, 100
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _process(proc: Path, pid: int, uid: int, cmdline: bytes | None) -> None:
+    base = proc / str(pid)
+    base.mkdir()
+    (base / "status").write_text(f"Name:\tpython3\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (base / "comm").write_text("python3\n")
+    (base / "environ").write_bytes(b"SLURM_JOB_ID=7\0")
+    if cmdline is None:
+        os.mkfifo(base / "cmdline")  # opened for reading, it waits for a writer: forever
+    else:
+        (base / "cmdline").write_bytes(cmdline)
+
+
+class Node:
+    """A /proc with an honest process and one whose cmdline read never returns."""
+
+    def __init__(self, root: Path):
+        self.proc = root / "proc"
+        self.proc.mkdir()
+        etc = root / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text(
+            "alice:x:1000:1000::/:/bin/sh\nmallory:x:1001:1001::/:/bin/sh\n"
+        )
+        _process(self.proc, HONEST, 1000, b"python3\0train.py\0")
+        _process(self.proc, HOSTILE, 1001, None)
+        self.etc = etc
+
+    def context(self) -> SensorContext:
+        return live_context(
+            SiteConfig(), procfs_root=str(self.proc), etc_root=str(self.etc), host_name="n1"
+        )
+
+    def answer(self, pid: int = HOSTILE, name: str = "cmdline") -> None:
+        """The FUSE daemon answers at last: the blocked open and read return (empty)."""
+        fifo = self.proc / str(pid) / name
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # fails unless a reader waits
+        os.close(fd)
+        fifo.unlink()
+        fifo.write_bytes(b"python3\0miner.py\0")
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch) -> Iterator[Node]:
+    monkeypatch.setattr(stalls, "STALL_S", STALL_S)
+    monkeypatch.setattr(sensorset, "WATCH_S", 0.05)
+    yield Node(tmp_path)
+    _wait_for(lambda: not stalls.quarantined())  # every test lets its stuck reads go
+
+
+def _by_pid(events: list[dict]) -> dict[int, dict]:
+    return {e["process.pid"]: e for e in events if "process.pid" in e}
+
+
+def test_a_scan_is_not_held_by_a_process_whose_arguments_never_come(node: Node, caplog):
+    """`hpcsec scan` runs each sensor in a watched thread: the stalled run is given up and
+    the sensor run again, the process reported without its arguments and marked."""
+    with caplog.at_level(logging.WARNING), SensorSet([by_name()["process"]]) as sensors:
+        (run,) = sensors.sample(node.context())
+    assert run.ok
+    found = _by_pid(run.events)
+    assert found[HONEST]["process.command_line"] == "python3 train.py"
+    assert found[HONEST]["process.env.SLURM_JOB_ID"] == "7"
+    hostile = found[HOSTILE]
+    assert hostile["process.memory_read_stalled"] is True
+    assert hostile["user.name"] == "mallory" and "process.command_line" not in hostile
+    assert "process.env.SLURM_JOB_ID" not in hostile  # its memory is not read at all
+    assert stalls.quarantined() == [HOSTILE]
+    assert f"a read of process {HOSTILE}'s memory has not returned" in caplog.text
+    node.answer()  # the daemon answers: the given-up read returns, the quarantine ends
+    _wait_for(lambda: not stalls.quarantined())
+    with SensorSet([by_name()["process"]]) as sensors:
+        (run,) = sensors.sample(node.context())
+    assert _by_pid(run.events)[HOSTILE]["process.command_line"] == "python3 miner.py"
+
+
+def test_the_agent_gives_the_stuck_thread_up_at_its_next_sample(node: Node):
+    sensors = BudgetedSensors([by_name()["process"]])
+    try:
+        (slow,) = sensors.sample(node.context(), lambda _: 0.1)
+        assert slow.status["event.action"] == "slow"
+        stuck = sensors.workers[0]
+        time.sleep(STALL_S)
+        (run,) = sensors.sample(node.context(), lambda _: 30.0)
+        assert run.ok and sensors.workers[0] is not stuck
+        assert _by_pid(run.events)[HOSTILE]["process.memory_read_stalled"] is True
+        assert _by_pid(run.events)[HONEST]["process.command_line"] == "python3 train.py"
+        node.answer()
+        _wait_for(lambda: not stuck.thread.is_alive())  # it ended at its read
+        runs = sensors.sample(node.context(), lambda _: 30.0)
+        assert [r.status["event.action"] for r in runs] == ["ok"]  # its run was dropped
+        assert _by_pid(runs[0].events)[HOSTILE]["process.command_line"] == "python3 miner.py"
+    finally:
+        if stalls.quarantined():
+            node.answer()
+        sensors.close()
+
+
+def test_a_thread_nobody_watches_gets_its_answer_or_quarantined_in_time(node: Node):
+    """Enrichment, Slurm attribution and the file-access watch read process fields outside
+    any sensor run: a reader thread makes the read, waited for at most STALL_S."""
+    ctx = node.context()
+    started = time.monotonic()
+    fields = process_fields(ctx, HOSTILE)
+    assert time.monotonic() - started < 10 * STALL_S
+    assert fields["process.memory_read_stalled"] is True and fields["user.id"] == 1001
+    assert read_environ(ctx.proc, HOSTILE) is None  # quarantined: not read, not waited for
+    assert process_fields(ctx, HONEST)["process.command_line"] == "python3 train.py"
+    assert stalls.quarantined() == [HOSTILE]
+    node.answer()
+    _wait_for(lambda: not stalls.quarantined())
+    assert process_fields(ctx, HOSTILE)["process.command_line"] == "python3 miner.py"
+
+
+def test_reads_queued_behind_a_stuck_one_go_to_a_new_reader(node: Node):
+    release = threading.Event()
+    results: list[object] = []
+
+    def later() -> None:
+        time.sleep(STALL_S / 3)  # queued while the first read is stuck
+        results.append(stalls.guarded(HONEST, lambda: "honest"))
+
+    helper = threading.Thread(target=later)
+    helper.start()
+    with pytest.raises(stalls.Quarantined):
+        stalls.guarded(HOSTILE, lambda: release.wait(30))
+    helper.join(10)
+    assert results == ["honest"] and stalls.quarantined() == [HOSTILE]
+    release.set()
+    _wait_for(lambda: not stalls.quarantined())
+
+
+def test_given_up_threads_are_bounded(node: Node, monkeypatch):
+    """Hostile processes cannot pile up blocked threads: past MAX_ABANDONED, reads of other
+    threads are refused at once while the reader is stuck."""
+    monkeypatch.setattr(stalls, "MAX_ABANDONED", 1)
+    first, second = threading.Event(), threading.Event()
+    with pytest.raises(stalls.Quarantined):
+        stalls.guarded(HOSTILE, lambda: first.wait(30))
+    with pytest.raises(stalls.Quarantined):
+        stalls.guarded(HOSTILE + 1, lambda: second.wait(30))  # stuck, and not given up
+    started = time.monotonic()
+    with pytest.raises(stalls.Quarantined):
+        stalls.guarded(HONEST, lambda: "honest")
+    assert time.monotonic() - started < STALL_S
+    second.set()
+    first.set()
+    _wait_for(lambda: not stalls.quarantined())
+    _wait_for(lambda: _reads(HONEST) == "honest")
+
+
+def _reads(pid: int) -> object:
+    try:
+        return stalls.guarded(pid, lambda: "honest")
+    except stalls.Quarantined:
+        return None
+
+
+def test_the_environment_stalling_alone_is_caught_too(node: Node):
+    (node.proc / str(HOSTILE) / "cmdline").unlink()
+    (node.proc / str(HOSTILE) / "cmdline").write_bytes(b"python3\0x.py\0")
+    (node.proc / str(HOSTILE) / "environ").unlink()
+    os.mkfifo(node.proc / str(HOSTILE) / "environ")
+    with SensorSet([by_name()["process"]]) as sensors:
+        (run,) = sensors.sample(node.context())
+    hostile = _by_pid(run.events)[HOSTILE]
+    assert hostile["process.memory_read_stalled"] is True
+    node.answer(HOSTILE, "environ")
