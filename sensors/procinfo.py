@@ -99,7 +99,7 @@ def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
                 lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
             ),
         )
-    except stalls.Quarantined:
+    except (stalls.Quarantined, stalls.NoReader):
         return None
 
 
@@ -145,6 +145,8 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     except stalls.Quarantined:  # its arguments sit on a file system that does not answer
         cmdline = None
         fields["process.memory_read_stalled"] = True
+    except stalls.NoReader:  # another process's read is stuck: nothing known of this one
+        cmdline = None
     if cmdline:
         # each argument decoded on its own: an odd byte stays `\xNN` in its own argument
         args = [from_node_bytes(arg) for arg in cmdline.rstrip(b"\0").split(b"\0")]

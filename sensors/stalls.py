@@ -21,9 +21,10 @@ and its events come without what could not be read, marked `process.memory_read_
 (a rule alerts on it: no program hides its arguments behind a file system that does not
 answer by accident). When the given-up read returns at last (the daemon answered or died),
 its thread lifts the quarantine and ends: a sensor's run raises Abandoned there and is
-dropped. At most MAX_ABANDONED threads are given up and still blocked: past that a sensor is
-waited for as any slow one is, and the other threads' reads are refused (Quarantined), so
-that a node's hostile processes cannot pile up blocked threads in the agent.
+dropped. At most MAX_ABANDONED threads are given up and still blocked: past that a stalled
+sensor is reported slow, and while the reader is stuck the other threads' reads are refused
+(NoReader: not read, and not marked, as nothing is known of those processes), so that a
+node's hostile processes cannot pile up blocked threads in the agent.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class Abandoned(Exception):
 
 class Quarantined(Exception):
     """The process's memory is not read: a read of it is stuck (see the module's docstring)."""
+
+
+class NoReader(Exception):
+    """Not read: the reader is stuck on another process and MAX_ABANDONED are given up."""
 
 
 @contextlib.contextmanager
@@ -105,33 +110,45 @@ def _done_reading(ident: int) -> int | None:
         return stuck_on
 
 
-def stalled(ident: int | None, after_s: float | None = None) -> int | None:
-    """The pid thread `ident` has been reading for `after_s` (STALL_S) or longer, if any."""
+def stalled(ident: int | None, after_s: float | None = None) -> tuple[int, float] | None:
+    """The read (pid, since when) thread `ident` has been in for `after_s` (STALL_S) or
+    longer, if any: what abandon() takes."""
     with _lock:
         reading = _reading.get(ident) if ident is not None else None
     limit = STALL_S if after_s is None else after_s
-    if reading is None or time.monotonic() - reading[1] < limit:
+    if reading is None or monotonic() - reading[1] < limit:
         return None
-    return reading[0]
+    return reading
 
 
-def abandon(ident: int | None) -> int | None:
-    """Give thread `ident` up, stalled in a read: quarantine the process it reads; its pid.
-    None when it is not reading, or MAX_ABANDONED threads are given up already."""
+def abandon(ident: int | None, seen: tuple[int, float]) -> int | None:
+    """Give thread `ident` up, stalled in the read `seen` (from stalled()): quarantine the
+    process it reads; its pid. None when the thread is in another read by now (or none), or
+    MAX_ABANDONED threads are given up already."""
     with _lock:
-        if ident is None or ident in _abandoned or len(_abandoned) >= MAX_ABANDONED:
-            return None
-        reading = _reading.get(ident)
-        if reading is None:
-            return None
-        _abandoned[ident] = pid = reading[0]
-        # the thread ends its entry, then looks for its mark, without the lock: marked
-        # first and looked again here, a read that ended meanwhile is never given up
-        if _reading.get(ident) is not reading:
-            del _abandoned[ident]
-            return None
-        _quarantined[pid] = _quarantined.get(pid, 0) + 1
-        return pid
+        return _abandon_locked(ident, seen)
+
+
+def _abandon_locked(ident: int | None, seen: tuple[int, float]) -> int | None:
+    if ident is None or ident in _abandoned or len(_abandoned) >= MAX_ABANDONED:
+        return None
+    reading = _reading.get(ident)
+    if reading is None or reading is not seen:  # that read ended: this one is not stalled
+        return None
+    _abandoned[ident] = pid = reading[0]
+    # the thread ends its entry, then looks for its mark, without the lock: marked first
+    # and looked at again here, a read that ended meanwhile is never given up
+    if _reading.get(ident) is not reading:
+        del _abandoned[ident]
+        return None
+    _quarantined[pid] = _quarantined.get(pid, 0) + 1
+    return pid
+
+
+def at_most_abandoned() -> bool:
+    """Whether MAX_ABANDONED threads are given up and still blocked: no more are."""
+    with _lock:
+        return len(_abandoned) >= MAX_ABANDONED
 
 
 def quarantined() -> list[int]:
@@ -185,43 +202,50 @@ class _Reader:
 _reader: _Reader | None = None
 
 
-def _current_reader() -> _Reader:
+def _submit(job: _Job) -> _Reader:
+    """The job queued on the current reader (started if none); NoReader when that reader is
+    stuck and no more readers may be given up."""
     global _reader
     with _lock:
         if _reader is None:
             _reader = _Reader()
-        return _reader
+        reader = _reader
+        reading = _reading.get(reader.thread.ident)  # type: ignore[arg-type]
+        if (
+            len(_abandoned) >= MAX_ABANDONED
+            and reading is not None
+            and monotonic() - reading[1] >= STALL_S
+        ):
+            raise NoReader(job.pid)  # refused now, not after STALL_S
+    reader.jobs.put(job)
+    return reader
 
 
 def _by_reader(pid: int, read: Callable[[], T]) -> T:
-    while True:
-        reader = _current_reader()
-        with _lock:
-            given_up_all = len(_abandoned) >= MAX_ABANDONED
-        if given_up_all and stalled(reader.thread.ident) is not None:
-            raise Quarantined(pid)  # no reader to spare: refused now, not after STALL_S
-        job = _Job(pid, read)
-        reader.jobs.put(job)
-        if not job.done.wait(STALL_S):
-            _give_up(reader)
-        if job.done.is_set():
-            if job.error is not None:
-                raise job.error
-            result: T = job.result
-            return result
-        if job.started:  # this read is the one stuck: its process is quarantined now
-            raise Quarantined(pid)
-        # queued behind a stuck read: a new reader makes it (unless too many are given up)
-        with _lock:
-            if len(_abandoned) >= MAX_ABANDONED:
-                raise Quarantined(pid)
-
-
-def _give_up(reader: _Reader) -> None:
-    """The reader has been in one read for STALL_S: the reads after it go to a new reader."""
     global _reader
-    ident = reader.thread.ident
-    abandon(ident)
-    with _lock:
-        if ident in _abandoned and _reader is reader:
-            _reader = None
+    job = _Job(pid, read)
+    reader = _submit(job)
+    while not job.done.wait(STALL_S / 4):
+        with _lock:
+            ident = reader.thread.ident
+            alive = reader.thread.is_alive()  # a dead reader's ident may be another's now
+            reading = _reading.get(ident) if alive and ident is not None else None
+            stuck = reading is not None and monotonic() - reading[1] >= STALL_S
+            if stuck and reading is not None:
+                _abandon_locked(ident, reading)
+            given_up = not alive or ident in _abandoned
+            if given_up and _reader is reader:
+                _reader = None  # the reads after this one go to a new reader
+        if job.done.is_set():
+            break
+        if job.started and given_up:  # this read is the one stuck: its process quarantined
+            raise Quarantined(pid)
+        if given_up:  # queued behind a given-up read: a new reader makes it
+            job = _Job(pid, read)
+            reader = _submit(job)
+        elif stuck:  # stuck, and no more readers may be given up
+            raise NoReader(pid)
+    if job.error is not None:
+        raise job.error
+    result: T = job.result
+    return result

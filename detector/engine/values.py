@@ -54,12 +54,14 @@ def _shape_of(parts: tuple[Any, ...], lower: bool) -> tuple[str, Any]:
 
 
 def _string_shape(value_parts: Sequence[Any], lower: bool) -> tuple[str, Any]:
-    parts = []
+    parts: list[Any] = []
+    multi = SpecialChars.WILDCARD_MULTI
     for part in value_parts:
         if isinstance(part, Placeholder):
             raise UnsupportedValue(f"unfilled placeholder %{part.name}%")
+        if part is multi and parts and parts[-1] is multi:
+            continue  # `**` is `*`: two in a row were read as a literal around nothing
         parts.append(part.lower() if lower and isinstance(part, str) else part)
-    multi = SpecialChars.WILDCARD_MULTI
     texts = [p for p in parts if isinstance(p, str)]
     specials = [p for p in parts if isinstance(p, SpecialChars)]
     if not specials:

@@ -80,6 +80,8 @@ class SensorSet:
             worker = self._workers.get(position)
             if worker is None:
                 worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
+            if worker.busy:  # stuck in an earlier run, and could not be given up
+                return stuck_run(spec, ctx)
             worker.submit(fork_context(ctx))
             while True:
                 self._done.wait(WATCH_S)
@@ -87,6 +89,9 @@ class SensorSet:
                     run = worker.take()
                     assert run is not None  # a worker that is not busy has its run
                     return run
+                seen = stalls.stalled(worker.thread.ident)
+                if seen is not None and stalls.at_most_abandoned():
+                    return stuck_run(spec, ctx)  # left to its thread: waited for no longer
                 if _gave_up(spec, worker.thread.ident):
                     worker.close()  # it ends, its run dropped, once its read returns
                     worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
@@ -135,10 +140,11 @@ def fork_context(ctx: SensorContext) -> SensorContext:
 def _gave_up(spec: SensorSpec, ident: int | None) -> bool:
     """Whether the sensor thread `ident` was stalled in a read of a process's memory and is
     now given up (its process quarantined): the caller runs the sensor again."""
-    if stalls.stalled(ident) is None:
+    seen = stalls.stalled(ident)
+    if seen is None:
         return False
-    pid = stalls.abandon(ident)
-    if pid is None:  # too many given up already: waited for as any slow sensor
+    pid = stalls.abandon(ident, seen)
+    if pid is None:  # too many given up already (or the read just ended)
         return False
     logger.warning(
         "sensor %s: a read of process %d's memory has not returned for %g s (a file system "
@@ -208,6 +214,16 @@ class _Worker:
             with self._done:
                 self.result, self.reading = run, None
                 self._done.notify_all()  # the sampler (and close) wait on it
+
+
+def stuck_run(spec: SensorSpec, ctx: SensorContext) -> SensorRun:
+    """The status of a sensor stalled in a read of a process's memory that could not be
+    given up (stalls.MAX_ABANDONED are already)."""
+    message = (
+        "stalled in a read of a process's memory, with too many such reads given up already: "
+        "skipped"
+    )
+    return SensorRun(spec.name, [], ctx.status(spec.name, SLOW, message))
 
 
 def slow_run(spec: SensorSpec, ctx: SensorContext, budget_s: float, reading: str) -> SensorRun:

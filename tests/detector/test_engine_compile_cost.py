@@ -130,3 +130,13 @@ def test_a_compile_inside_a_paused_collector_leaves_it_paused():
     finally:
         gc.enable()
         gc.collect()
+
+
+def test_wildcards_in_a_row_are_one():
+    """`**` is `*` (it was read as a prefix or substring test of a wildcard, which failed
+    with a TypeError or matched nothing)."""
+    assert string_shape(SigmaString("**"), lower=True) == ("any", "")
+    assert string_shape(SigmaString("***"), lower=True) == ("any", "")
+    assert string_shape(SigmaString("a**"), lower=True) == ("startswith", "a")
+    assert string_shape(SigmaString("**a**"), lower=True) == ("contains", "a")
+    check("sel:\n  process.name: '**'\ncondition: sel\n", [{"process.name": "x"}], [{}])

@@ -171,12 +171,14 @@ def test_given_up_threads_are_bounded(node: Node, monkeypatch):
     first, second = threading.Event(), threading.Event()
     with pytest.raises(stalls.Quarantined):
         stalls.guarded(HOSTILE, lambda: first.wait(30))
-    with pytest.raises(stalls.Quarantined):
-        stalls.guarded(HOSTILE + 1, lambda: second.wait(30))  # stuck, and not given up
+    with pytest.raises(stalls.NoReader):  # stuck, and not given up: not quarantined either
+        stalls.guarded(HOSTILE + 1, lambda: second.wait(30))
+    assert stalls.quarantined() == [HOSTILE]
     started = time.monotonic()
-    with pytest.raises(stalls.Quarantined):
+    with pytest.raises(stalls.NoReader):  # an innocent process: refused, never marked
         stalls.guarded(HONEST, lambda: "honest")
     assert time.monotonic() - started < STALL_S
+    assert "process.memory_read_stalled" not in process_fields(node.context(), HONEST)
     second.set()
     first.set()
     _wait_for(lambda: not stalls.quarantined())
@@ -200,3 +202,32 @@ def test_the_environment_stalling_alone_is_caught_too(node: Node):
     hostile = _by_pid(run.events)[HOSTILE]
     assert hostile["process.memory_read_stalled"] is True
     node.answer(HOSTILE, "environ")
+
+
+def test_a_backlog_of_quick_reads_quarantines_nobody(node: Node):
+    """Reads that each take under STALL_S but wait longer in the reader's queue are not
+    stalls: no process is quarantined, every read is answered."""
+    results: dict[int, object] = {}
+
+    def read(pid: int) -> None:
+        try:
+            results[pid] = stalls.guarded(pid, lambda: time.sleep(STALL_S * 0.4) or pid)
+        except stalls.Quarantined:
+            results[pid] = "quarantined"
+
+    threads = [threading.Thread(target=read, args=(pid,)) for pid in range(1, 6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == {pid: pid for pid in range(1, 6)} and not stalls.quarantined()
+
+
+def test_a_scan_is_not_held_when_no_more_threads_may_be_given_up(node: Node, monkeypatch):
+    monkeypatch.setattr(stalls, "MAX_ABANDONED", 0)
+    with SensorSet([by_name()["process"]]) as sensors:
+        (run,) = sensors.sample(node.context())
+        assert run.status["event.action"] == "slow"
+        assert "too many such reads given up" in run.status["message"]
+        node.answer()
+        _wait_for(lambda: not sensors._workers[0].busy)
