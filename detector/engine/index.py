@@ -22,6 +22,7 @@ what the category's function would have matched. How an event is probed: literal
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -144,6 +145,7 @@ def keys_cost(keys: frozenset[Key]) -> float:
     return sum(key_cost(kind, literal) for _, kind, literal in keys)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked again at every level of every rule's tree
 def key_cost(kind: str, literal: str) -> float:
     if kind == "eq":
         return 0.001
