@@ -273,9 +273,9 @@ class BudgetedSensors:
                 self._wait_while_busy(worker, min(handover, start + budget_s(worker.spec.name)))
                 if self._interrupted:
                     break
-            for worker in self.workers:
+            for worker in list(self.workers):
                 budget = budget_s(worker.spec.name)
-                self._wait_while_busy(worker, start + budget)
+                worker = self._wait_watching(worker, ctx, start + budget)
                 if self._interrupted:
                     break
                 run = worker.take()
@@ -284,6 +284,18 @@ class BudgetedSensors:
                     run = slow_run(worker.spec, ctx, budget, reading.timestamp)
                 runs.append(run)
         return runs
+
+    def _wait_watching(self, worker: _Worker, ctx: SensorContext, deadline: float) -> _Worker:
+        """_wait_while_busy, looking every WATCH_S whether the worker is stalled in a read of
+        a process's memory: then it is given up and a new thread makes this sample's run
+        (returned); the caller holds the condition."""
+        while True:
+            self._wait_while_busy(worker, min(deadline, time.monotonic() + WATCH_S))
+            if not worker.busy or self._interrupted or time.monotonic() >= deadline:
+                return worker
+            if _gave_up(worker.spec, worker.thread.ident):
+                worker = self._replace(worker)
+                worker.submit(fork_context(ctx))
 
     def _replace(self, worker: _Worker) -> _Worker:
         """A new thread for the sensor whose thread was given up (that one ends, its run

@@ -231,3 +231,18 @@ def test_a_scan_is_not_held_when_no_more_threads_may_be_given_up(node: Node, mon
         assert "too many such reads given up" in run.status["message"]
         node.answer()
         _wait_for(lambda: not sensors._workers[0].busy)
+
+
+def test_the_agent_gives_the_stuck_thread_up_within_a_sample_that_has_time(node: Node):
+    """A budget longer than STALL_S: the sample itself gives the thread up and delivers the
+    new run, the process marked."""
+    sensors = BudgetedSensors([by_name()["process"]])
+    try:
+        (run,) = sensors.sample(node.context(), lambda _: 30.0)
+        assert run.ok
+        assert _by_pid(run.events)[HOSTILE]["process.memory_read_stalled"] is True
+        assert _by_pid(run.events)[HONEST]["process.command_line"] == "python3 train.py"
+    finally:
+        if stalls.quarantined():
+            node.answer()
+        sensors.close()
