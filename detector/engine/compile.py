@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sigma.conditions import (
@@ -40,6 +41,7 @@ from sigma.types import (
 )
 
 from hpcsec.detector.engine import matchers as m
+from hpcsec.detector.engine.codecache import compiled
 from hpcsec.detector.engine.condtree import conjuncts, necessary_fields, necessary_test
 from hpcsec.detector.engine.values import (
     UnsupportedValue,
@@ -76,7 +78,8 @@ def _number_in(numbers: frozenset[Any], value: Any) -> bool:
 class CategoryCompiler:
     """Collects the rules of one category and generates their shared match function."""
 
-    def __init__(self) -> None:
+    def __init__(self, code_cache: Path | None = None) -> None:
+        self.code_cache = code_cache  # where compiled code is kept (codecache.py), if anywhere
         self.fields: dict[str, int] = {}  # field -> variable number
         self.folded: set[int] = set()  # variables whose lower-case form is needed
         self.namespace: dict[str, Any] = {}
@@ -134,7 +137,7 @@ class CategoryCompiler:
             self._emit_group(lines, guard, members, top, checks)
         lines.append("    return r")
         source = "\n".join(lines)
-        code = compile(source, f"<hpcsec rules {name}>", "exec")
+        code = compiled(source, f"<hpcsec rules {name}>", self.code_cache)
         exec(code, self.namespace)  # generated from typed pySigma values only, never from text
         fn = self.namespace[name]
         fn.source = source
@@ -149,7 +152,7 @@ class CategoryCompiler:
             self._fetch(lines, "    ", sorted(self.fields_of(i)))
             lines.append(f"    return {self.code(i)}")
         source = "\n".join(lines)
-        exec(compile(source, f"<hpcsec rules {name}>", "exec"), self.namespace)
+        exec(compiled(source, f"<hpcsec rules {name}>", self.code_cache), self.namespace)
         return [self.namespace[f"{name}_{i}"] for i in range(len(self.rules))]
 
     def _emit_group(

@@ -33,6 +33,7 @@ import bisect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sigma.conditions import ConditionOR
@@ -116,6 +117,7 @@ class Engine:
         clock: Clock | None = None,
         index_min: int = INDEX_MIN_RULES,
         lazy: bool = False,
+        code_cache: Path | None = None,
     ):
         """`max_groups` open groups per correlation (least recently touched evicted first),
         each keeping at most `sample_size` events as evidence: that bounds the memory.
@@ -133,8 +135,13 @@ class Engine:
         here, so categories that never see an event cost nothing (nor do their rules' pySigma
         objects, when the rule set came from the cache). A rule that cannot be compiled then
         is left out of its category with an error logged at its file:line, where the eager
-        engine raises that error here."""
+        engine raises that error here.
+
+        `code_cache`: a private directory where the compiled code of each category is kept
+        by the hash of its source (codecache.py), so that a start with the same rules skips
+        Python's compiler."""
         self.index_min = index_min
+        self.code_cache = code_cache
         self.max_groups = max_groups = MAX_GROUPS if max_groups is None else max_groups
         self.sample_size = sample_size
         self.placeholders = dict(placeholders or {})
@@ -208,7 +215,7 @@ class Engine:
         """The match function of one category, with the slot of each of its rules."""
         rules = [rule for rule in rules if self._contained(rule, lambda r: r.sigma)]
         indexed = category_weight(rules) >= self.index_min
-        builder = CategoryBuilder(_function_name(category), indexed)
+        builder = CategoryBuilder(_function_name(category), indexed, self.code_cache)
         compiled: list[LoadedRule] = []
         for rule in rules:
             if not self._contained(rule, lambda r: builder.add(self._trees(r, self._filters))):

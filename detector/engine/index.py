@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sigma.conditions import (
@@ -248,12 +249,12 @@ class CategoryBuilder:
     required keys each get a function of their own behind the index, the others share the
     category's generated function (compile.py); without, all of them share it."""
 
-    def __init__(self, name: str, indexed: bool):
+    def __init__(self, name: str, indexed: bool, code_cache: Path | None = None):
         self.name = name
         self.indexed = indexed
-        self.plain = CategoryCompiler()
+        self.plain = CategoryCompiler(code_cache)
         self.plain_positions: list[int] = []
-        self.keyed = CategoryCompiler()
+        self.keyed = CategoryCompiler(code_cache)
         self.keyed_positions: list[int] = []
         self.groups: list[list[frozenset[Key]]] = []
         self.count = 0

@@ -77,7 +77,8 @@ class Detect:
         rules = [r for r in ruleset.rules if r.kind != "correlation"]
         try:
             payload = pickle.dumps(
-                (rules, engine.placeholders, engine.index_min), protocol=pickle.HIGHEST_PROTOCOL
+                (rules, engine.placeholders, engine.index_min, engine.code_cache),
+                protocol=pickle.HIGHEST_PROTOCOL,
             )
         except (pickle.PicklingError, RecursionError, TypeError, AttributeError):
             return None
@@ -85,8 +86,14 @@ class Detect:
 
     def engine(self) -> Engine:
         """An engine of these rules; its categories compile at their first event."""
-        rules, placeholders, index_min = pickle.loads(self.payload)
-        return Engine(RuleSet(rules=rules), placeholders, index_min=index_min, lazy=True)
+        rules, placeholders, index_min, code_cache = pickle.loads(self.payload)
+        return Engine(
+            RuleSet(rules=rules),
+            placeholders,
+            index_min=index_min,
+            lazy=True,
+            code_cache=code_cache,
+        )
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,11 @@ class Pipeline:
             cache=rulecache.default_dir(),
         )
         engine = Engine(
-            ruleset, placeholders=config.placeholders(), lateness=lateness_s, clock=clock
+            ruleset,
+            placeholders=config.placeholders(),
+            lateness=lateness_s,
+            clock=clock,
+            code_cache=rulecache.default_dir(),
         )
         return cls(
             config,
