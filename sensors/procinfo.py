@@ -98,6 +98,7 @@ def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
                 f"{pid}/environ",
                 lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
             ),
+            lambda: start_time(proc, int(pid)),
         )
     except (stalls.Quarantined, stalls.NoReader):
         return None
@@ -140,7 +141,9 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     }
     try:
         cmdline = stalls.guarded(
-            pid, lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline)
+            pid,
+            lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline),
+            lambda: start_time(ctx.proc, pid),
         )
     except stalls.Quarantined:  # its arguments sit on a file system that does not answer
         cmdline = None

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from threading import get_ident
 from time import monotonic
@@ -44,9 +43,15 @@ STALL_S = 2.0  # one read of a process's memory this long: the thread is given u
 MAX_ABANDONED = 8  # threads given up and still blocked, at most
 
 _lock = threading.Lock()
-_reading: dict[int, tuple[int, float]] = {}  # thread ident -> (pid read, since when)
-_abandoned: dict[int, int] = {}  # thread ident -> the pid its read is stuck on
-_quarantined: dict[int, int] = {}  # pid -> how many given-up reads of it are still blocked
+# A process: its pid and its start time (/proc/<pid>/stat), as a pid alone is reused. A
+# stuck read pins the process's memory, not its pid: the kernel gives the pid to another
+# process when this one exits, and that one's memory is read as any other's.
+Started = Callable[[], "int | None"]  # the start time of the process read, when asked
+Reading = tuple[int, float, Started]  # a read: pid, since when, the process's start time
+_reading: dict[int, Reading] = {}  # thread ident -> its read
+_abandoned: dict[int, tuple[int, int | None]] = {}  # thread ident -> the process it is stuck on
+_quarantined: dict[tuple[int, int | None], int] = {}  # process -> given-up reads still blocked
+_quarantined_pids: dict[int, int] = {}  # their pids, counted: the quick check of a read
 _local = threading.local()  # .watched: reads of this thread are watched by its runner
 
 
@@ -72,22 +77,37 @@ def watched() -> Iterator[None]:
         _local.watched = False
 
 
-def guarded(pid: int, read: Callable[[], T]) -> T:
+def _unknown_start() -> int | None:
+    return None
+
+
+def guarded(pid: int, read: Callable[[], T], started: Started = _unknown_start) -> T:
     """`read()` of process `pid`'s memory; raises Quarantined for a process a read of which
-    is stuck, and, in a thread that is not watched, for one whose read stalls now."""
+    is stuck, and, in a thread that is not watched, for one whose read stalls now.
+    `started()`: the process's start time, read only when a read of that pid is stuck."""
     if _local.__dict__.get("watched"):
-        return _in_place(pid, read)
-    return _by_reader(pid, read)
+        return _in_place(pid, read, started)
+    return _by_reader(pid, read, started)
 
 
-def _in_place(pid: int, read: Callable[[], T]) -> T:
+def _is_quarantined(pid: int, started: Started) -> bool:
+    """Whether this process (not only this pid) is quarantined; one dict lookup unless a
+    read of its pid is stuck."""
+    if pid not in _quarantined_pids:
+        return False
+    start = started()
+    with _lock:
+        return (pid, start) in _quarantined or (start is None and pid in _quarantined_pids)
+
+
+def _in_place(pid: int, read: Callable[[], T], started: Started) -> T:
     # no lock on the way (the agent's process sensor makes two such reads a process): only
     # this thread sets or ends its entry, and abandon() looks at the entry again after
     # marking the thread, so that one of the two always sees the other (see there)
-    if pid in _quarantined:
+    if _is_quarantined(pid, started):
         raise Quarantined(pid)
     ident = get_ident()
-    _reading[ident] = (pid, monotonic())
+    _reading[ident] = (pid, monotonic(), started)
     try:
         return read()
     finally:
@@ -103,14 +123,20 @@ def _done_reading(ident: int) -> int | None:
         return None
     with _lock:
         stuck_on = _abandoned.pop(ident, None)
-        if stuck_on is not None:
-            left = _quarantined.pop(stuck_on, 1) - 1
-            if left > 0:
-                _quarantined[stuck_on] = left
-        return stuck_on
+        if stuck_on is None:
+            return None
+        _count(_quarantined, stuck_on, -1)
+        _count(_quarantined_pids, stuck_on[0], -1)
+        return stuck_on[0]
 
 
-def stalled(ident: int | None, after_s: float | None = None) -> tuple[int, float] | None:
+def _count(counts: dict, key: object, by: int) -> None:
+    left = counts.pop(key, 0) + by
+    if left > 0:
+        counts[key] = left
+
+
+def stalled(ident: int | None, after_s: float | None = None) -> Reading | None:
     """The read (pid, since when) thread `ident` has been in for `after_s` (STALL_S) or
     longer, if any: what abandon() takes."""
     with _lock:
@@ -121,7 +147,7 @@ def stalled(ident: int | None, after_s: float | None = None) -> tuple[int, float
     return reading
 
 
-def abandon(ident: int | None, seen: tuple[int, float]) -> int | None:
+def abandon(ident: int | None, seen: Reading) -> int | None:
     """Give thread `ident` up, stalled in the read `seen` (from stalled()): quarantine the
     process it reads; its pid. None when the thread is in another read by now (or none), or
     MAX_ABANDONED threads are given up already."""
@@ -129,19 +155,21 @@ def abandon(ident: int | None, seen: tuple[int, float]) -> int | None:
         return _abandon_locked(ident, seen)
 
 
-def _abandon_locked(ident: int | None, seen: tuple[int, float]) -> int | None:
+def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
     if ident is None or ident in _abandoned or len(_abandoned) >= MAX_ABANDONED:
         return None
     reading = _reading.get(ident)
     if reading is None or reading is not seen:  # that read ended: this one is not stalled
         return None
-    _abandoned[ident] = pid = reading[0]
+    pid = reading[0]
+    _abandoned[ident] = process = (pid, reading[2]())  # its start time: a stat read
     # the thread ends its entry, then looks for its mark, without the lock: marked first
     # and looked at again here, a read that ended meanwhile is never given up
     if _reading.get(ident) is not reading:
         del _abandoned[ident]
         return None
-    _quarantined[pid] = _quarantined.get(pid, 0) + 1
+    _count(_quarantined, process, 1)
+    _count(_quarantined_pids, pid, 1)
     return pid
 
 
@@ -154,17 +182,17 @@ def at_most_abandoned() -> bool:
 def quarantined() -> list[int]:
     """The processes whose memory is not read now."""
     with _lock:
-        return sorted(_quarantined)
+        return sorted(_quarantined_pids)
 
 
 # -- reads of threads nobody watches: made by a reader thread, waited for at most STALL_S ----
 
 
 class _Job:
-    __slots__ = ("done", "error", "pid", "read", "result", "started")
+    __slots__ = ("begun", "done", "error", "pid", "read", "result", "started")
 
-    def __init__(self, pid: int, read: Callable[[], Any]):
-        self.pid, self.read = pid, read
+    def __init__(self, pid: int, read: Callable[[], Any], begun: Started):
+        self.pid, self.read, self.begun = pid, read, begun
         self.started = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -183,12 +211,11 @@ class _Reader:
         ident = threading.get_ident()
         while True:
             job = self.jobs.get()
-            with _lock:
-                if job.pid in _quarantined:
-                    job.error = Quarantined(job.pid)
-                else:
-                    job.started = True
-                    _reading[ident] = (job.pid, time.monotonic())
+            if _is_quarantined(job.pid, job.begun):
+                job.error = Quarantined(job.pid)
+            else:
+                job.started = True
+                _reading[ident] = (job.pid, monotonic(), job.begun)
             if job.started:
                 try:
                     job.result = job.read()
@@ -208,7 +235,10 @@ def _submit(job: _Job) -> _Reader:
     global _reader
     with _lock:
         if _reader is None:
-            _reader = _Reader()
+            try:
+                _reader = _Reader()
+            except RuntimeError:  # no thread can be started: not read, as if none were spare
+                raise NoReader(job.pid) from None
         reader = _reader
         reading = _reading.get(reader.thread.ident)  # type: ignore[arg-type]
         if (
@@ -221,9 +251,9 @@ def _submit(job: _Job) -> _Reader:
     return reader
 
 
-def _by_reader(pid: int, read: Callable[[], T]) -> T:
+def _by_reader(pid: int, read: Callable[[], T], started: Started) -> T:
     global _reader
-    job = _Job(pid, read)
+    job = _Job(pid, read, started)
     reader = _submit(job)
     while not job.done.wait(STALL_S / 4):
         with _lock:
@@ -241,9 +271,9 @@ def _by_reader(pid: int, read: Callable[[], T]) -> T:
         if job.started and given_up:  # this read is the one stuck: its process quarantined
             raise Quarantined(pid)
         if given_up:  # queued behind a given-up read: a new reader makes it
-            job = _Job(pid, read)
+            job = _Job(pid, read, started)
             reader = _submit(job)
-        elif stuck:  # stuck, and no more readers may be given up
+        elif stuck and at_most_abandoned():  # stuck, and no more readers may be given up
             raise NoReader(pid)
     if job.error is not None:
         raise job.error

@@ -80,8 +80,14 @@ class SensorSet:
             worker = self._workers.get(position)
             if worker is None:
                 worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
-            if worker.busy:  # stuck in an earlier run, and could not be given up
-                return stuck_run(spec, ctx)
+            late = worker.take()  # of a run left to its thread (stuck_run), ended since
+            if late is not None:
+                return late  # what it read (a stream's accesses) is not dropped
+            if worker.busy:  # stuck in an earlier run: given up now if it may be
+                if not _gave_up(spec, worker.thread.ident):
+                    return stuck_run(spec, ctx)
+                worker.close()
+                worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
             worker.submit(fork_context(ctx))
             while True:
                 self._done.wait(WATCH_S)
@@ -219,9 +225,10 @@ class _Worker:
 def stuck_run(spec: SensorSpec, ctx: SensorContext) -> SensorRun:
     """The status of a sensor stalled in a read of a process's memory that could not be
     given up (stalls.MAX_ABANDONED are already)."""
+    stuck = ", ".join(map(str, stalls.quarantined())) or "none yet"
     message = (
         "stalled in a read of a process's memory, with too many such reads given up already: "
-        "skipped"
+        f"skipped (processes whose memory reads are stuck: {stuck})"
     )
     return SensorRun(spec.name, [], ctx.status(spec.name, SLOW, message))
 

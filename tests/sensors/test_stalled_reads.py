@@ -33,9 +33,11 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def _process(proc: Path, pid: int, uid: int, cmdline: bytes | None) -> None:
+def _process(proc: Path, pid: int, uid: int, cmdline: bytes | None, start: int = 5000) -> None:
     base = proc / str(pid)
     base.mkdir()
+    fields = ["S", "1", *["0"] * 17, str(start)]  # field 22: the start time
+    (base / "stat").write_text(f"{pid} (python3) {' '.join(fields)} 0 0\n")
     (base / "status").write_text(f"Name:\tpython3\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     (base / "comm").write_text("python3\n")
     (base / "environ").write_bytes(b"SLURM_JOB_ID=7\0")
@@ -224,13 +226,44 @@ def test_a_backlog_of_quick_reads_quarantines_nobody(node: Node):
 
 
 def test_a_scan_is_not_held_when_no_more_threads_may_be_given_up(node: Node, monkeypatch):
+    """Past the bound the stalled sensor is reported slow; once threads may be given up
+    again, the next run gives it up (it is not left stuck for good)."""
     monkeypatch.setattr(stalls, "MAX_ABANDONED", 0)
     with SensorSet([by_name()["process"]]) as sensors:
         (run,) = sensors.sample(node.context())
         assert run.status["event.action"] == "slow"
         assert "too many such reads given up" in run.status["message"]
+        monkeypatch.setattr(stalls, "MAX_ABANDONED", 8)
+        (run,) = sensors.sample(node.context())
+        assert run.ok and _by_pid(run.events)[HOSTILE]["process.memory_read_stalled"] is True
         node.answer()
-        _wait_for(lambda: not sensors._workers[0].busy)
+
+
+def test_a_reused_pid_is_read_while_the_old_process_read_is_still_stuck(node: Node, tmp_path):
+    """A stuck read pins the old process's memory, not its pid: the process the kernel
+    gives that pid to next is read as any other, not marked."""
+    with SensorSet([by_name()["process"]]) as sensors:
+        (run,) = sensors.sample(node.context())
+        assert _by_pid(run.events)[HOSTILE]["process.memory_read_stalled"] is True
+        held = tmp_path / "held-fifo"
+        (node.proc / str(HOSTILE) / "cmdline").rename(held)  # the stuck open keeps waiting
+        for name in ("stat", "cmdline", "environ"):
+            (node.proc / str(HOSTILE) / name).unlink(missing_ok=True)
+        _process_files(node.proc / str(HOSTILE), start=9000)
+        (run,) = sensors.sample(node.context())
+        victim = _by_pid(run.events)[HOSTILE]
+        assert victim["process.command_line"] == "python3 victim.py"
+        assert victim["process.env.LD_PRELOAD"] == "/home/alice/lib.so"
+        assert "process.memory_read_stalled" not in victim
+        assert stalls.quarantined() == [HOSTILE]  # the old process's read is still stuck
+    os.close(os.open(held, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _process_files(base: Path, start: int) -> None:
+    fields = ["S", "1", *["0"] * 17, str(start)]
+    (base / "stat").write_text(f"{base.name} (python3) {' '.join(fields)} 0 0\n")
+    (base / "cmdline").write_bytes(b"python3\0victim.py\0")
+    (base / "environ").write_bytes(b"LD_PRELOAD=/home/alice/lib.so\0")
 
 
 def test_the_agent_gives_the_stuck_thread_up_within_a_sample_that_has_time(node: Node):
