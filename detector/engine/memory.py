@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def return_freed_memory() -> None:
@@ -21,23 +21,35 @@ def return_freed_memory() -> None:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a parse: every rule parsed stays alive, so each
-    full collection walks all the rules so far again, a third of a cold load's CPU in the
-    caller. What a parse leaves as garbage is a file's worth at most (its YAML nodes, a
-    rejected rule's objects), freed by reference counting or by the next full collection.
-    Process-wide: other threads' cycles wait for the load's end too."""
+def _collector_off(then: Callable[[], object]) -> Iterator[None]:
+    """The cyclic garbage collector off for the block; `then()` before it is on again (not
+    at all when it was off already)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
-            # what the load allocated goes to the oldest generation unexamined: enabled
-            # as it is, the next allocation would walk all of it as one young generation
-            gc.freeze()
-            gc.unfreeze()
+            then()
             gc.enable()
+
+
+def _unexamined_to_oldest() -> None:
+    # what the block allocated goes to the oldest generation unexamined: enabled as it is,
+    # the next allocation would walk all of it as one young generation
+    gc.freeze()
+    gc.unfreeze()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a parse: every rule parsed stays alive, so each
+    full collection walks all the rules so far again, a third of a cold load's CPU in the
+    caller. What a parse leaves as garbage is a file's worth at most (its YAML nodes, a
+    rejected rule's objects), freed by reference counting or by the next full collection.
+    Process-wide: other threads' cycles wait for the load's end too."""
+    with _collector_off(_unexamined_to_oldest):
+        yield
 
 
 @contextlib.contextmanager
@@ -50,11 +62,5 @@ def young_collected() -> Iterator[None]:
     categories, against 1.5 s for one young collection after each (bench sigmahq). Unlike
     gc_paused, the compile's garbage is freed before the engine hands memory back.
     Process-wide: other threads' young cycles wait for the compile's end too."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _collector_off(lambda: gc.collect(1)):
         yield
-    finally:
-        if was_enabled:
-            gc.collect(1)
-            gc.enable()
