@@ -137,8 +137,8 @@ def _count(counts: dict, key: object, by: int) -> None:
 
 
 def stalled(ident: int | None, after_s: float | None = None) -> Reading | None:
-    """The read (pid, since when) thread `ident` has been in for `after_s` (STALL_S) or
-    longer, if any: what abandon() takes."""
+    """The read (pid, since when, start time) thread `ident` has been in for `after_s`
+    (STALL_S) or longer, if any: what abandon() takes."""
     with _lock:
         reading = _reading.get(ident) if ident is not None else None
     limit = STALL_S if after_s is None else after_s
@@ -208,7 +208,7 @@ class _Reader:
         self.thread.start()
 
     def _loop(self) -> None:
-        ident = threading.get_ident()
+        ident = get_ident()
         while True:
             job = self.jobs.get()
             if _is_quarantined(job.pid, job.begun):

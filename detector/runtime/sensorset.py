@@ -86,8 +86,7 @@ class SensorSet:
             if worker.busy:  # stuck in an earlier run: given up now if it may be
                 if not _gave_up(spec, worker.thread.ident):
                     return stuck_run(spec, ctx)
-                worker.close()
-                worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
+                worker = self._workers[position] = worker.successor()
             worker.submit(fork_context(ctx))
             while True:
                 self._done.wait(WATCH_S)
@@ -99,8 +98,7 @@ class SensorSet:
                 if seen is not None and stalls.at_most_abandoned():
                     return stuck_run(spec, ctx)  # left to its thread: waited for no longer
                 if _gave_up(spec, worker.thread.ident):
-                    worker.close()  # it ends, its run dropped, once its read returns
-                    worker = self._workers[position] = _Worker(spec, sensor, self._lock, self._done)
+                    worker = self._workers[position] = worker.successor()
                     worker.submit(fork_context(ctx))
 
     def close(self) -> None:
@@ -174,7 +172,7 @@ class _Worker:
         self, spec: SensorSpec, sensor: Sensor, lock: threading.RLock, done: threading.Condition
     ):
         self.spec, self.sensor = spec, sensor
-        self._done = done
+        self._lock, self._done = lock, done
         self._wake = threading.Condition(lock)
         self.job: SensorContext | None = None
         self.reading: SensorContext | None = None  # the sample it is reading now
@@ -197,6 +195,12 @@ class _Worker:
         self.closed = True
         self.job = None
         self._wake.notify()
+
+    def successor(self) -> _Worker:
+        """A new thread for this sensor, this one given up (stalled in a read of a process's
+        memory): it ends, its run dropped, once its read returns. The caller holds the lock."""
+        self.close()
+        return _Worker(self.spec, self.sensor, self._lock, self._done)
 
     def take(self) -> SensorRun | None:
         result, self.result = self.result, None
@@ -305,11 +309,8 @@ class BudgetedSensors:
                 worker.submit(fork_context(ctx))
 
     def _replace(self, worker: _Worker) -> _Worker:
-        """A new thread for the sensor whose thread was given up (that one ends, its run
-        dropped, once its read returns); the caller holds the condition."""
-        worker.close()
-        fresh = _Worker(worker.spec, worker.sensor, self._lock, self._cond)
-        self.workers[self.workers.index(worker)] = fresh
+        """The given-up worker's successor, in its place; the caller holds the condition."""
+        fresh = self.workers[self.workers.index(worker)] = worker.successor()
         return fresh
 
     def _wait_while_busy(self, worker: _Worker, deadline: float) -> None:
