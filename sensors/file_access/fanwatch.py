@@ -11,6 +11,8 @@ with FAN_EVENT_ON_CHILD, and each regular file one of its own, so an open is see
 path that reaches the file (a bind mount, also in a user namespace; another mount; a hard
 link; a symlink) and recognised by identity (identity.py), not by the path string. Never a
 mark on `/` or /proc: this process reads /proc, and its reads must never wait on an answer.
+Marks are bounded in all and per owner (shares.py): a user's own directories use up that
+user's share, not the marks that watch everyone else's files.
 
 A second group in FID mode (FAN_REPORT_DFID_NAME), here, notifications only, reports
 create, delete and rename, where the kernel supports it; otherwise the stream runs without
@@ -23,6 +25,7 @@ import contextlib
 import errno
 import os
 import select
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -37,12 +40,18 @@ from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
 from hpcsec.sensors.file_access.openers import OpenerCache
 from hpcsec.sensors.file_access.records import Drained
 from hpcsec.sensors.file_access.restart import RestartPolicy
+from hpcsec.sensors.file_access.shares import (
+    MAX_DIRS,
+    MAX_DIRS_PER_OWNER,
+    MAX_FILES,
+    MAX_FILES_PER_OWNER,
+    OwnerShares,
+)
 from hpcsec.sensors.file_access.walk import walk_tree
 
 CONTENT_MASK = fan.FAN_OPEN_PERM | fan.FAN_OPEN_EXEC_PERM | fan.FAN_ACCESS  # and writes:
 CONTENT_MASK |= fan.FAN_MODIFY | fan.FAN_CLOSE_WRITE
 FID_MASK = fan.FAN_CREATE | fan.FAN_DELETE | fan.FAN_ONDIR
-MAX_FILE_MARKS = 200_000  # past it, files are seen through their directory's mark only
 _READ_SIZE = 4096
 _ERROR_PAUSE_S = 0.01
 
@@ -66,7 +75,7 @@ class FanotifyWatch:
         self.link: ResponderLink | None = None
         self.fid_fd = -1
         self.fid_mask = 0
-        self._file_marks = 0
+        self._dir_shares, self._file_shares = self._new_shares()
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
         self._lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
@@ -96,6 +105,7 @@ class FanotifyWatch:
         try:
             watch._open_groups()
             watch.index.roots = [root for root in roots if watch._mark_tree(root)]
+            watch.notes += watch._share_notes()
             assert watch.link is not None
             watch.link.sync(lambda frame: watch._frame(frame, rfc3339()))
             watch.index.build()
@@ -145,17 +155,38 @@ class FanotifyWatch:
             return False
         if not os.path.isdir(root):
             self._add_mount_fd(os.path.dirname(root) or "/")
-            self._mark_file(root)
+            self._mark_file(root, named=True)
             self._mark_fid(os.path.dirname(root) or "/", 0)
             return True
         self._add_mount_fd(root)
         # Inode marks even on a tree that is a mount of its own: a mount mark would miss the
-        # same files reached through a bind mount or another mount of the filesystem.
-        for dirpath, names in walk_tree(root):
+        # same files reached through a bind mount or another mount of the filesystem. The
+        # root is marked whatever the shares say (the operator named it); below it, a
+        # directory past its owner's share is neither marked nor walked (shares.py).
+        self._dir_shares.take_path(root)
+        for dirpath, names in walk_tree(root, self._dir_shares.take_entry):
             self._mark_dir(dirpath)
             for name in names:
                 self._mark_file(os.path.join(dirpath, name))
         return True
+
+    @staticmethod
+    def _new_shares() -> tuple[OwnerShares, OwnerShares]:
+        return (
+            OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER),
+            OwnerShares(MAX_FILES, MAX_FILES_PER_OWNER),
+        )
+
+    def _share_notes(self) -> list[str]:
+        notes = [
+            self._dir_shares.summary(
+                "directories", "not watched, nor walked (files created in them are not seen)"
+            ),
+            self._file_shares.summary(
+                "files", "not marked one by one (seen through their directory's mark only)"
+            ),
+        ]
+        return [note for note in notes if note is not None]
 
     def _add_mount_fd(self, directory: str) -> None:
         """A descriptor on the filesystem of `directory`, for open_by_handle_at."""
@@ -167,11 +198,26 @@ class FanotifyWatch:
         self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, fan.FAN_MARK_ONLYDIR)
         self._mark_fid(path, fan.FAN_MARK_ONLYDIR)
 
-    def _mark_file(self, path: str) -> None:
-        """Its own mark, so a hard link in a directory nobody watches is seen too."""
-        if os.path.islink(path) or self._file_marks >= MAX_FILE_MARKS:
+    def _mark_new_dir(self, path: str) -> None:
+        """A directory made under a protected tree while the watch runs: marked within its
+        owner's share, else counted and reported as an error."""
+        owner = os.lstat(path).st_uid
+        if self._dir_shares.take(owner):
+            self._mark_dir(path)
+        else:
+            self._error(f"new directory {path} not watched: {self._dir_shares.refusal(owner)}")
+
+    def _mark_file(self, path: str, named: bool = False) -> None:
+        """Its own mark, so a hard link in a directory nobody watches is seen too; within
+        its owner's share unless the operator `named` it."""
+        try:
+            st = os.lstat(path)
+        except OSError:
             return
-        self._file_marks += 1
+        if stat.S_ISLNK(st.st_mode):
+            return
+        if not self._file_shares.take(st.st_uid) and not named:
+            return
         self._mark(path, CONTENT_MASK, fan.FAN_MARK_DONT_FOLLOW)
 
     def _mark(self, path: str, mask: int, flags: int) -> None:
@@ -241,7 +287,7 @@ class FanotifyWatch:
             old.stop()  # reaps the dead process and closes our end
         try:
             self.link = ResponderLink(self.hold_s)
-            self._file_marks = 0
+            self._dir_shares, self._file_shares = self._new_shares()
             for root in self.index.roots:
                 self._mark_tree(root)
             self.link.sync(lambda frame: self._frame(frame, rfc3339()))
@@ -324,7 +370,7 @@ class FanotifyWatch:
         is_dir = bool(event.mask & fan.FAN_ONDIR)
         if event.mask & fan.FAN_CREATE and is_dir and old:
             with contextlib.suppress(OSError):
-                self._mark_dir(old)  # a new subdirectory of a protected tree
+                self._mark_new_dir(old)  # a new subdirectory of a protected tree
         if is_dir:
             return  # directories are containers; the files in them are the assets
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.

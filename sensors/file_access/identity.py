@@ -8,7 +8,8 @@ protected roots, so site policy and rules see the asset, not the disguise.
 
 Built by walking the roots at start, completed as files are created or renamed under them,
 and rebuilt every REBUILD_S (a file replaced by another keeps its path, not its inode).
-Bounded: past `max_files`, the rest of the files are matched by path only, and a note says so.
+Bounded: past `max_files`, the rest of the files are matched by path only, and a note says so;
+the walk visits the directories the watch marks (shares.py), no more.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import stat
 import time
 
+from hpcsec.sensors.file_access.shares import MAX_DIRS, MAX_DIRS_PER_OWNER, OwnerShares
 from hpcsec.sensors.file_access.walk import walk_tree
 
 DEFAULT_MAX_FILES = 1_000_000
@@ -34,8 +36,9 @@ class AssetIndex:
     def build(self) -> None:
         files: dict[tuple[int, int], str] = {}
         self.truncated = False
+        shares = OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER)
         for root in self.roots:
-            for path in _regular_files(root):
+            for path in _regular_files(root, shares):
                 if len(files) >= self.max_files:
                     self.truncated = True
                     break
@@ -70,10 +73,15 @@ class AssetIndex:
             files.setdefault((st.st_dev, st.st_ino), path)  # the first path of a hard-linked file
 
 
-def _regular_files(root: str):
+def _regular_files(root: str, shares: OwnerShares):
+    """The files under `root`, through the directories the shares allow: the directories
+    the watch marks (fanwatch.py), so that a user's million directories cost a rebuild no
+    more than they cost the marks."""
     if not os.path.isdir(root):
         yield root
         return
-    for dirpath, names in walk_tree(root):  # symlinks are not followed: they are not assets
+    shares.take_path(root)
+    # symlinks are not followed: they are not assets
+    for dirpath, names in walk_tree(root, shares.take_entry):
         for name in names:
             yield os.path.join(dirpath, name)

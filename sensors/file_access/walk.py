@@ -9,13 +9,16 @@ user. This walk keeps its own stack.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
-def walk_tree(root: str) -> Iterator[tuple[str, list[str]]]:
+def walk_tree(
+    root: str, descend: Callable[[os.DirEntry[str]], bool] | None = None
+) -> Iterator[tuple[str, list[str]]]:
     """(directory, names of what is not a directory in it), top-down and depth-first in the
     order os.walk gives; symlinks are not followed (a link to a directory is a name). A
-    directory that cannot be listed is skipped, as os.walk skips it."""
+    directory that cannot be listed is skipped, as os.walk skips it; so is a subdirectory
+    `descend` refuses (it is neither listed nor walked: shares.py bounds the walk so)."""
     stack = [root]
     while stack:
         directory = stack.pop()
@@ -31,6 +34,9 @@ def walk_tree(root: str) -> Iterator[tuple[str, list[str]]]:
                 is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 is_dir = False
-            (subdirs if is_dir else names).append(entry.name)
+            if not is_dir:
+                names.append(entry.name)
+            elif descend is None or descend(entry):
+                subdirs.append(entry.name)
         yield directory, names
         stack.extend(os.path.join(directory, name) for name in reversed(subdirs))

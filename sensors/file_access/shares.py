@@ -1,0 +1,86 @@
+"""How many directories and files of the protected trees are marked and walked: in all, and
+per owner.
+
+Each directory of a protected tree gets an inode mark, and each file one of its own
+(fanwatch.py). A mark pins its inode in kernel memory (the group is made with
+FAN_UNLIMITED_MARKS, so the kernel sets no limit), every mark is a round trip to the
+responder, and the walks that set them and rebuild the identity index (identity.py) visit
+every directory. A user who can write anywhere under a protected tree can make millions of
+directories there in minutes: unbounded, that pins gigabytes of the node's memory and makes
+every start and index rebuild last minutes. A bound in all alone would be worse: the user's
+own directories, met first in the walk, would use it up, and the real assets past them would
+not be watched. So each owner (uid) has a share: a user's directories use up that user's
+share, not the marks that watch everyone else's files. A directory past its owner's share is
+not walked either (what lies under it is that owner's, or there by that owner's leave); the
+sensor says how many were refused, and whose.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+# Directories marked and walked, at most: in all, and of one owner. A dataset of 10,000
+# classes in 100 shards each fits one owner's share.
+MAX_DIRS = 200_000
+MAX_DIRS_PER_OWNER = 20_000
+# Files marked one by one, at most (past it, a file is seen through its directory's mark).
+MAX_FILES = 200_000
+MAX_FILES_PER_OWNER = 50_000
+NOTED_OWNERS = 3  # owners named in a note, the most refused first
+
+
+class OwnerShares:
+    """Marks (or visits) of one kind handed out: at most `total`, `per_owner` of one uid."""
+
+    def __init__(self, total: int, per_owner: int):
+        self.total = total
+        self.per_owner = per_owner
+        self.used = 0
+        self.by_owner: Counter[int] = Counter()
+        self.refused: Counter[int] = Counter()  # owner -> how many were refused
+
+    def take(self, owner: int) -> bool:
+        """One more for `owner`, if the shares allow it (a refusal is counted)."""
+        if self.used >= self.total or self.by_owner[owner] >= self.per_owner:
+            self.refused[owner] += 1
+            return False
+        self.used += 1
+        self.by_owner[owner] += 1
+        return True
+
+    def take_entry(self, entry: os.DirEntry[str]) -> bool:
+        """`take` for the owner of a directory entry; one that cannot be looked at is not
+        walked (it is gone, or unreadable to root: nothing to mark)."""
+        try:
+            owner = entry.stat(follow_symlinks=False).st_uid
+        except OSError:
+            return False
+        return self.take(owner)
+
+    def take_path(self, path: str) -> bool:
+        try:
+            owner = os.lstat(path).st_uid
+        except OSError:
+            return False
+        return self.take(owner)
+
+    def refusal(self, owner: int) -> str:
+        """Why `owner` gets no more (after `take` said so)."""
+        if self.used >= self.total:
+            return f"the bound of {self.total:,} in all is reached"
+        return f"its owner (uid {owner}) has its share of {self.per_owner:,}"
+
+    def summary(self, what: str, why: str) -> str | None:
+        """What was refused, and whose: None when nothing was."""
+        refused = sum(self.refused.values())
+        if not refused:
+            return None
+        owners = ", ".join(
+            f"uid {uid}: {count:,}" for uid, count in self.refused.most_common(NOTED_OWNERS)
+        )
+        more = "" if len(self.refused) <= NOTED_OWNERS else ", …"
+        return (
+            f"{refused:,} {what} under protected paths past the bound ({self.total:,} in all, "
+            f"{self.per_owner:,} of one owner) are {why} ({owners}{more})"
+        )
