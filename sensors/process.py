@@ -15,6 +15,8 @@ from hpcsec.sensors.base import SensorContext, SensorUnavailable
 from hpcsec.sensors.procinfo import Users, environ_value, process_fields, read_environ
 
 SELECTED_ENV = ("LD_PRELOAD", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
+# a process without a command line because its memory was not read (stalls.py) is reported
+UNREAD_MEMORY = frozenset({"process.memory_read_stalled", "process.memory_read_skipped"})
 
 
 def pids(ctx: SensorContext) -> list[int]:
@@ -31,7 +33,7 @@ class ProcessSensor:
         users = Users.load(ctx.etc)
         for pid in found:
             fields = process_fields(ctx, pid, users)
-            if "process.command_line" not in fields and "process.memory_read_stalled" not in fields:
+            if "process.command_line" not in fields and not fields.keys() & UNREAD_MEMORY:
                 continue  # a kernel thread, or the process exited while we looked
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:

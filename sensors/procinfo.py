@@ -53,6 +53,7 @@ class Users:
 
 
 PROCESS_STATUS_KEYS = frozenset({"Name", "PPid", "Uid"})  # what process_fields reads
+OWNER_KEYS = frozenset({"Uid"})
 
 
 def status_fields(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
@@ -99,8 +100,9 @@ def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
                 lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
             ),
             lambda: start_time(proc, int(pid)),
+            lambda: owner_uid(proc, int(pid)),
         )
-    except (stalls.Quarantined, stalls.NoReader):
+    except (stalls.Quarantined, stalls.NoReader, stalls.OwnerStalled):
         return None
 
 
@@ -123,7 +125,9 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     """process.* and user.* fields of `pid`; {} when the process is gone (or not visible).
 
     A kernel thread has an empty cmdline: it gets no `process.command_line`; nor does a
-    process a read of whose memory is stuck, marked `process.memory_read_stalled` (stalls.py).
+    process a read of whose memory is stuck, marked `process.memory_read_stalled`, or one
+    whose owner's other processes hang such reads, marked `process.memory_read_skipped`
+    (stalls.py).
     Every string is
     event text (core/text): a name or argument that is not UTF-8 keeps its bytes as `\\xNN`.
     """
@@ -139,15 +143,20 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         "process.executable": ctx.proc.readlink(f"{base}/exe"),
         "process.parent.pid": _first_int(values.get("PPid")),
     }
+    uid = _first_int(values.get("Uid"))  # real uid: the first of real, effective, saved, fs
     try:
         cmdline = stalls.guarded(
             pid,
             lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline),
             lambda: start_time(ctx.proc, pid),
+            lambda: uid,
         )
     except stalls.Quarantined:  # its arguments sit on a file system that does not answer
         cmdline = None
         fields["process.memory_read_stalled"] = True
+    except stalls.OwnerStalled:  # other processes of its owner hang the reads
+        cmdline = None
+        fields["process.memory_read_skipped"] = True
     except stalls.NoReader:  # another process's read is stuck: nothing known of this one
         cmdline = None
     if cmdline:
@@ -157,11 +166,16 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         fields["process.command_line"] = " ".join(args)
         if proclists.is_condensed(args):  # rules still saw its flags and URLs, head and tail
             fields["process.command_line_truncated"] = True
-    uid = _first_int(values.get("Uid"))  # real uid: the first of real, effective, saved, fs
     if uid is not None:
         fields["user.id"] = uid
         fields["user.name"] = (users or users_of(ctx)).name(uid)
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def owner_uid(proc: FsRoot, pid: int) -> int | None:
+    """The real uid of a process, from /proc/<pid>/status (not its memory)."""
+    status = proc.read_text(f"{pid}/status", STATUS_MAX)
+    return _first_int(status_fields(status, OWNER_KEYS).get("Uid")) if status else None
 
 
 def start_time(proc: FsRoot, pid: int) -> int | None:

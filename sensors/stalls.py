@@ -25,6 +25,13 @@ dropped. At most MAX_ABANDONED threads are given up and still blocked: past that
 sensor is reported slow, and while the reader is stuck the other threads' reads are refused
 (NoReader: not read, and not marked, as nothing is known of those processes), so that a
 node's hostile processes cannot pile up blocked threads in the agent.
+
+That bound is shared, so one user must not use it up: once MAX_STUCK_PER_OWNER given-up
+reads of one owner's (real uid's) processes are blocked, the memory of that owner's other
+processes is not read either (OwnerStalled: their events are marked
+`process.memory_read_skipped`), until those reads return. Else a user with a few more
+processes than MAX_ABANDONED whose arguments hang would leave the process sensor stuck for
+every user of the node.
 """
 
 from __future__ import annotations
@@ -40,18 +47,23 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 STALL_S = 2.0  # one read of a process's memory this long: the thread is given up
-MAX_ABANDONED = 8  # threads given up and still blocked, at most
+MAX_ABANDONED = 16  # threads given up and still blocked, at most
+MAX_STUCK_PER_OWNER = 2  # of them, on one owner's processes (then theirs are not read)
 
 _lock = threading.Lock()
 # A process: its pid and its start time (/proc/<pid>/stat), as a pid alone is reused. A
 # stuck read pins the process's memory, not its pid: the kernel gives the pid to another
 # process when this one exits, and that one's memory is read as any other's.
 Started = Callable[[], "int | None"]  # the start time of the process read, when asked
-Reading = tuple[int, float, Started]  # a read: pid, since when, the process's start time
+Owner = Callable[[], "int | None"]  # the real uid of the process read, when asked
+Reading = tuple[int, float, Started, Owner]  # a read: pid, since when, start time, owner
+Process = tuple[int, "int | None"]  # pid, start time
 _reading: dict[int, Reading] = {}  # thread ident -> its read
-_abandoned: dict[int, tuple[int, int | None]] = {}  # thread ident -> the process it is stuck on
-_quarantined: dict[tuple[int, int | None], int] = {}  # process -> given-up reads still blocked
+# thread ident -> the process it is stuck on, and that process's owner
+_abandoned: dict[int, tuple[Process, int | None]] = {}
+_quarantined: dict[Process, int] = {}  # process -> given-up reads still blocked
 _quarantined_pids: dict[int, int] = {}  # their pids, counted: the quick check of a read
+_stuck_owners: dict[int, int] = {}  # owner -> given-up reads of its processes still blocked
 _local = threading.local()  # .watched: reads of this thread are watched by its runner
 
 
@@ -65,6 +77,10 @@ class Quarantined(Exception):
 
 class NoReader(Exception):
     """Not read: the reader is stuck on another process and MAX_ABANDONED are given up."""
+
+
+class OwnerStalled(Exception):
+    """Not read: MAX_STUCK_PER_OWNER reads of other processes of its owner are stuck."""
 
 
 @contextlib.contextmanager
@@ -81,13 +97,28 @@ def _unknown_start() -> int | None:
     return None
 
 
-def guarded(pid: int, read: Callable[[], T], started: Started = _unknown_start) -> T:
+def guarded(
+    pid: int,
+    read: Callable[[], T],
+    started: Started = _unknown_start,
+    owner: Owner = _unknown_start,
+) -> T:
     """`read()` of process `pid`'s memory; raises Quarantined for a process a read of which
-    is stuck, and, in a thread that is not watched, for one whose read stalls now.
-    `started()`: the process's start time, read only when a read of that pid is stuck."""
+    is stuck, and, in a thread that is not watched, for one whose read stalls now;
+    OwnerStalled for a process of an owner with MAX_STUCK_PER_OWNER stuck reads.
+    `started()`, `owner()`: the process's start time and real uid, read only when a read
+    is stuck (of that pid, or of any process)."""
+    if _stuck_owners and not _is_quarantined(pid, started) and _owner_stalled(owner):
+        raise OwnerStalled(pid)
     if _local.__dict__.get("watched"):
-        return _in_place(pid, read, started)
-    return _by_reader(pid, read, started)
+        return _in_place(pid, read, started, owner)
+    return _by_reader(pid, read, started, owner)
+
+
+def _owner_stalled(owner: Owner) -> bool:
+    uid = owner()
+    with _lock:
+        return uid is not None and _stuck_owners.get(uid, 0) >= MAX_STUCK_PER_OWNER
 
 
 def _is_quarantined(pid: int, started: Started) -> bool:
@@ -100,14 +131,14 @@ def _is_quarantined(pid: int, started: Started) -> bool:
         return (pid, start) in _quarantined or (start is None and pid in _quarantined_pids)
 
 
-def _in_place(pid: int, read: Callable[[], T], started: Started) -> T:
+def _in_place(pid: int, read: Callable[[], T], started: Started, owner: Owner) -> T:
     # no lock on the way (the agent's process sensor makes two such reads a process): only
     # this thread sets or ends its entry, and abandon() looks at the entry again after
     # marking the thread, so that one of the two always sees the other (see there)
     if _is_quarantined(pid, started):
         raise Quarantined(pid)
     ident = get_ident()
-    _reading[ident] = (pid, monotonic(), started)
+    _reading[ident] = (pid, monotonic(), started, owner)
     try:
         return read()
     finally:
@@ -125,9 +156,12 @@ def _done_reading(ident: int) -> int | None:
         stuck_on = _abandoned.pop(ident, None)
         if stuck_on is None:
             return None
-        _count(_quarantined, stuck_on, -1)
-        _count(_quarantined_pids, stuck_on[0], -1)
-        return stuck_on[0]
+        process, owner = stuck_on
+        _count(_quarantined, process, -1)
+        _count(_quarantined_pids, process[0], -1)
+        if owner is not None:
+            _count(_stuck_owners, owner, -1)
+        return process[0]
 
 
 def _count(counts: dict, key: object, by: int) -> None:
@@ -137,7 +171,7 @@ def _count(counts: dict, key: object, by: int) -> None:
 
 
 def stalled(ident: int | None, after_s: float | None = None) -> Reading | None:
-    """The read (pid, since when, start time) thread `ident` has been in for `after_s`
+    """The read (pid, since when, start time, owner) thread `ident` has been in for `after_s`
     (STALL_S) or longer, if any: what abandon() takes."""
     with _lock:
         reading = _reading.get(ident) if ident is not None else None
@@ -162,7 +196,9 @@ def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
     if reading is None or reading is not seen:  # that read ended: this one is not stalled
         return None
     pid = reading[0]
-    _abandoned[ident] = process = (pid, reading[2]())  # its start time: a stat read
+    process = (pid, reading[2]())  # its start time: a stat read
+    owner = reading[3]()  # a status read (neither reads the process's memory)
+    _abandoned[ident] = (process, owner)
     # the thread ends its entry, then looks for its mark, without the lock: marked first
     # and looked at again here, a read that ended meanwhile is never given up
     if _reading.get(ident) is not reading:
@@ -170,6 +206,8 @@ def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
         return None
     _count(_quarantined, process, 1)
     _count(_quarantined_pids, pid, 1)
+    if owner is not None:
+        _count(_stuck_owners, owner, 1)
     return pid
 
 
@@ -189,10 +227,10 @@ def quarantined() -> list[int]:
 
 
 class _Job:
-    __slots__ = ("begun", "done", "error", "pid", "read", "result", "started")
+    __slots__ = ("begun", "done", "error", "owner", "pid", "read", "result", "started")
 
-    def __init__(self, pid: int, read: Callable[[], Any], begun: Started):
-        self.pid, self.read, self.begun = pid, read, begun
+    def __init__(self, pid: int, read: Callable[[], Any], begun: Started, owner: Owner):
+        self.pid, self.read, self.begun, self.owner = pid, read, begun, owner
         self.started = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -215,7 +253,7 @@ class _Reader:
                 job.error = Quarantined(job.pid)
             else:
                 job.started = True
-                _reading[ident] = (job.pid, monotonic(), job.begun)
+                _reading[ident] = (job.pid, monotonic(), job.begun, job.owner)
             if job.started:
                 try:
                     job.result = job.read()
@@ -251,9 +289,9 @@ def _submit(job: _Job) -> _Reader:
     return reader
 
 
-def _by_reader(pid: int, read: Callable[[], T], started: Started) -> T:
+def _by_reader(pid: int, read: Callable[[], T], started: Started, owner: Owner) -> T:
     global _reader
-    job = _Job(pid, read, started)
+    job = _Job(pid, read, started, owner)
     reader = _submit(job)
     while not job.done.wait(STALL_S / 4):
         with _lock:
@@ -271,7 +309,7 @@ def _by_reader(pid: int, read: Callable[[], T], started: Started) -> T:
         if job.started and given_up:  # this read is the one stuck: its process quarantined
             raise Quarantined(pid)
         if given_up:  # queued behind a given-up read: a new reader makes it
-            job = _Job(pid, read, started)
+            job = _Job(pid, read, started, owner)
             reader = _submit(job)
         elif stuck and at_most_abandoned():  # stuck, and no more readers may be given up
             raise NoReader(pid)

@@ -89,6 +89,13 @@ FIELDS: tuple[Field, ...] = (
         "true when a read of the process's arguments or environment (its own memory) did not "
         "return: they are left out while the read is stuck",
     ),
+    _f(
+        "process.memory_read_skipped",
+        "boolean",
+        "true when the process's arguments and environment were not read because reads of "
+        "other processes of its owner are stuck (each such process has "
+        "process.memory_read_stalled)",
+    ),
     _f("process.parent.pid", "long", "parent process id"),
     _f("process.start", "date", "process start time"),
     _f("process.cgroup", "keyword", "cgroup path(s) of the process"),

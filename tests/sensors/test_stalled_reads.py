@@ -279,3 +279,48 @@ def test_the_agent_gives_the_stuck_thread_up_within_a_sample_that_has_time(node:
         if stalls.quarantined():
             node.answer()
         sensors.close()
+
+
+def test_one_owners_stuck_reads_do_not_use_up_what_may_be_given_up(node: Node, monkeypatch):
+    """Mallory has more processes whose arguments hang than threads may be given up: once
+    her share of stuck reads is blocked, her other processes are not read (marked skipped),
+    so the scan is not left stuck for every user of the node."""
+    monkeypatch.setattr(stalls, "MAX_STUCK_PER_OWNER", 1)
+    monkeypatch.setattr(stalls, "MAX_ABANDONED", 2)
+    for pid in (HOSTILE + 1, HOSTILE + 2):
+        _process(node.proc, pid, 1001, None)
+    _process(node.proc, HOSTILE + 3, 1001, b"python3\0mine.py\0")
+    with SensorSet([by_name()["process"]]) as sensors:
+        (run,) = sensors.sample(node.context())
+    assert run.ok
+    found = _by_pid(run.events)
+    assert found[HOSTILE]["process.memory_read_stalled"] is True
+    for pid in (HOSTILE + 1, HOSTILE + 2, HOSTILE + 3):
+        assert found[pid]["process.memory_read_skipped"] is True, pid
+        assert found[pid]["user.name"] == "mallory"
+        assert "process.command_line" not in found[pid]
+        assert "process.memory_read_stalled" not in found[pid]
+    assert found[HONEST]["process.command_line"] == "python3 train.py"
+    assert stalls.quarantined() == [HOSTILE]  # one thread given up, not the bound
+    node.answer()  # her stuck read returns: her other processes are read again
+    _wait_for(lambda: not stalls.quarantined())
+    fields = process_fields(node.context(), HOSTILE + 3)
+    assert fields["process.command_line"] == "python3 mine.py"
+    assert "process.memory_read_skipped" not in fields
+
+
+def test_threads_nobody_watches_skip_the_processes_of_an_owner_with_stuck_reads(
+    node: Node, monkeypatch
+):
+    monkeypatch.setattr(stalls, "MAX_STUCK_PER_OWNER", 1)
+    _process(node.proc, HOSTILE + 3, 1001, b"python3\0mine.py\0")
+    ctx = node.context()
+    assert process_fields(ctx, HOSTILE)["process.memory_read_stalled"] is True
+    started = time.monotonic()
+    assert process_fields(ctx, HOSTILE + 3)["process.memory_read_skipped"] is True
+    assert read_environ(ctx.proc, HOSTILE + 3) is None
+    assert time.monotonic() - started < STALL_S  # refused at once, not waited for
+    assert process_fields(ctx, HONEST)["process.command_line"] == "python3 train.py"
+    node.answer()
+    _wait_for(lambda: not stalls.quarantined())
+    assert read_environ(ctx.proc, HOSTILE + 3) == b"SLURM_JOB_ID=7\0"
