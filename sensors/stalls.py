@@ -44,7 +44,10 @@ from threading import get_ident
 from time import monotonic
 from typing import Any, TypeVar
 
+from hpcsec.detector.core.log import get_logger
+
 T = TypeVar("T")
+logger = get_logger(__name__)
 
 STALL_S = 2.0  # one read of a process's memory this long: the thread is given up
 MAX_ABANDONED = 16  # threads given up and still blocked, at most
@@ -211,6 +214,18 @@ def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
     return pid
 
 
+def log_given_up(pid: int, by: str) -> None:
+    """Say that `by` gave a stuck read of process `pid` up (abandon() said so)."""
+    logger.warning(
+        "%s: a read of process %d's memory has not returned for %g s (a file system that "
+        "does not answer under its arguments or environment): that read is given up, the "
+        "process's memory is not read while it is stuck",
+        by,
+        pid,
+        STALL_S,
+    )
+
+
 def at_most_abandoned() -> bool:
     """Whether MAX_ABANDONED threads are given up and still blocked: no more are."""
     with _lock:
@@ -299,11 +314,14 @@ def _by_reader(pid: int, read: Callable[[], T], started: Started, owner: Owner) 
             alive = reader.thread.is_alive()  # a dead reader's ident may be another's now
             reading = _reading.get(ident) if alive and ident is not None else None
             stuck = reading is not None and monotonic() - reading[1] >= STALL_S
-            if stuck and reading is not None:
-                _abandon_locked(ident, reading)
+            given_up_on = (
+                _abandon_locked(ident, reading) if stuck and reading is not None else None
+            )
             given_up = not alive or ident in _abandoned
             if given_up and _reader is reader:
                 _reader = None  # the reads after this one go to a new reader
+        if given_up_on is not None:
+            log_given_up(given_up_on, "the /proc reader (enrichment, attribution)")
         if job.done.is_set():
             break
         if job.started and given_up:  # this read is the one stuck: its process quarantined

@@ -150,14 +150,7 @@ def _gave_up(spec: SensorSpec, ident: int | None) -> bool:
     pid = stalls.abandon(ident, seen)
     if pid is None:  # too many given up already (or the read just ended)
         return False
-    logger.warning(
-        "sensor %s: a read of process %d's memory has not returned for %g s (a file system "
-        "that does not answer under its arguments or environment): that read is given up, "
-        "the process's memory is not read while it is stuck",
-        spec.name,
-        pid,
-        stalls.STALL_S,
-    )
+    stalls.log_given_up(pid, f"sensor {spec.name}")
     return True
 
 

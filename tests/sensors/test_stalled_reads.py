@@ -324,3 +324,13 @@ def test_threads_nobody_watches_skip_the_processes_of_an_owner_with_stuck_reads(
     node.answer()
     _wait_for(lambda: not stalls.quarantined())
     assert read_environ(ctx.proc, HOSTILE + 3) == b"SLURM_JOB_ID=7\0"
+
+
+def test_the_reader_says_when_it_gives_a_read_up(node: Node, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert process_fields(node.context(), HOSTILE)["process.memory_read_stalled"] is True
+    assert (
+        f"the /proc reader (enrichment, attribution): a read of process {HOSTILE}'s memory "
+        "has not returned" in caplog.text
+    )
+    node.answer()
