@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,22 @@ def test_directories_recurse_but_skip_tests_and_hidden(tmp_path):
         ("a.yml", "a"),
         ("b.yaml", "b"),
     ]
+
+
+def test_a_rule_directory_nested_deeper_than_the_recursion_limit_loads(tmp_path):
+    levels = [tmp_path]
+    for _ in range(sys.getrecursionlimit() + 100):  # mkdir(parents=True) recurses itself
+        levels.append(levels[-1] / "d")
+        levels[-1].mkdir()
+    (levels[-1] / "a.yml").write_text(rule_text("A", "1f0e0d0c-0000-4000-8000-0000000000a3"))
+    (tmp_path / "b.yml").write_text(rule_text("B", "1f0e0d0c-0000-4000-8000-0000000000a4"))
+    try:
+        ruleset = load_rules([tmp_path])
+        assert sorted(Path(r.path).name for r in ruleset.rules) == ["a.yml", "b.yml"]
+    finally:  # so does shutil.rmtree, which pytest would clean this up with
+        (levels[-1] / "a.yml").unlink()
+        for level in reversed(levels[1:]):
+            level.rmdir()
 
 
 def test_empty_directory(tmp_path):
