@@ -38,7 +38,7 @@ class ProcessSensor:
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:
                 fields["process.cgroup"] = cgroup.strip()
-            environ = read_environ(ctx.proc, pid)
+            environ = read_environ(ctx.proc, pid, fields.get("user.id"))
             for var in SELECTED_ENV:
                 value = environ_value(environ, var)
                 if value is not None:

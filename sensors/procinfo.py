@@ -89,9 +89,12 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
     return ":".join(dict.fromkeys(values)) if var in EVERY_LOADER else values[0]
 
 
-def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
+def read_environ(proc: FsRoot, pid: int | str, uid: int | None = None) -> bytes | None:
     """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it; None
-    when it cannot be read, or a read of the process's memory is stuck (stalls.py)."""
+    when it cannot be read, or a read of the process's memory is stuck (stalls.py). `uid`:
+    the process's real uid when the caller has it (else its status is read first)."""
+    if uid is None:
+        uid = owner_uid(proc, int(pid))
     try:
         return stalls.guarded(
             int(pid),
@@ -100,7 +103,7 @@ def read_environ(proc: FsRoot, pid: int | str) -> bytes | None:
                 lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
             ),
             lambda: start_time(proc, int(pid)),
-            lambda: owner_uid(proc, int(pid)),
+            uid,
         )
     except (stalls.Quarantined, stalls.NoReader, stalls.OwnerStalled):
         return None
@@ -149,7 +152,7 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
             pid,
             lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline),
             lambda: start_time(ctx.proc, pid),
-            lambda: uid,
+            uid,
         )
     except stalls.Quarantined:  # its arguments sit on a file system that does not answer
         cmdline = None

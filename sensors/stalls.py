@@ -27,11 +27,14 @@ sensor is reported slow, and while the reader is stuck the other threads' reads 
 node's hostile processes cannot pile up blocked threads in the agent.
 
 That bound is shared, so one user must not use it up: once MAX_STUCK_PER_OWNER given-up
-reads of one owner's (real uid's) processes are blocked, the memory of that owner's other
-processes is not read either (OwnerStalled: their events are marked
-`process.memory_read_skipped`), until those reads return. Else a user with a few more
-processes than MAX_ABANDONED whose arguments hang would leave the process sensor stuck for
-every user of the node.
+reads of one owner's processes are blocked, the memory of that owner's other processes is
+not read either (OwnerStalled: their events are marked `process.memory_read_skipped`),
+until those reads return. Else a user with a few more processes than MAX_ABANDONED whose
+arguments hang would leave the process sensor stuck for every user of the node. The owner
+is the process's real uid, read before the read (a process may exit while its read is
+stuck), with a user's subordinate uids counted as that user (subuids.py: a rootless
+container runs processes as any of them); processes whose uid could not be read are one
+owner together.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from time import monotonic
 from typing import Any, TypeVar
 
 from hpcsec.detector.core.log import get_logger
+from hpcsec.sensors import subuids
 
 T = TypeVar("T")
 logger = get_logger(__name__)
@@ -58,15 +62,15 @@ _lock = threading.Lock()
 # stuck read pins the process's memory, not its pid: the kernel gives the pid to another
 # process when this one exits, and that one's memory is read as any other's.
 Started = Callable[[], "int | None"]  # the start time of the process read, when asked
-Owner = Callable[[], "int | None"]  # the real uid of the process read, when asked
-Reading = tuple[int, float, Started, Owner]  # a read: pid, since when, start time, owner
+Reading = tuple[int, float, Started, "int | None"]  # a read: pid, since when, start, real uid
 Process = tuple[int, "int | None"]  # pid, start time
 _reading: dict[int, Reading] = {}  # thread ident -> its read
-# thread ident -> the process it is stuck on, and that process's owner
+# thread ident -> the process it is stuck on, and that process's owner (subuids.owner_of)
 _abandoned: dict[int, tuple[Process, int | None]] = {}
 _quarantined: dict[Process, int] = {}  # process -> given-up reads still blocked
 _quarantined_pids: dict[int, int] = {}  # their pids, counted: the quick check of a read
-_stuck_owners: dict[int, int] = {}  # owner -> given-up reads of its processes still blocked
+# owner (None: not known) -> given-up reads of its processes still blocked
+_stuck_owners: dict[int | None, int] = {}
 _local = threading.local()  # .watched: reads of this thread are watched by its runner
 
 
@@ -104,13 +108,13 @@ def guarded(
     pid: int,
     read: Callable[[], T],
     started: Started = _unknown_start,
-    owner: Owner = _unknown_start,
+    owner: int | None = None,
 ) -> T:
     """`read()` of process `pid`'s memory; raises Quarantined for a process a read of which
     is stuck, and, in a thread that is not watched, for one whose read stalls now;
     OwnerStalled for a process of an owner with MAX_STUCK_PER_OWNER stuck reads.
-    `started()`, `owner()`: the process's start time and real uid, read only when a read
-    is stuck (of that pid, or of any process)."""
+    `started()`: the process's start time, read only when a read of that pid is stuck;
+    `owner`: its real uid (None: not known)."""
     if _stuck_owners and not _is_quarantined(pid, started) and _owner_stalled(owner):
         raise OwnerStalled(pid)
     if _local.__dict__.get("watched"):
@@ -118,10 +122,10 @@ def guarded(
     return _by_reader(pid, read, started, owner)
 
 
-def _owner_stalled(owner: Owner) -> bool:
-    uid = owner()
+def _owner_stalled(uid: int | None) -> bool:
+    owner = subuids.owner_of(uid)
     with _lock:
-        return uid is not None and _stuck_owners.get(uid, 0) >= MAX_STUCK_PER_OWNER
+        return _stuck_owners.get(owner, 0) >= MAX_STUCK_PER_OWNER
 
 
 def _is_quarantined(pid: int, started: Started) -> bool:
@@ -134,7 +138,7 @@ def _is_quarantined(pid: int, started: Started) -> bool:
         return (pid, start) in _quarantined or (start is None and pid in _quarantined_pids)
 
 
-def _in_place(pid: int, read: Callable[[], T], started: Started, owner: Owner) -> T:
+def _in_place(pid: int, read: Callable[[], T], started: Started, owner: int | None) -> T:
     # no lock on the way (the agent's process sensor makes two such reads a process): only
     # this thread sets or ends its entry, and abandon() looks at the entry again after
     # marking the thread, so that one of the two always sees the other (see there)
@@ -162,8 +166,7 @@ def _done_reading(ident: int) -> int | None:
         process, owner = stuck_on
         _count(_quarantined, process, -1)
         _count(_quarantined_pids, process[0], -1)
-        if owner is not None:
-            _count(_stuck_owners, owner, -1)
+        _count(_stuck_owners, owner, -1)
         return process[0]
 
 
@@ -199,8 +202,8 @@ def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
     if reading is None or reading is not seen:  # that read ended: this one is not stalled
         return None
     pid = reading[0]
-    process = (pid, reading[2]())  # its start time: a stat read
-    owner = reading[3]()  # a status read (neither reads the process's memory)
+    process = (pid, reading[2]())  # its start time: a stat read (not the process's memory)
+    owner = subuids.owner_of(reading[3])
     _abandoned[ident] = (process, owner)
     # the thread ends its entry, then looks for its mark, without the lock: marked first
     # and looked at again here, a read that ended meanwhile is never given up
@@ -209,8 +212,7 @@ def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
         return None
     _count(_quarantined, process, 1)
     _count(_quarantined_pids, pid, 1)
-    if owner is not None:
-        _count(_stuck_owners, owner, 1)
+    _count(_stuck_owners, owner, 1)
     return pid
 
 
@@ -244,7 +246,7 @@ def quarantined() -> list[int]:
 class _Job:
     __slots__ = ("begun", "done", "error", "owner", "pid", "read", "result", "started")
 
-    def __init__(self, pid: int, read: Callable[[], Any], begun: Started, owner: Owner):
+    def __init__(self, pid: int, read: Callable[[], Any], begun: Started, owner: int | None):
         self.pid, self.read, self.begun, self.owner = pid, read, begun, owner
         self.started = False
         self.result: Any = None
@@ -304,7 +306,7 @@ def _submit(job: _Job) -> _Reader:
     return reader
 
 
-def _by_reader(pid: int, read: Callable[[], T], started: Started, owner: Owner) -> T:
+def _by_reader(pid: int, read: Callable[[], T], started: Started, owner: int | None) -> T:
     global _reader
     job = _Job(pid, read, started, owner)
     reader = _submit(job)
@@ -314,9 +316,7 @@ def _by_reader(pid: int, read: Callable[[], T], started: Started, owner: Owner) 
             alive = reader.thread.is_alive()  # a dead reader's ident may be another's now
             reading = _reading.get(ident) if alive and ident is not None else None
             stuck = reading is not None and monotonic() - reading[1] >= STALL_S
-            given_up_on = (
-                _abandon_locked(ident, reading) if stuck and reading is not None else None
-            )
+            given_up_on = _abandon_locked(ident, reading) if stuck and reading is not None else None
             given_up = not alive or ident in _abandoned
             if given_up and _reader is reader:
                 _reader = None  # the reads after this one go to a new reader

@@ -89,7 +89,7 @@ class ProcReader:
     def environ_job(self, pid: int) -> PidJob | None:
         # Only the job id is kept: the environment itself may hold secrets.
         if pid not in self._environ_jobs:
-            raw = read_environ(self.proc, pid)
+            raw = read_environ(self.proc, pid, self.uid(pid))
             self._environ_jobs[pid] = job_from_environ(raw) if raw else None
         return self._environ_jobs[pid]
 

@@ -240,7 +240,7 @@ class Hook:
             owner = cgroup or tracked.get(pid)
             if owner is not None and owner.job_id != self.job_id:
                 continue  # belongs to another running job of this user
-            claimed = job_from_environ(read_environ(proc, name) or b"")
+            claimed = job_from_environ(read_environ(proc, name, self.uid) or b"")
             proc_fields = process_fields(ctx, pid, users)
             if not proc_fields:
                 continue  # exited meanwhile

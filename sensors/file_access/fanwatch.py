@@ -109,11 +109,9 @@ class FanotifyWatch:
             assert watch.link is not None
             watch.link.sync(lambda frame: watch._frame(frame, rfc3339()))
             watch.index.build()
-            if watch.index.truncated:
-                watch.notes.append(
-                    f"more than {watch.index.max_files} protected files: the rest are "
-                    "recognised by their path only"
-                )
+            index_note = watch.index.summary()
+            if index_note is not None:
+                watch.notes.append(index_note)
         except BaseException:
             watch.stop()
             raise
@@ -210,6 +208,9 @@ class FanotifyWatch:
     def _mark_file(self, path: str, named: bool = False) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
         its owner's share unless the operator `named` it."""
+        if self._file_shares.full and not named:  # no lstat each, past the bound in all
+            self._file_shares.refuse_unlooked()
+            return
         try:
             st = os.lstat(path)
         except OSError:

@@ -8,8 +8,8 @@ protected roots, so site policy and rules see the asset, not the disguise.
 
 Built by walking the roots at start, completed as files are created or renamed under them,
 and rebuilt every REBUILD_S (a file replaced by another keeps its path, not its inode).
-Bounded: past `max_files`, the rest of the files are matched by path only, and a note says so;
-the walk visits the directories the watch marks (shares.py), no more.
+Bounded per owner and in all (shares.py): past its owner's share a file is matched by path
+only, and a note says so; the walk visits the directories the watch marks, no more.
 """
 
 from __future__ import annotations
@@ -18,32 +18,54 @@ import os
 import stat
 import time
 
-from hpcsec.sensors.file_access.shares import MAX_DIRS, MAX_DIRS_PER_OWNER, OwnerShares
+from hpcsec.sensors.file_access.shares import (
+    MAX_DIRS,
+    MAX_DIRS_PER_OWNER,
+    MAX_INDEXED,
+    MAX_INDEXED_PER_OWNER,
+    OwnerShares,
+)
 from hpcsec.sensors.file_access.walk import walk_tree
 
-DEFAULT_MAX_FILES = 1_000_000
 REBUILD_S = 300.0
 
 
 class AssetIndex:
-    def __init__(self, roots: list[str], max_files: int = DEFAULT_MAX_FILES):
+    def __init__(
+        self,
+        roots: list[str],
+        max_files: int = MAX_INDEXED,
+        max_per_owner: int = MAX_INDEXED_PER_OWNER,
+    ):
         self.roots = roots
         self.max_files = max_files
+        self.max_per_owner = max_per_owner
         self.files: dict[tuple[int, int], str] = {}
-        self.truncated = False
+        self.shares = OwnerShares(max_files, max_per_owner)  # of the files indexed
         self.built_at = 0.0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether files were left out (past their owner's share, or all of them)."""
+        return bool(self.shares.refused)
+
+    def summary(self) -> str | None:
+        return self.shares.summary(
+            "protected files",
+            "recognised by their path only (not through a bind mount or another hard link)",
+        )
 
     def build(self) -> None:
         files: dict[tuple[int, int], str] = {}
-        self.truncated = False
-        shares = OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER)
+        shares = OwnerShares(self.max_files, self.max_per_owner)
+        directories = OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER)
         for root in self.roots:
-            for path in _regular_files(root, shares):
-                if len(files) >= self.max_files:
-                    self.truncated = True
+            for path in _regular_files(root, directories):
+                if shares.full:  # no more can be indexed: the walk is over
+                    shares.refuse_unlooked()
                     break
-                self._add(files, path)
-        self.files = files
+                self._add(files, shares, path)
+        self.files, self.shares = files, shares
         self.built_at = time.monotonic()
 
     def rebuild_if_due(self) -> None:
@@ -52,11 +74,12 @@ class AssetIndex:
 
     def add(self, path: str) -> None:
         """A file created or renamed under a root (FID events carry our own path of it)."""
-        if len(self.files) < self.max_files:
-            self._add(self.files, path)
+        if not self.shares.full:
+            self._add(self.files, self.shares, path)
 
     def learn(self, dev: int, ino: int, path: str) -> None:
-        """A protected file seen by its path before the index had it."""
+        """A protected file seen by its path before the index had it (its owner is not
+        known here: bounded in all only, until the next rebuild)."""
         if len(self.files) < self.max_files and dev:
             self.files[(dev, ino)] = path
 
@@ -64,13 +87,15 @@ class AssetIndex:
         return self.files.get((dev, ino))
 
     @staticmethod
-    def _add(files: dict[tuple[int, int], str], path: str) -> None:
+    def _add(files: dict[tuple[int, int], str], shares: OwnerShares, path: str) -> None:
         try:
             st = os.lstat(path)
         except OSError:
             return
-        if stat.S_ISREG(st.st_mode):
-            files.setdefault((st.st_dev, st.st_ino), path)  # the first path of a hard-linked file
+        identity = (st.st_dev, st.st_ino)
+        # the first path of a hard-linked file, which counts once in its owner's share
+        if stat.S_ISREG(st.st_mode) and identity not in files and shares.take(st.st_uid):
+            files[identity] = path
 
 
 def _regular_files(root: str, shares: OwnerShares):

@@ -187,7 +187,7 @@ def access_process_fields(ctx: SensorContext, pid: int, users: Users) -> dict[st
         cgroup = ctx.proc.read_text(f"{pid}/cgroup")
         if cgroup:
             fields["process.cgroup"] = cgroup.strip()
-        job_id = environ_value(read_environ(ctx.proc, pid), "SLURM_JOB_ID")
+        job_id = environ_value(read_environ(ctx.proc, pid, fields.get("user.id")), "SLURM_JOB_ID")
         if job_id is not None:
             fields["process.env.SLURM_JOB_ID"] = job_id
     return fields

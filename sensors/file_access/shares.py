@@ -12,13 +12,18 @@ own directories, met first in the walk, would use it up, and the real assets pas
 not be watched. So each owner (uid) has a share: a user's directories use up that user's
 share, not the marks that watch everyone else's files. A directory past its owner's share is
 not walked either (what lies under it is that owner's, or there by that owner's leave); the
-sensor says how many were refused, and whose.
+sensor says how many were refused, and whose. A user's subordinate uids (/etc/subuid: what
+a rootless container chowns to) count as that user (sensors/subuids.py). Once a bound in
+all is reached, what is past it is refused without an lstat each.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
+
+from hpcsec.sensors import subuids
 
 # Directories marked and walked, at most: in all, and of one owner. A dataset of 10,000
 # classes in 100 shards each fits one owner's share.
@@ -27,21 +32,36 @@ MAX_DIRS_PER_OWNER = 20_000
 # Files marked one by one, at most (past it, a file is seen through its directory's mark).
 MAX_FILES = 200_000
 MAX_FILES_PER_OWNER = 50_000
+# Files the identity index knows (identity.py), at most: in all, and of one owner.
+MAX_INDEXED = 1_000_000
+MAX_INDEXED_PER_OWNER = 200_000
 NOTED_OWNERS = 3  # owners named in a note, the most refused first
 
 
 class OwnerShares:
-    """Marks (or visits) of one kind handed out: at most `total`, `per_owner` of one uid."""
+    """Marks (or visits) of one kind handed out: at most `total`, `per_owner` of one owner
+    (`owner_of` a uid: subuids.owner_of)."""
 
-    def __init__(self, total: int, per_owner: int):
+    def __init__(
+        self,
+        total: int,
+        per_owner: int,
+        owner_of: Callable[[int], int | None] = subuids.owner_of,
+    ):
         self.total = total
         self.per_owner = per_owner
+        self.owner_of = owner_of
         self.used = 0
-        self.by_owner: Counter[int] = Counter()
-        self.refused: Counter[int] = Counter()  # owner -> how many were refused
+        self.by_owner: Counter[int | None] = Counter()
+        self.refused: Counter[int | None] = Counter()  # owner (None: not looked at) -> count
 
-    def take(self, owner: int) -> bool:
-        """One more for `owner`, if the shares allow it (a refusal is counted)."""
+    @property
+    def full(self) -> bool:
+        return self.used >= self.total
+
+    def take(self, uid: int) -> bool:
+        """One more for the owner of `uid`, if the shares allow it (a refusal is counted)."""
+        owner = self.owner_of(uid)
         if self.used >= self.total or self.by_owner[owner] >= self.per_owner:
             self.refused[owner] += 1
             return False
@@ -49,27 +69,35 @@ class OwnerShares:
         self.by_owner[owner] += 1
         return True
 
+    def refuse_unlooked(self) -> None:
+        """One refused without looking at its owner: all are handed out."""
+        self.refused[None] += 1
+
     def take_entry(self, entry: os.DirEntry[str]) -> bool:
         """`take` for the owner of a directory entry; one that cannot be looked at is not
         walked (it is gone, or unreadable to root: nothing to mark)."""
+        if self.full:
+            self.refuse_unlooked()
+            return False
         try:
-            owner = entry.stat(follow_symlinks=False).st_uid
+            uid = entry.stat(follow_symlinks=False).st_uid
         except OSError:
             return False
-        return self.take(owner)
+        return self.take(uid)
 
     def take_path(self, path: str) -> bool:
         try:
-            owner = os.lstat(path).st_uid
+            uid = os.lstat(path).st_uid
         except OSError:
             return False
-        return self.take(owner)
+        return self.take(uid)
 
-    def refusal(self, owner: int) -> str:
-        """Why `owner` gets no more (after `take` said so)."""
+    def refusal(self, uid: int) -> str:
+        """Why the owner of `uid` gets no more (after `take` said so)."""
         if self.used >= self.total:
             return f"the bound of {self.total:,} in all is reached"
-        return f"its owner (uid {owner}) has its share of {self.per_owner:,}"
+        owner = _owner_text(self.owner_of(uid))
+        return f"its owner ({owner}) has its share of {self.per_owner:,}"
 
     def summary(self, what: str, why: str) -> str | None:
         """What was refused, and whose: None when nothing was."""
@@ -77,10 +105,19 @@ class OwnerShares:
         if not refused:
             return None
         owners = ", ".join(
-            f"uid {uid}: {count:,}" for uid, count in self.refused.most_common(NOTED_OWNERS)
+            f"{_owner_text(owner)}: {count:,}"
+            for owner, count in self.refused.most_common(NOTED_OWNERS)
         )
         more = "" if len(self.refused) <= NOTED_OWNERS else ", …"
         return (
             f"{refused:,} {what} under protected paths past the bound ({self.total:,} in all, "
             f"{self.per_owner:,} of one owner) are {why} ({owners}{more})"
         )
+
+
+def _owner_text(owner: int | None) -> str:
+    if owner is None:
+        return "owners not looked at, all shares handed out"
+    if owner < 0:
+        return "a subordinate uid range of a user not in /etc/passwd"
+    return f"uid {owner}"

@@ -4,6 +4,7 @@ still watched."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from hpcsec.sensors.file_access import fanwatch, identity, shares
 from hpcsec.sensors.file_access.records import Folder
 from hpcsec.sensors.file_access.shares import OwnerShares
 from hpcsec.sensors.file_access.walk import walk_tree
+from hpcsec.sensors.subuids import Subordinates
 
 
 def test_an_owner_past_its_share_is_refused_and_counted_and_others_are_not():
@@ -41,6 +43,39 @@ def test_an_owner_past_its_share_is_refused_and_counted_and_others_are_not():
     assert OwnerShares(5, 2).summary("files", "x") is None
 
 
+def test_a_users_subordinate_uids_share_that_users_share():
+    """Root in alice's rootless container chowns to any uid of her range: one owner."""
+    ranges = Subordinates.parse("alice:100000:65536\n", "alice:x:1000:1000::/:/bin/sh\n")
+    owned = OwnerShares(total=100, per_owner=3, owner_of=ranges.owner)
+    assert [owned.take(uid) for uid in (1000, 100001, 100002, 100003)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert owned.take(1001) is True
+    assert owned.summary("directories", "not watched") == (
+        "1 directories under protected paths past the bound (100 in all, 3 of one owner) are "
+        "not watched (uid 1000: 1)"
+    )
+
+
+def test_past_the_bound_in_all_nothing_more_is_looked_at(tmp_path: Path):
+    for n in range(5):
+        (tmp_path / f"d{n}").mkdir()
+    owned = OwnerShares(total=2, per_owner=10)
+    looked: list[str] = []
+
+    def descend(entry):
+        looked.append(entry.name)
+        return owned.take_entry(entry)
+
+    walked = [d for d, _ in walk_tree(str(tmp_path), descend)]
+    assert len(walked) == 3  # the root and two directories
+    assert owned.refused == {None: 3}  # refused without an lstat each
+    assert "owners not looked at, all shares handed out: 3" in (owned.summary("d", "x") or "")
+
+
 def test_a_refused_directory_is_neither_listed_nor_walked(tmp_path: Path):
     for name in ("a", "b", "c"):
         (tmp_path / name / "deep").mkdir(parents=True)
@@ -50,6 +85,27 @@ def test_a_refused_directory_is_neither_listed_nor_walked(tmp_path: Path):
         [str(tmp_path)]
         + [str(tmp_path / n) for n in ("a", "c")]
         + [str(tmp_path / n / "deep") for n in ("a", "c")]
+    )
+
+
+def test_one_owners_files_do_not_crowd_the_others_out_of_the_identity_index(tmp_path: Path):
+    """Mallory's thousand files use up her share of the index, not alice's place in it."""
+    user = unprivileged_user()
+    for n in range(12):
+        (tmp_path / f"junk{n}").write_text("x")
+        os.chown(tmp_path / f"junk{n}", user.pw_uid, user.pw_gid)
+    (tmp_path / "zz-w.bin").write_text("w")
+    os.link(tmp_path / "zz-w.bin", tmp_path / "zz-link")  # one file: counted once
+    index = identity.AssetIndex([str(tmp_path)], max_files=100, max_per_owner=4)
+    index.build()
+    owner = os.stat(tmp_path).st_uid
+    own = [p for p in index.files.values() if os.stat(p).st_uid == owner]
+    assert len(own) == 1 and Path(own[0]).name in ("zz-w.bin", "zz-link")  # one inode
+    assert len(index.files) == 4 + 1
+    assert index.summary() == (
+        "8 protected files under protected paths past the bound (100 in all, 4 of one owner) "
+        "are recognised by their path only (not through a bind mount or another hard link) "
+        f"(uid {user.pw_uid}: 8)"
     )
 
 

@@ -18,7 +18,7 @@ from hpcsec.detector.runtime import sensorset
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.registry import by_name
 from hpcsec.detector.runtime.sensorset import BudgetedSensors, SensorSet
-from hpcsec.sensors import stalls
+from hpcsec.sensors import stalls, subuids
 from hpcsec.sensors.base import SensorContext
 from hpcsec.sensors.procinfo import process_fields, read_environ
 
@@ -334,3 +334,48 @@ def test_the_reader_says_when_it_gives_a_read_up(node: Node, caplog):
         "has not returned" in caplog.text
     )
     node.answer()
+
+
+def test_an_owner_is_counted_even_when_its_process_is_gone_by_the_give_up(node: Node, monkeypatch):
+    """The owner is read before the read: a process whose environ read hangs may exit (its
+    stuck read keeps its memory) before the read is given up, and still counts for her."""
+    monkeypatch.setattr(stalls, "MAX_STUCK_PER_OWNER", 1)
+    (node.proc / str(HOSTILE) / "cmdline").unlink()
+    (node.proc / str(HOSTILE) / "cmdline").write_bytes(b"python3\0x.py\0")
+    (node.proc / str(HOSTILE) / "environ").unlink()
+    os.mkfifo(node.proc / str(HOSTILE) / "environ")
+    _process(node.proc, HOSTILE + 3, 1001, b"python3\0mine.py\0")
+    ctx = node.context()
+
+    def reaped() -> None:  # once the read waits: the process exits and is reaped
+        time.sleep(STALL_S / 3)
+        for name in ("status", "stat"):
+            (node.proc / str(HOSTILE) / name).unlink()
+
+    threading.Thread(target=reaped).start()
+    assert read_environ(ctx.proc, HOSTILE) is None  # given up after STALL_S
+    assert process_fields(ctx, HOSTILE + 3)["process.memory_read_skipped"] is True
+    node.answer(HOSTILE, "environ")
+
+
+def test_a_users_subordinate_uids_count_as_that_user(node: Node, monkeypatch, tmp_path):
+    """Processes her rootless container runs as uids of her /etc/subuid range are hers."""
+    monkeypatch.setattr(stalls, "MAX_STUCK_PER_OWNER", 1)
+    subuid = tmp_path / "subuid"
+    subuid.write_text("mallory:165536:65536\n")
+    monkeypatch.setattr(subuids, "SUBUID_PATH", str(subuid))
+    monkeypatch.setattr(subuids, "PASSWD_PATH", str(node.etc / "passwd"))
+    subuids.forget()
+    try:
+        _process(node.proc, HOSTILE + 1, 165540, None)  # hangs too, as another uid of hers
+        _process(node.proc, HOSTILE + 2, 165541, b"python3\0mine.py\0")
+        with SensorSet([by_name()["process"]]) as sensors:
+            (run,) = sensors.sample(node.context())
+        found = _by_pid(run.events)
+        assert run.ok and stalls.quarantined() == [HOSTILE]
+        assert found[HOSTILE + 1]["process.memory_read_skipped"] is True
+        assert found[HOSTILE + 2]["process.memory_read_skipped"] is True
+        assert found[HONEST]["process.command_line"] == "python3 train.py"
+        node.answer()
+    finally:
+        subuids.forget()
