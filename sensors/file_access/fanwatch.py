@@ -208,9 +208,12 @@ class FanotifyWatch:
     def _mark_file(self, path: str, named: bool = False) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
         its owner's share unless the operator `named` it."""
-        if self._file_shares.full and not named:  # no lstat each, past the bound in all
-            self._file_shares.refuse_unlooked()
-            return
+        if not named:  # no lstat each past the bound in all, or in a spent owner's directory
+            if self._file_shares.full:
+                self._file_shares.refuse_unlooked()
+                return
+            if self._file_shares.spent_in(os.path.dirname(path)):
+                return
         try:
             st = os.lstat(path)
         except OSError:

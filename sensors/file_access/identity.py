@@ -88,6 +88,8 @@ class AssetIndex:
 
     @staticmethod
     def _add(files: dict[tuple[int, int], str], shares: OwnerShares, path: str) -> None:
+        if shares.spent_in(os.path.dirname(path)):
+            return
         try:
             st = os.lstat(path)
         except OSError:

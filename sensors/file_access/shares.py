@@ -54,6 +54,7 @@ class OwnerShares:
         self.used = 0
         self.by_owner: Counter[int | None] = Counter()
         self.refused: Counter[int | None] = Counter()  # owner (None: not looked at) -> count
+        self._listed: tuple[str, int | None] | None = None  # a directory and its owner (spent_in)
 
     @property
     def full(self) -> bool:
@@ -79,11 +80,30 @@ class OwnerShares:
         if self.full:
             self.refuse_unlooked()
             return False
+        if self.spent_in(os.path.dirname(entry.path)):
+            return False
         try:
             uid = entry.stat(follow_symlinks=False).st_uid
         except OSError:
             return False
         return self.take(uid)
+
+    def spent_in(self, directory: str) -> bool:
+        """Whether `directory` belongs to an owner other than root whose share is used up:
+        what is in it is there by that owner's leave, and is refused as that owner's without
+        an lstat each (a million names in one directory cost a million lstats at every
+        walk). Root's directories, shared ones among them, are looked at entry by entry."""
+        if self._listed is None or self._listed[0] != directory:
+            try:
+                uid = os.lstat(directory).st_uid
+            except OSError:
+                uid = 0  # not known: entry by entry
+            self._listed = (directory, None if uid == 0 else self.owner_of(uid))
+        owner = self._listed[1]
+        if owner is not None and self.by_owner[owner] >= self.per_owner:
+            self.refused[owner] += 1
+            return True
+        return False
 
     def take_path(self, path: str) -> bool:
         try:

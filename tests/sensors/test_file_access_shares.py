@@ -181,3 +181,30 @@ def test_a_users_directories_use_up_that_users_share_not_the_watch(
         assert ino_marks(watch.responder_pid) == marks  # no mark for it
     finally:
         watch.stop()
+
+
+class _Unlooked:
+    """A directory entry that must not be lstat'd."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+        self.name = path.name
+
+    def stat(self, follow_symlinks: bool = True):
+        raise AssertionError(f"{self.path} was looked at")
+
+
+def test_what_is_in_a_spent_users_directory_is_refused_without_an_lstat(tmp_path: Path):
+    """A million names in her own directory cost nothing once her share is used; root's
+    (shared) directories are still looked at entry by entry."""
+    user = unprivileged_user()
+    hers = tmp_path / "hers"
+    hers.mkdir()
+    os.chown(hers, user.pw_uid, user.pw_gid)
+    owned = OwnerShares(total=100, per_owner=2)
+    assert owned.take(user.pw_uid) and owned.take(user.pw_uid)
+    assert owned.take_entry(_Unlooked(hers / "d1")) is False
+    assert owned.take_entry(_Unlooked(hers / "d2")) is False
+    assert owned.refused == {user.pw_uid: 2}
+    with pytest.raises(AssertionError, match="was looked at"):
+        owned.take_entry(_Unlooked(tmp_path / "shared"))  # root's: entry by entry
