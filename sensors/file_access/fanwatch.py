@@ -87,6 +87,10 @@ class FanotifyWatch:
         self.restarts = 0  # responders started again after one died, since the last drain
         self._errors = 0  # reads and events the reader could not handle, since the last drain
         self._last_error: str | None = None
+        # new directories past their owner's share, since the last drain (not errors: a user
+        # making directories in a loop must not hide the last real error)
+        self._unwatched = 0
+        self._last_unwatched: str | None = None
 
     @property
     def responder_pid(self) -> int | None:
@@ -202,8 +206,10 @@ class FanotifyWatch:
         owner = os.lstat(path).st_uid
         if self._dir_shares.take(owner):
             self._mark_dir(path)
-        else:
-            self._error(f"new directory {path} not watched: {self._dir_shares.refusal(owner)}")
+            return
+        with self._lock:
+            self._unwatched += 1
+            self._last_unwatched = f"{path}: {self._dir_shares.refusal(owner)}"
 
     def _mark_file(self, path: str, named: bool = False) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
@@ -420,6 +426,7 @@ class FanotifyWatch:
             self.folder.records
             or self.folder.dropped
             or self._errors
+            or self._unwatched
             or self.answered_by_timeout
             or self.restarts
         )
@@ -435,10 +442,20 @@ class FanotifyWatch:
             )
             timeouts, self.answered_by_timeout = self.answered_by_timeout, 0
             restarts, self.restarts = self.restarts, 0
+            unwatched = (self._unwatched, self._last_unwatched)
+            self._unwatched, self._last_unwatched = 0, None
         processes, proc_inputs = self.openers.take({r.pid for r in records})
         self.index.rebuild_if_due()
         return Drained(
-            records, dropped, processes, proc_inputs, errors, last_error, timeouts, restarts
+            records,
+            dropped,
+            processes,
+            proc_inputs,
+            errors,
+            last_error,
+            timeouts,
+            restarts,
+            *unwatched,
         )
 
     def stop(self) -> None:

@@ -227,6 +227,8 @@ class Drained:
     last_error: str | None
     timeouts: int = 0  # permission events the responder answered without waiting for us
     restarts: int = 0  # responders started again after one died
+    unwatched: int = 0  # new directories not marked: past their owner's share (shares.py)
+    last_unwatched: str | None = None
 
 
 class AccessStream(Protocol):

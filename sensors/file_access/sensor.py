@@ -88,6 +88,7 @@ class FileAccessSensor:
         self._watch: AccessStream | None = None  # started by the first streaming sample
         self._dropped = self._timeouts = self._restarts = 0
         self._errors: tuple[int, str | None] = (0, None)
+        self._unwatched: tuple[int, str | None] = (0, None)  # new directories not marked
         self._notes: list[str] = []
 
     def pending(self) -> bool:
@@ -97,7 +98,7 @@ class FileAccessSensor:
 
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
         self._dropped, self._timeouts, self._errors, self._notes = 0, 0, (0, None), []
-        self._restarts = 0
+        self._restarts, self._unwatched = 0, (0, None)
         roots: list[str] = [] if ctx.replaying else protected_roots(ctx)
         if not ctx.replaying and not roots:
             raise SensorUnavailable("no protected paths: give --watch PATH or assets in the config")
@@ -121,6 +122,14 @@ class FileAccessSensor:
                 "error",
                 f"{self._errors[0]} fanotify reads or events not handled (last: {self._errors[1]})",
                 **{"hpcsec.errors": self._errors[0]},
+            )
+        if self._unwatched[0]:
+            yield ctx.status(
+                self.name,
+                "degraded",
+                f"{self._unwatched[0]} new directories under protected paths not watched, past "
+                f"their owner's share (last: {self._unwatched[1]})",
+                **{"hpcsec.errors": self._unwatched[0]},
             )
         if self._restarts:
             yield ctx.status(
@@ -162,6 +171,7 @@ class FileAccessSensor:
         self._dropped, self._timeouts = drained.dropped, drained.timeouts
         self._restarts = drained.restarts
         self._errors = (drained.errors, drained.last_error)
+        self._unwatched = (drained.unwatched, drained.last_unwatched)
         known.update(drained.processes)
         if ctx.recorder is not None:  # this sample keeps the /proc entries read at the access
             for inputs in drained.proc_inputs.values():

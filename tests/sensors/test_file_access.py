@@ -589,7 +589,7 @@ def test_pending_is_true_until_started_then_follows_the_queue():
     assert sensor.pending() is True  # the first streaming collect starts the stream
     watch = FanotifyWatch.__new__(FanotifyWatch)  # only the queue side is exercised
     watch.folder, watch._errors, watch.answered_by_timeout = Folder(), 0, 0
-    watch.restarts = 0
+    watch.restarts = watch._unwatched = 0
     sensor._watch = watch
     assert sensor.pending() is False
     watch.folder.add("2026-11-30T00:00:00Z", 7, "/m/w.bin", "open")
@@ -601,6 +601,8 @@ def test_pending_is_true_until_started_then_follows_the_queue():
     watch._errors = 1
     assert sensor.pending() is True
     watch._errors, watch.restarts = 0, 1  # a restarted responder is reported promptly
+    assert sensor.pending() is True
+    watch.restarts, watch._unwatched = 0, 1  # so is a new directory left unwatched
     assert sensor.pending() is True
 
 

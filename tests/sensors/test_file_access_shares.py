@@ -22,7 +22,8 @@ from test_file_access import (
 )
 
 from hpcsec.sensors.file_access import fanwatch, identity, shares
-from hpcsec.sensors.file_access.records import Folder
+from hpcsec.sensors.file_access.records import Drained, Folder
+from hpcsec.sensors.file_access.sensor import FileAccessSensor
 from hpcsec.sensors.file_access.shares import OwnerShares
 from hpcsec.sensors.file_access.walk import walk_tree
 from hpcsec.sensors.subuids import Subordinates
@@ -164,18 +165,18 @@ def test_a_users_directories_use_up_that_users_share_not_the_watch(
         if watch.fid_fd < 0:
             return  # no FID mode: new directories are not reported by this kernel
         run_as(user, ["mkdir", "junk-late"], shared_dir)
-        errors = []
+        refused = []
         deadline = time.monotonic() + 10
-        while not errors and time.monotonic() < deadline:
+        while not refused and time.monotonic() < deadline:
             drained = watch.drain()
-            if drained.errors:
-                errors.append((drained.errors, drained.last_error))
+            if drained.unwatched:
+                refused.append((drained.unwatched, drained.last_unwatched, drained.errors))
             time.sleep(0.05)
-        assert errors == [
+        assert refused == [
             (
                 1,
-                f"new directory {shared_dir / 'junk-late'} not watched: its owner "
-                f"(uid {user.pw_uid}) has its share of 4",
+                f"{shared_dir / 'junk-late'}: its owner (uid {user.pw_uid}) has its share of 4",
+                0,  # not an error: a loop of them must not hide the last real one
             )
         ]
         assert ino_marks(watch.responder_pid) == marks  # no mark for it
@@ -208,3 +209,28 @@ def test_what_is_in_a_spent_users_directory_is_refused_without_an_lstat(tmp_path
     assert owned.refused == {user.pw_uid: 2}
     with pytest.raises(AssertionError, match="was looked at"):
         owned.take_entry(_Unlooked(tmp_path / "shared"))  # root's: entry by entry
+
+
+class _Stream:
+    """A running watch that left new directories unwatched since the last drain."""
+
+    def pending(self) -> bool:
+        return True
+
+    def drain(self) -> Drained:
+        return Drained([], 0, {}, {}, 0, None, unwatched=3, last_unwatched="/m/x: why")
+
+
+def test_the_sensor_reports_new_directories_left_unwatched(tmp_path: Path):
+    sensor = FileAccessSensor()
+    sensor._watch = _Stream()  # type: ignore[assignment]
+    ctx = NodeTree(tmp_path).context(watch=[str(tmp_path)], stream=True)
+    statuses = [e for e in sensor.collect(ctx) if e["event.category"] == "sensor_status"]
+    assert [(e["event.action"], e["message"], e["hpcsec.errors"]) for e in statuses] == [
+        (
+            "degraded",
+            "3 new directories under protected paths not watched, past their owner's share "
+            "(last: /m/x: why)",
+            3,
+        )
+    ]
