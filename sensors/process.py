@@ -12,7 +12,13 @@ from collections.abc import Iterator
 
 from hpcsec.detector.core.schema import Event, new_event
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
-from hpcsec.sensors.procinfo import Users, environ_value, process_fields, read_environ
+from hpcsec.sensors.procinfo import (
+    Users,
+    environ_value,
+    owner_key,
+    process_fields,
+    read_environ,
+)
 
 SELECTED_ENV = ("LD_PRELOAD", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
 # a process without a command line because its memory was not read (stalls.py) is reported
@@ -38,7 +44,7 @@ class ProcessSensor:
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:
                 fields["process.cgroup"] = cgroup.strip()
-            environ = read_environ(ctx.proc, pid, fields.get("user.id"))
+            environ = read_environ(ctx.proc, pid, owner_key(ctx, pid, fields.get("user.id")))
             for var in SELECTED_ENV:
                 value = environ_value(environ, var)
                 if value is not None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.core.text import from_node_bytes
-from hpcsec.sensors import proclists, stalls
+from hpcsec.sensors import proclists, stalls, subuids
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
@@ -89,12 +89,13 @@ def environ_value(environ: bytes | None, var: str) -> str | None:
     return ":".join(dict.fromkeys(values)) if var in EVERY_LOADER else values[0]
 
 
-def read_environ(proc: FsRoot, pid: int | str, uid: int | None = None) -> bytes | None:
+def read_environ(proc: FsRoot, pid: int | str, owner: int | None = None) -> bytes | None:
     """The ENVIRON_KEYS entries of a process's environment, wherever they sit in it; None
-    when it cannot be read, or a read of the process's memory is stuck (stalls.py). `uid`:
-    the process's real uid when the caller has it (else its status is read first)."""
-    if uid is None:
-        uid = owner_uid(proc, int(pid))
+    when it cannot be read, or a read of the process's memory is stuck (stalls.py).
+    `owner`: who answers for the process (owner_key), when the caller knows; else its real
+    uid, read first."""
+    if owner is None:
+        owner = owner_uid(proc, int(pid))
     try:
         return stalls.guarded(
             int(pid),
@@ -103,7 +104,7 @@ def read_environ(proc: FsRoot, pid: int | str, uid: int | None = None) -> bytes 
                 lambda stream: proclists.environ_entries(stream, ENVIRON_KEYS, EVERY_LOADER),
             ),
             lambda: start_time(proc, int(pid)),
-            uid,
+            owner,
         )
     except (stalls.Quarantined, stalls.NoReader, stalls.OwnerStalled):
         return None
@@ -152,7 +153,7 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
             pid,
             lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline),
             lambda: start_time(ctx.proc, pid),
-            uid,
+            owner_key(ctx, pid, uid),
         )
     except stalls.Quarantined:  # its arguments sit on a file system that does not answer
         cmdline = None
@@ -173,6 +174,20 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         fields["user.id"] = uid
         fields["user.name"] = (users or users_of(ctx)).name(uid)
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def owner_key(ctx: SensorContext, pid: int, uid: int | None) -> int | None:
+    """Who answers for a process in the bounds of stalls.py: its real uid, or, for a process
+    of a rootless container (a user namespace other than init's) running as a subordinate
+    uid, the user the uid's range belongs to (subuids.py). Two links are read only for a
+    uid in a range."""
+    if uid is None:
+        return None
+    owner = subuids.current(ctx.etc).owner(uid)
+    if owner == uid:
+        return uid
+    own, init = ctx.proc.readlink(f"{pid}/ns/user"), ctx.proc.readlink("1/ns/user")
+    return owner if own is not None and init is not None and own != init else uid
 
 
 def owner_uid(proc: FsRoot, pid: int) -> int | None:

@@ -30,11 +30,10 @@ That bound is shared, so one user must not use it up: once MAX_STUCK_PER_OWNER g
 reads of one owner's processes are blocked, the memory of that owner's other processes is
 not read either (OwnerStalled: their events are marked `process.memory_read_skipped`),
 until those reads return. Else a user with a few more processes than MAX_ABANDONED whose
-arguments hang would leave the process sensor stuck for every user of the node. The owner
-is the process's real uid, read before the read (a process may exit while its read is
-stuck), with a user's subordinate uids counted as that user (subuids.py: a rootless
-container runs processes as any of them); processes whose uid could not be read are one
-owner together.
+arguments hang would leave the process sensor stuck for every user of the node. The caller
+names the owner before the read (a process may exit while its read is stuck):
+procinfo.owner_key, the real uid, or for a rootless container's process the user its
+subordinate uid belongs to; processes whose owner is not known are one owner together.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from time import monotonic
 from typing import Any, TypeVar
 
 from hpcsec.detector.core.log import get_logger
-from hpcsec.sensors import subuids
 
 T = TypeVar("T")
 logger = get_logger(__name__)
@@ -62,10 +60,10 @@ _lock = threading.Lock()
 # stuck read pins the process's memory, not its pid: the kernel gives the pid to another
 # process when this one exits, and that one's memory is read as any other's.
 Started = Callable[[], "int | None"]  # the start time of the process read, when asked
-Reading = tuple[int, float, Started, "int | None"]  # a read: pid, since when, start, real uid
+Reading = tuple[int, float, Started, "int | None"]  # a read: pid, since when, start, owner
 Process = tuple[int, "int | None"]  # pid, start time
 _reading: dict[int, Reading] = {}  # thread ident -> its read
-# thread ident -> the process it is stuck on, and that process's owner (subuids.owner_of)
+# thread ident -> the process it is stuck on, and that process's owner
 _abandoned: dict[int, tuple[Process, int | None]] = {}
 _quarantined: dict[Process, int] = {}  # process -> given-up reads still blocked
 _quarantined_pids: dict[int, int] = {}  # their pids, counted: the quick check of a read
@@ -114,7 +112,7 @@ def guarded(
     is stuck, and, in a thread that is not watched, for one whose read stalls now;
     OwnerStalled for a process of an owner with MAX_STUCK_PER_OWNER stuck reads.
     `started()`: the process's start time, read only when a read of that pid is stuck;
-    `owner`: its real uid (None: not known)."""
+    `owner`: who answers for it (procinfo.owner_key; None: not known)."""
     if _stuck_owners and not _is_quarantined(pid, started) and _owner_stalled(owner):
         raise OwnerStalled(pid)
     if _local.__dict__.get("watched"):
@@ -122,8 +120,7 @@ def guarded(
     return _by_reader(pid, read, started, owner)
 
 
-def _owner_stalled(uid: int | None) -> bool:
-    owner = subuids.owner_of(uid)
+def _owner_stalled(owner: int | None) -> bool:
     with _lock:
         return _stuck_owners.get(owner, 0) >= MAX_STUCK_PER_OWNER
 
@@ -203,7 +200,7 @@ def _abandon_locked(ident: int | None, seen: Reading) -> int | None:
         return None
     pid = reading[0]
     process = (pid, reading[2]())  # its start time: a stat read (not the process's memory)
-    owner = subuids.owner_of(reading[3])
+    owner = reading[3]
     _abandoned[ident] = (process, owner)
     # the thread ends its entry, then looks for its mark, without the lock: marked first
     # and looked at again here, a read that ended meanwhile is never given up

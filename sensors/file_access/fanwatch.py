@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from hpcsec.detector.core.schema import rfc3339
 from hpcsec.detector.core.switching import quick_thread_switches
+from hpcsec.sensors import subuids
 from hpcsec.sensors.base import SensorContext
 from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
@@ -69,7 +70,9 @@ class FanotifyWatch:
         self.protected = protected
         self.folder = folder
         self.hold_s = hold_s
-        self.index = AssetIndex([])  # the roots that are watched, once marked
+        # a uid's owner: itself, or the user its subordinate range belongs to (subuids.py)
+        self.owner_of = subuids.current(ctx.etc).owner
+        self.index = AssetIndex([], owner_of=self.owner_of)  # the watched roots, once marked
         self.notes: list[str] = []
         self.own_pid = os.getpid()
         self.link: ResponderLink | None = None
@@ -172,11 +175,10 @@ class FanotifyWatch:
                 self._mark_file(os.path.join(dirpath, name))
         return True
 
-    @staticmethod
-    def _new_shares() -> tuple[OwnerShares, OwnerShares]:
+    def _new_shares(self) -> tuple[OwnerShares, OwnerShares]:
         return (
-            OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER),
-            OwnerShares(MAX_FILES, MAX_FILES_PER_OWNER),
+            OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER, self.owner_of),
+            OwnerShares(MAX_FILES, MAX_FILES_PER_OWNER, self.owner_of),
         )
 
     def _share_notes(self) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 
 from hpcsec.sensors.file_access.shares import (
     MAX_DIRS,
@@ -36,12 +37,14 @@ class AssetIndex:
         roots: list[str],
         max_files: int = MAX_INDEXED,
         max_per_owner: int = MAX_INDEXED_PER_OWNER,
+        owner_of: Callable[[int], int] = int,
     ):
         self.roots = roots
         self.max_files = max_files
         self.max_per_owner = max_per_owner
+        self.owner_of = owner_of  # a uid's owner: itself, or its subordinate range's user
         self.files: dict[tuple[int, int], str] = {}
-        self.shares = OwnerShares(max_files, max_per_owner)  # of the files indexed
+        self.shares = self._shares()  # of the files indexed
         self.built_at = 0.0
 
     @property
@@ -57,8 +60,8 @@ class AssetIndex:
 
     def build(self) -> None:
         files: dict[tuple[int, int], str] = {}
-        shares = OwnerShares(self.max_files, self.max_per_owner)
-        directories = OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER)
+        shares = self._shares()
+        directories = OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER, self.owner_of)
         for root in self.roots:
             for path in _regular_files(root, directories):
                 if shares.full:  # no more can be indexed: the walk is over
@@ -67,6 +70,9 @@ class AssetIndex:
                 self._add(files, shares, path)
         self.files, self.shares = files, shares
         self.built_at = time.monotonic()
+
+    def _shares(self) -> OwnerShares:
+        return OwnerShares(self.max_files, self.max_per_owner, self.owner_of)
 
     def rebuild_if_due(self) -> None:
         if time.monotonic() - self.built_at >= REBUILD_S:
@@ -78,9 +84,15 @@ class AssetIndex:
             self._add(self.files, self.shares, path)
 
     def learn(self, dev: int, ino: int, path: str) -> None:
-        """A protected file seen by its path before the index had it (its owner is not
-        known here: bounded in all only, until the next rebuild)."""
-        if len(self.files) < self.max_files and dev:
+        """A protected file seen by its path before the index had it: within its owner's
+        share, when the path still names that file."""
+        if not dev or self.shares.full or (dev, ino) in self.files:
+            return
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) == (dev, ino) and self.shares.take(st.st_uid):
             self.files[(dev, ino)] = path
 
     def lookup(self, dev: int, ino: int) -> str | None:

@@ -12,7 +12,13 @@ from typing import Any, Protocol
 
 from hpcsec.detector.core.schema import FILE_ACTIONS
 from hpcsec.sensors.base import SensorContext
-from hpcsec.sensors.procinfo import Users, environ_value, process_fields, read_environ
+from hpcsec.sensors.procinfo import (
+    Users,
+    environ_value,
+    owner_key,
+    process_fields,
+    read_environ,
+)
 
 DEFAULT_MAX_RECORDS = 100_000
 
@@ -187,7 +193,8 @@ def access_process_fields(ctx: SensorContext, pid: int, users: Users) -> dict[st
         cgroup = ctx.proc.read_text(f"{pid}/cgroup")
         if cgroup:
             fields["process.cgroup"] = cgroup.strip()
-        job_id = environ_value(read_environ(ctx.proc, pid, fields.get("user.id")), "SLURM_JOB_ID")
+        owner = owner_key(ctx, pid, fields.get("user.id"))
+        job_id = environ_value(read_environ(ctx.proc, pid, owner), "SLURM_JOB_ID")
         if job_id is not None:
             fields["process.env.SLURM_JOB_ID"] = job_id
     return fields

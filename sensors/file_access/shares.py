@@ -23,8 +23,6 @@ import os
 from collections import Counter
 from collections.abc import Callable
 
-from hpcsec.sensors import subuids
-
 # Directories marked and walked, at most: in all, and of one owner. A dataset of 10,000
 # classes in 100 shards each fits one owner's share.
 MAX_DIRS = 200_000
@@ -40,13 +38,13 @@ NOTED_OWNERS = 3  # owners named in a note, the most refused first
 
 class OwnerShares:
     """Marks (or visits) of one kind handed out: at most `total`, `per_owner` of one owner
-    (`owner_of` a uid: subuids.owner_of)."""
+    (`owner_of` a uid: the uid itself, or the user of its subordinate range, subuids.py)."""
 
     def __init__(
         self,
         total: int,
         per_owner: int,
-        owner_of: Callable[[int], int | None] = subuids.owner_of,
+        owner_of: Callable[[int], int] = int,
     ):
         self.total = total
         self.per_owner = per_owner

@@ -65,16 +65,11 @@ def test_past_the_bound_in_all_nothing_more_is_looked_at(tmp_path: Path):
     for n in range(5):
         (tmp_path / f"d{n}").mkdir()
     owned = OwnerShares(total=2, per_owner=10)
-    looked: list[str] = []
-
-    def descend(entry):
-        looked.append(entry.name)
-        return owned.take_entry(entry)
-
-    walked = [d for d, _ in walk_tree(str(tmp_path), descend)]
+    walked = [d for d, _ in walk_tree(str(tmp_path), owned.take_entry)]
     assert len(walked) == 3  # the root and two directories
-    assert owned.refused == {None: 3}  # refused without an lstat each
-    assert "owners not looked at, all shares handed out: 3" in (owned.summary("d", "x") or "")
+    assert owned.refused == {None: 3}
+    assert owned.take_entry(_Unlooked(tmp_path / "d9")) is False  # no lstat: it would raise
+    assert "owners not looked at, all shares handed out: 4" in (owned.summary("d", "x") or "")
 
 
 def test_a_refused_directory_is_neither_listed_nor_walked(tmp_path: Path):
@@ -102,6 +97,7 @@ def test_one_owners_files_do_not_crowd_the_others_out_of_the_identity_index(tmp_
     owner = os.stat(tmp_path).st_uid
     own = [p for p in index.files.values() if os.stat(p).st_uid == owner]
     assert len(own) == 1 and Path(own[0]).name in ("zz-w.bin", "zz-link")  # one inode
+    assert index.shares.by_owner[owner] == 1  # taken once for its two names
     assert len(index.files) == 4 + 1
     assert index.summary() == (
         "8 protected files under protected paths past the bound (100 in all, 4 of one owner) "
@@ -234,3 +230,27 @@ def test_the_sensor_reports_new_directories_left_unwatched(tmp_path: Path):
             3,
         )
     ]
+
+
+def test_files_learned_from_their_opens_stay_within_their_owners_share(tmp_path: Path):
+    """Mallory opens her refused files one by one: what the index learns of them stays in
+    her share, and the index never holds more than its bound."""
+    user = unprivileged_user()
+    for n in range(8):
+        (tmp_path / f"junk{n}").write_text("x")
+        os.chown(tmp_path / f"junk{n}", user.pw_uid, user.pw_gid)
+    index = identity.AssetIndex([str(tmp_path)], max_files=6, max_per_owner=2)
+    index.build()
+    assert len(index.files) == 2
+    for n in range(8):
+        st = os.stat(tmp_path / f"junk{n}")
+        index.learn(st.st_dev, st.st_ino, str(tmp_path / f"junk{n}"))
+        index.add(str(tmp_path / f"junk{n}"))
+    assert len(index.files) == 2  # still her two
+    (tmp_path / "w.bin").write_text("w")
+    st = os.stat(tmp_path / "w.bin")
+    index.learn(st.st_dev, st.st_ino, str(tmp_path / "w.bin"))
+    assert index.lookup(st.st_dev, st.st_ino) == str(tmp_path / "w.bin")
+    other = os.stat(tmp_path / "junk0")  # a path that names another file now: not learned
+    index.learn(other.st_dev, other.st_ino + 10**9, str(tmp_path / "junk0"))
+    assert len(index.files) == 3

@@ -358,24 +358,34 @@ def test_an_owner_is_counted_even_when_its_process_is_gone_by_the_give_up(node: 
     node.answer(HOSTILE, "environ")
 
 
-def test_a_users_subordinate_uids_count_as_that_user(node: Node, monkeypatch, tmp_path):
-    """Processes her rootless container runs as uids of her /etc/subuid range are hers."""
+def test_a_users_subordinate_uids_count_as_that_user(node: Node, monkeypatch):
+    """Processes her rootless container runs (another user namespace) as uids of her
+    subuid range are hers; a process of the initial namespace with a uid in her range (a real
+    user the range overlaps) is its own owner."""
     monkeypatch.setattr(stalls, "MAX_STUCK_PER_OWNER", 1)
-    subuid = tmp_path / "subuid"
-    subuid.write_text("mallory:165536:65536\n")
-    monkeypatch.setattr(subuids, "SUBUID_PATH", str(subuid))
-    monkeypatch.setattr(subuids, "PASSWD_PATH", str(node.etc / "passwd"))
+    (node.etc / "subuid").write_text("mallory:165536:65536\n")
     subuids.forget()
     try:
+        _namespace(node.proc, 1, "user:[4026531837]")  # init's
         _process(node.proc, HOSTILE + 1, 165540, None)  # hangs too, as another uid of hers
         _process(node.proc, HOSTILE + 2, 165541, b"python3\0mine.py\0")
+        _process(node.proc, HOSTILE + 5, 165542, b"python3\0real.py\0")  # init's namespace
+        for pid in (HOSTILE + 1, HOSTILE + 2):
+            _namespace(node.proc, pid, "user:[4026532999]")
+        _namespace(node.proc, HOSTILE + 5, "user:[4026531837]")
         with SensorSet([by_name()["process"]]) as sensors:
             (run,) = sensors.sample(node.context())
         found = _by_pid(run.events)
         assert run.ok and stalls.quarantined() == [HOSTILE]
         assert found[HOSTILE + 1]["process.memory_read_skipped"] is True
         assert found[HOSTILE + 2]["process.memory_read_skipped"] is True
+        assert found[HOSTILE + 5]["process.command_line"] == "python3 real.py"
         assert found[HONEST]["process.command_line"] == "python3 train.py"
         node.answer()
     finally:
         subuids.forget()
+
+
+def _namespace(proc: Path, pid: int, target: str) -> None:
+    (proc / str(pid) / "ns").mkdir(parents=True)
+    os.symlink(target, proc / str(pid) / "ns" / "user")
