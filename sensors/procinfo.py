@@ -178,16 +178,31 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
 
 def owner_key(ctx: SensorContext, pid: int, uid: int | None) -> int | None:
     """Who answers for a process in the bounds of stalls.py: its real uid, or, for a process
-    of a rootless container (a user namespace other than init's) running as a subordinate
-    uid, the user the uid's range belongs to (subuids.py). Two links are read only for a
-    uid in a range."""
+    of a rootless container (a user namespace other than the node's) running as a
+    subordinate uid, the user the uid's range belongs to (subuids.py). The ranges and the
+    node's namespace are read once per sample; a process's own namespace only for a uid in
+    a range."""
     if uid is None:
         return None
-    owner = subuids.current(ctx.etc).owner(uid)
+    ranges, node_namespace = _ranges_of(ctx)
+    owner = ranges.owner(uid)
     if owner == uid:
         return uid
-    own, init = ctx.proc.readlink(f"{pid}/ns/user"), ctx.proc.readlink("1/ns/user")
-    return owner if own is not None and init is not None and own != init else uid
+    own = ctx.proc.readlink(f"{pid}/ns/user")
+    contained = own is not None and node_namespace is not None and own != node_namespace
+    return owner if contained else uid
+
+
+def _ranges_of(ctx: SensorContext) -> tuple[subuids.Subordinates, str | None]:
+    """The node's subordinate ranges and its initial user namespace (init's, else this
+    process's where /proc/1 is hidden), cached in ctx.state by the sample's time."""
+    cached = ctx.state.get("etc/subuid")
+    if cached is not None and cached[0] == ctx.timestamp:
+        return cached[1], cached[2]
+    ranges = subuids.current(ctx.etc)
+    node_namespace = ctx.proc.readlink("1/ns/user") or ctx.proc.readlink("self/ns/user")
+    ctx.state["etc/subuid"] = (ctx.timestamp, ranges, node_namespace)
+    return ranges, node_namespace
 
 
 def owner_uid(proc: FsRoot, pid: int) -> int | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+from collections.abc import Callable
 
 from hpcsec.sensors.base import FsRoot
 
@@ -112,6 +113,11 @@ def current(etc: FsRoot) -> Subordinates:
             _loaded.clear()
         _loaded[key] = (now, seen, subordinates)
         return subordinates
+
+
+def owners(etc: FsRoot) -> Callable[[int], int]:
+    """A uid's owner on the node behind `etc`, as the ranges are when it is asked."""
+    return lambda uid: current(etc).owner(uid)
 
 
 def _identity(etc: FsRoot, name: str) -> tuple[int, int, int] | None:

@@ -20,6 +20,7 @@ import ipaddress
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from hpcsec.detector.core.schema import Event
@@ -33,7 +34,7 @@ from hpcsec.detector.slurm.jobs import job_context
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
 from hpcsec.detector.slurm.table import EMPTY_TABLE, JobTable
 from hpcsec.sensors.base import FsRoot, SensorContext
-from hpcsec.sensors.procinfo import Users, process_fields, users_of
+from hpcsec.sensors.procinfo import Users, owner_key, process_fields, users_of
 
 FILE_EVENTS_NOTE = (
     "events read from a file carry no node to look at: they get no process or Slurm job "
@@ -150,7 +151,7 @@ def _capture_jobs(
 ) -> tuple[SlurmView, RecordedProcesses]:
     jobs = job_context(ctx)
     jobs.refresh(ctx)
-    reader = ProcReader(ctx.proc)
+    reader = ProcReader(ctx.proc, partial(owner_key, ctx))
     for _ in range(2):
         refreshes = jobs.refreshes
         for event in filter(needs_job, events):

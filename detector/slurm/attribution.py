@@ -9,7 +9,7 @@ enrichment never reads the node again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,8 +58,12 @@ class ProcReader:
     """Reads /proc through the context's root (so snapshots record and replay it) and keeps
     every answer; `recorded()` hands them over as an immutable value."""
 
-    def __init__(self, proc: FsRoot):
+    def __init__(
+        self, proc: FsRoot, owner_of: Callable[[int, int | None], int | None] | None = None
+    ):
         self.proc = proc
+        # who answers for a process in the bounds of stalls.py (procinfo.owner_key)
+        self.owner_of = owner_of
         self._cgroups: dict[int, str | None] = {}
         self._status: dict[int, str | None] = {}
         self._environ_jobs: dict[int, PidJob | None] = {}
@@ -89,7 +93,9 @@ class ProcReader:
     def environ_job(self, pid: int) -> PidJob | None:
         # Only the job id is kept: the environment itself may hold secrets.
         if pid not in self._environ_jobs:
-            raw = read_environ(self.proc, pid, self.uid(pid))
+            uid = self.uid(pid)
+            owner = uid if self.owner_of is None else self.owner_of(pid, uid)
+            raw = read_environ(self.proc, pid, owner)
             self._environ_jobs[pid] = job_from_environ(raw) if raw else None
         return self._environ_jobs[pid]
 

@@ -213,7 +213,13 @@ class Hook:
         # the epilog's imports (see the top): the prolog reads no process
         from hpcsec.detector.slurm.parse import job_from_cgroup, job_from_environ
         from hpcsec.sensors.base import FsRoot, SensorContext
-        from hpcsec.sensors.procinfo import Users, process_fields, read_environ, status_fields
+        from hpcsec.sensors.procinfo import (
+            Users,
+            owner_key,
+            process_fields,
+            read_environ,
+            status_fields,
+        )
 
         proc = FsRoot("proc", self.settings.procfs_root)
         ctx = SensorContext(
@@ -240,7 +246,9 @@ class Hook:
             owner = cgroup or tracked.get(pid)
             if owner is not None and owner.job_id != self.job_id:
                 continue  # belongs to another running job of this user
-            claimed = job_from_environ(read_environ(proc, name, self.uid) or b"")
+            claimed = job_from_environ(
+                read_environ(proc, name, owner_key(ctx, pid, self.uid)) or b""
+            )
             proc_fields = process_fields(ctx, pid, users)
             if not proc_fields:
                 continue  # exited meanwhile

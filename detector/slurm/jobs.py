@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hpcsec.detector.core.schema import Event
@@ -37,6 +38,7 @@ from hpcsec.detector.slurm.hookstate import HOOK_EVENTS_FILE, default_hook_state
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
 from hpcsec.detector.slurm.table import EMPTY_TABLE, INPUTS, ON_NODE_STATES, JobTable, build_table
 from hpcsec.sensors.base import SensorContext
+from hpcsec.sensors.procinfo import owner_key
 
 SENSOR = "slurm_context"
 STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.state
@@ -269,7 +271,7 @@ class JobContext:
         MIN_REFRESH_INTERVAL_S). That includes a job only the environment names (no Slurm
         cgroup, not yet in listpids): until a table fetched after it was seen settles it, the
         claim is pending (`pending_claims`) and the process's job undecided."""
-        reader = procs or ProcReader(ctx.proc)
+        reader = procs or ProcReader(ctx.proc, partial(owner_key, ctx))
         found = attribute(pid, self.table, reader, seen, use_environ)
         newer = found is not None and found.job_id not in self.table.jobs
         if found is None and use_environ and not ctx.replaying:

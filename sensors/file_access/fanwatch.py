@@ -71,9 +71,11 @@ class FanotifyWatch:
         self.folder = folder
         self.hold_s = hold_s
         # a uid's owner: itself, or the user its subordinate range belongs to (subuids.py)
-        self.owner_of = subuids.current(ctx.etc).owner
+        self.owner_of = subuids.owners(ctx.etc)
         self.index = AssetIndex([], owner_of=self.owner_of)  # the watched roots, once marked
         self.notes: list[str] = []
+        # what the shares left unwatched at start (shares.py): a status of its own
+        self.unwatched_notes: list[str] = []
         self.own_pid = os.getpid()
         self.link: ResponderLink | None = None
         self.fid_fd = -1
@@ -112,13 +114,13 @@ class FanotifyWatch:
         try:
             watch._open_groups()
             watch.index.roots = [root for root in roots if watch._mark_tree(root)]
-            watch.notes += watch._share_notes()
+            watch.unwatched_notes += watch._share_notes()
             assert watch.link is not None
             watch.link.sync(lambda frame: watch._frame(frame, rfc3339()))
             watch.index.build()
             index_note = watch.index.summary()
             if index_note is not None:
-                watch.notes.append(index_note)
+                watch.unwatched_notes.append(index_note)
         except BaseException:
             watch.stop()
             raise

@@ -67,7 +67,7 @@ class AssetIndex:
                 if shares.full:  # no more can be indexed: the walk is over
                     shares.refuse_unlooked()
                     break
-                self._add(files, shares, path)
+                self._add(files, shares, path, named=path == root)
         self.files, self.shares = files, shares
         self.built_at = time.monotonic()
 
@@ -99,8 +99,12 @@ class AssetIndex:
         return self.files.get((dev, ino))
 
     @staticmethod
-    def _add(files: dict[tuple[int, int], str], shares: OwnerShares, path: str) -> None:
-        if shares.spent_in(os.path.dirname(path)):
+    def _add(
+        files: dict[tuple[int, int], str], shares: OwnerShares, path: str, named: bool = False
+    ) -> None:
+        """Index one file within its owner's share; a file the operator `named` as a root is
+        indexed whatever its owner's share (and counted in it)."""
+        if not named and shares.spent_in(os.path.dirname(path)):
             return
         try:
             st = os.lstat(path)
@@ -108,7 +112,8 @@ class AssetIndex:
             return
         identity = (st.st_dev, st.st_ino)
         # the first path of a hard-linked file, which counts once in its owner's share
-        if stat.S_ISREG(st.st_mode) and identity not in files and shares.take(st.st_uid):
+        new = stat.S_ISREG(st.st_mode) and identity not in files
+        if new and (shares.take(st.st_uid) or named):
             files[identity] = path
 
 

@@ -90,6 +90,7 @@ class FileAccessSensor:
         self._errors: tuple[int, str | None] = (0, None)
         self._unwatched: tuple[int, str | None] = (0, None)  # new directories not marked
         self._notes: list[str] = []
+        self._unwatched_notes: list[str] = []  # what the shares left unwatched at start
 
     def pending(self) -> bool:
         """Whether a streaming `collect` would return anything (the agent polls this often,
@@ -98,7 +99,7 @@ class FileAccessSensor:
 
     def collect(self, ctx: SensorContext) -> Iterator[Event]:
         self._dropped, self._timeouts, self._errors, self._notes = 0, 0, (0, None), []
-        self._restarts, self._unwatched = 0, (0, None)
+        self._restarts, self._unwatched, self._unwatched_notes = 0, (0, None), []
         roots: list[str] = [] if ctx.replaying else protected_roots(ctx)
         if not ctx.replaying and not roots:
             raise SensorUnavailable("no protected paths: give --watch PATH or assets in the config")
@@ -109,6 +110,8 @@ class FileAccessSensor:
         records, problems = parse_records(text)
         for note in self._notes:
             yield ctx.status(self.name, "degraded", note)
+        for note in self._unwatched_notes:
+            yield ctx.status(self.name, "unwatched", note)
         if problems:
             yield ctx.status(
                 self.name,
@@ -126,7 +129,7 @@ class FileAccessSensor:
         if self._unwatched[0]:
             yield ctx.status(
                 self.name,
-                "degraded",
+                "unwatched",
                 f"{self._unwatched[0]} new directories under protected paths not watched, past "
                 f"their owner's share (last: {self._unwatched[1]})",
                 **{"hpcsec.errors": self._unwatched[0]},
@@ -204,6 +207,7 @@ class FileAccessSensor:
         except OSError as exc:
             raise SensorUnavailable(f"fanotify: {exc}") from None
         self._notes.extend(watch.notes)
+        self._unwatched_notes.extend(watch.unwatched_notes)
         return watch
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ all is reached, what is past it is refused without an lstat each.
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from collections.abc import Callable
 
@@ -87,16 +88,22 @@ class OwnerShares:
         return self.take(uid)
 
     def spent_in(self, directory: str) -> bool:
-        """Whether `directory` belongs to an owner other than root whose share is used up:
-        what is in it is there by that owner's leave, and is refused as that owner's without
-        an lstat each (a million names in one directory cost a million lstats at every
-        walk). Root's directories, shared ones among them, are looked at entry by entry."""
+        """Whether `directory` is one only its owner, not root, can write, and that owner's
+        share is used up: what is in it is that owner's (or root's), and is refused as that
+        owner's without an lstat each (a million names in one directory cost a million
+        lstats at every walk). Root's directories and those others may write in (a group
+        project's, shared ones) are looked at entry by entry: another user's directory in
+        them keeps its own share."""
         if self._listed is None or self._listed[0] != directory:
+            owner: int | None = None  # None: entry by entry
             try:
-                uid = os.lstat(directory).st_uid
+                info = os.lstat(directory)
             except OSError:
-                uid = 0  # not known: entry by entry
-            self._listed = (directory, None if uid == 0 else self.owner_of(uid))
+                pass
+            else:
+                if info.st_uid != 0 and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    owner = self.owner_of(info.st_uid)
+            self._listed = (directory, owner)
         owner = self._listed[1]
         if owner is not None and self.by_owner[owner] >= self.per_owner:
             self.refused[owner] += 1

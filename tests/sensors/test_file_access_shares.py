@@ -149,7 +149,7 @@ def test_a_users_directories_use_up_that_users_share_not_the_watch(
         # files: root's w.bin and the user's four in the directories walked
         marks = ino_marks(watch.responder_pid)
         assert marks == 2 + 4 + 1 + 4
-        assert [n for n in watch.notes if "past the bound" in n] == [
+        assert watch.unwatched_notes == [
             f"8 directories under protected paths past the bound ({shares.MAX_DIRS:,} in all, "
             f"4 of one owner) are not watched, nor walked (files created in them are not "
             f"seen) (uid {user.pw_uid}: 8)"
@@ -224,7 +224,7 @@ def test_the_sensor_reports_new_directories_left_unwatched(tmp_path: Path):
     statuses = [e for e in sensor.collect(ctx) if e["event.category"] == "sensor_status"]
     assert [(e["event.action"], e["message"], e["hpcsec.errors"]) for e in statuses] == [
         (
-            "degraded",
+            "unwatched",
             "3 new directories under protected paths not watched, past their owner's share "
             "(last: /m/x: why)",
             3,
@@ -251,6 +251,33 @@ def test_files_learned_from_their_opens_stay_within_their_owners_share(tmp_path:
     st = os.stat(tmp_path / "w.bin")
     index.learn(st.st_dev, st.st_ino, str(tmp_path / "w.bin"))
     assert index.lookup(st.st_dev, st.st_ino) == str(tmp_path / "w.bin")
-    other = os.stat(tmp_path / "junk0")  # a path that names another file now: not learned
-    index.learn(other.st_dev, other.st_ino + 10**9, str(tmp_path / "junk0"))
+    # an identity the path no longer names (the file was replaced): not learned, though
+    # root's share has room
+    index.learn(st.st_dev, st.st_ino + 10**9, str(tmp_path / "w.bin"))
     assert len(index.files) == 3
+
+
+def test_a_spent_users_shared_directory_is_looked_at_entry_by_entry(tmp_path: Path):
+    """A group project's directory (group-writable, as a PI's setgid 2775): a member's
+    directory in it keeps the member's own share when the PI's is used up."""
+    user = unprivileged_user()
+    project = tmp_path / "project"
+    project.mkdir()
+    os.chown(project, user.pw_uid, user.pw_gid)
+    project.chmod(0o2775)
+    owned = OwnerShares(total=100, per_owner=1)
+    assert owned.take(user.pw_uid)
+    with pytest.raises(AssertionError, match="was looked at"):
+        owned.take_entry(_Unlooked(project / "member"))
+
+
+def test_a_file_the_operator_named_is_indexed_whatever_its_owners_share(tmp_path: Path):
+    user = unprivileged_user()
+    hers = tmp_path / "hers"
+    hers.mkdir()
+    (hers / "named.bin").write_text("w")
+    for path in (hers, hers / "named.bin"):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    index = identity.AssetIndex([str(hers / "named.bin")], max_per_owner=0)
+    index.build()
+    assert list(index.files.values()) == [str(hers / "named.bin")]

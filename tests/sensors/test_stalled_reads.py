@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,10 @@ from hpcsec.detector.runtime import sensorset
 from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.registry import by_name
 from hpcsec.detector.runtime.sensorset import BudgetedSensors, SensorSet
+from hpcsec.detector.slurm.attribution import ProcReader
 from hpcsec.sensors import stalls, subuids
 from hpcsec.sensors.base import SensorContext
-from hpcsec.sensors.procinfo import process_fields, read_environ
+from hpcsec.sensors.procinfo import owner_key, process_fields, read_environ
 
 STALL_S = 0.3
 HOSTILE, HONEST = 4242, 100
@@ -389,3 +391,28 @@ def test_a_users_subordinate_uids_count_as_that_user(node: Node, monkeypatch):
 def _namespace(proc: Path, pid: int, target: str) -> None:
     (proc / str(pid) / "ns").mkdir(parents=True)
     os.symlink(target, proc / str(pid) / "ns" / "user")
+
+
+def test_slurm_attribution_counts_a_containers_processes_for_their_user(node: Node, monkeypatch):
+    """Attribution reads environments outside any sensor run (the reader thread): her
+    container's processes count for her there too, so they cannot fill the give-ups."""
+    monkeypatch.setattr(stalls, "MAX_STUCK_PER_OWNER", 1)
+    (node.etc / "subuid").write_text("mallory:165536:65536\n")
+    subuids.forget()
+    try:
+        _namespace(node.proc, 1, "user:[4026531837]")
+        for pid, uid in ((HOSTILE + 1, 165540), (HOSTILE + 2, 165541)):
+            _process(node.proc, pid, uid, b"python3\0x.py\0")
+            _namespace(node.proc, pid, "user:[4026532999]")
+        (node.proc / str(HOSTILE + 1) / "environ").unlink()
+        os.mkfifo(node.proc / str(HOSTILE + 1) / "environ")  # hangs
+        ctx = node.context()
+        reader = ProcReader(ctx.proc, partial(owner_key, ctx))
+        assert reader.environ_job(HOSTILE + 1) is None  # given up after STALL_S
+        started = time.monotonic()
+        assert reader.environ_job(HOSTILE + 2) is None  # hers: not read
+        assert time.monotonic() - started < STALL_S
+        assert reader.environ_job(HONEST) is not None  # alice's is read
+        node.answer(HOSTILE + 1, "environ")
+    finally:
+        subuids.forget()

@@ -58,18 +58,21 @@ def test_the_node_files_are_read_through_its_etc_root_and_again_when_they_change
         assert subuids.current(etc).owner(100001) == 1000
         (tmp_path / "subuid").write_text("mallory:100000:65536\n")  # another size, too
         assert subuids.current(etc).owner(100001) == 1001
+        owners = subuids.owners(etc)  # what the file-access watch asks, as the files are now
+        (tmp_path / "subuid").write_text("alice:100000:65536\n")
+        assert owners(100001) == 1000
     finally:
         subuids.forget()
 
 
 def test_a_cut_file_loses_its_last_line_not_a_digit(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(subuids, "MAX_BYTES", 30)
+    monkeypatch.setattr(subuids, "MAX_BYTES", 33)  # the cut falls in a count: "...:655"
     subuids.forget()
     (tmp_path / "passwd").write_text(PASSWD)
     (tmp_path / "subuid").write_text("1000:100000:65536\n1001:165536:65536\n")
     try:
         ranges = subuids.current(FsRoot("etc", tmp_path))
         assert ranges.owner(100001) == 1000
-        assert ranges.owner(165537) == 165537  # "1001:165536:6" was cut off, not read
+        assert ranges.owner(165537) == 165537  # "1001:165536:655" was cut off, not read
     finally:
         subuids.forget()
