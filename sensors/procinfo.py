@@ -8,6 +8,7 @@ passwd, not from the machine that replays it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ class Users:
 
 PROCESS_STATUS_KEYS = frozenset({"Name", "PPid", "Uid"})  # what process_fields reads
 OWNER_KEYS = frozenset({"Uid"})
+RANGES_TTL_S = 1.0  # owner_key's ranges and node namespace, kept at most this long
 
 
 def status_fields(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
@@ -195,13 +197,15 @@ def owner_key(ctx: SensorContext, pid: int, uid: int | None) -> int | None:
 
 def _ranges_of(ctx: SensorContext) -> tuple[subuids.Subordinates, str | None]:
     """The node's subordinate ranges and its initial user namespace (init's, else this
-    process's where /proc/1 is hidden), cached in ctx.state by the sample's time."""
+    process's where /proc/1 is hidden), cached in ctx.state for the sample (and for at most
+    RANGES_TTL_S: the file-access watch keeps one context for its whole run)."""
     cached = ctx.state.get("etc/subuid")
-    if cached is not None and cached[0] == ctx.timestamp:
+    now = time.monotonic()
+    if cached is not None and cached[0] == ctx.timestamp and now - cached[3] < RANGES_TTL_S:
         return cached[1], cached[2]
     ranges = subuids.current(ctx.etc)
     node_namespace = ctx.proc.readlink("1/ns/user") or ctx.proc.readlink("self/ns/user")
-    ctx.state["etc/subuid"] = (ctx.timestamp, ranges, node_namespace)
+    ctx.state["etc/subuid"] = (ctx.timestamp, ranges, node_namespace, now)
     return ranges, node_namespace
 
 

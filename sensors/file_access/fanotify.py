@@ -131,7 +131,8 @@ class FileId:
     fsid: int
     handle_type: int
     handle: bytes
-    name: str | None
+    name: str | None  # as event text (a byte that is not UTF-8 as `\xNN`)
+    os_name: str | None = None  # as the OS takes it (surrogateescape): to mark, stat, walk
 
 
 class RawEvent(NamedTuple):  # a tuple: built once per kernel event, on the hot path
@@ -176,24 +177,30 @@ def _parse_info(buf: bytes, offset: int, end: int) -> tuple[FileId, ...]:
             handle_bytes, handle_type = _HANDLE.unpack_from(buf, pos + _FSID.size)
             start = pos + _FSID.size + _HANDLE.size
             handle = bytes(buf[start : start + handle_bytes])
-            name = None
+            name = os_name = None
             if info_type in (INFO_DFID_NAME, INFO_OLD_DFID_NAME, INFO_NEW_DFID_NAME):
-                raw = bytes(buf[start + handle_bytes : offset + length])
-                name = from_node_bytes(raw.split(b"\0", 1)[0])
-            out.append(FileId(info_type, fsid, handle_type, handle, name))
+                raw = bytes(buf[start + handle_bytes : offset + length]).split(b"\0", 1)[0]
+                name, os_name = from_node_bytes(raw), os.fsdecode(raw)
+            out.append(FileId(info_type, fsid, handle_type, handle, name, os_name))
         offset += length
     return tuple(out)
 
 
-def handle_path(mount_fd: int, file_id: FileId) -> str | None:
-    """Resolve a file handle to a path through a descriptor on the same filesystem."""
+def handle_path(mount_fd: int, file_id: FileId, as_text: bool = True) -> str | None:
+    """Resolve a file handle to a path through a descriptor on the same filesystem: as event
+    text, or (`as_text` False) as the OS takes it, to mark, stat or walk."""
     header = _HANDLE.pack(len(file_id.handle), file_id.handle_type) + file_id.handle
     buf = ctypes.create_string_buffer(header, len(header))
     fd = _libc.open_by_handle_at(mount_fd, ctypes.addressof(buf), O_PATH)
     if fd < 0:
         return None
     try:
-        return fd_path(fd)
+        if as_text:
+            return fd_path(fd)
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return None
     finally:
         os.close(fd)
 

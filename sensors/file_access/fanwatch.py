@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from hpcsec.detector.core.schema import rfc3339
 from hpcsec.detector.core.switching import quick_thread_switches
+from hpcsec.detector.core.text import escape_surrogates
 from hpcsec.sensors import subuids
 from hpcsec.sensors.base import SensorContext
 from hpcsec.sensors.file_access import channel
@@ -114,13 +115,14 @@ class FanotifyWatch:
         try:
             watch._open_groups()
             watch.index.roots = [root for root in roots if watch._mark_tree(root)]
-            watch.unwatched_notes += watch._share_notes()
+            watch.unwatched_notes += watch._dir_notes()
+            watch.notes += watch._file_notes()
             assert watch.link is not None
             watch.link.sync(lambda frame: watch._frame(frame, rfc3339()))
             watch.index.build()
             index_note = watch.index.summary()
             if index_note is not None:
-                watch.unwatched_notes.append(index_note)
+                watch.notes.append(index_note)
         except BaseException:
             watch.stop()
             raise
@@ -183,16 +185,21 @@ class FanotifyWatch:
             OwnerShares(MAX_FILES, MAX_FILES_PER_OWNER, self.owner_of),
         )
 
-    def _share_notes(self) -> list[str]:
-        notes = [
-            self._dir_shares.summary(
-                "directories", "not watched, nor walked (files created in them are not seen)"
-            ),
-            self._file_shares.summary(
-                "files", "not marked one by one (seen through their directory's mark only)"
-            ),
-        ]
-        return [note for note in notes if note is not None]
+    def _dir_notes(self) -> list[str]:
+        """The directories the shares left unwatched (an `unwatched` status: new files in
+        them are not seen)."""
+        note = self._dir_shares.summary(
+            "directories", "not watched, nor walked (files created in them are not seen)"
+        )
+        return [] if note is None else [note]
+
+    def _file_notes(self) -> list[str]:
+        """The files past their owner's share of file marks (a `degraded` status: they are
+        still seen through their directory's mark)."""
+        note = self._file_shares.summary(
+            "files", "not marked one by one (seen through their directory's mark only)"
+        )
+        return [] if note is None else [note]
 
     def _add_mount_fd(self, directory: str) -> None:
         """A descriptor on the filesystem of `directory`, for open_by_handle_at."""
@@ -204,16 +211,24 @@ class FanotifyWatch:
         self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, fan.FAN_MARK_ONLYDIR)
         self._mark_fid(path, fan.FAN_MARK_ONLYDIR)
 
-    def _mark_new_dir(self, path: str) -> None:
-        """A directory made under a protected tree while the watch runs: marked within its
-        owner's share, else counted and reported as an error."""
+    def _mark_new_dir(self, path: str, walk: bool = False) -> None:
+        """A directory made under a protected tree while the watch runs (`path` as the OS
+        takes it), or moved into it with what it holds (`walk`): marked within its owner's
+        share, else counted and reported as unwatched."""
         owner = os.lstat(path).st_uid
-        if self._dir_shares.take(owner):
+        if not self._dir_shares.take(owner):
+            with self._lock:
+                self._unwatched += 1
+                refusal = self._dir_shares.refusal(owner)
+                self._last_unwatched = f"{escape_surrogates(path)}: {refusal}"
+            return
+        if not walk:
             self._mark_dir(path)
             return
-        with self._lock:
-            self._unwatched += 1
-            self._last_unwatched = f"{path}: {self._dir_shares.refusal(owner)}"
+        for dirpath, names in walk_tree(path, self._dir_shares.take_entry):
+            self._mark_dir(dirpath)
+            for name in names:
+                self._new_file(os.path.join(dirpath, name))
 
     def _mark_file(self, path: str, named: bool = False) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
@@ -310,6 +325,10 @@ class FanotifyWatch:
             return -1
         with self._lock:
             self.restarts += 1
+            refused = sum(self._dir_shares.refused.values())
+            if refused:  # walked again: what the shares leave unwatched is said again
+                self._unwatched += refused
+                self._last_unwatched = self._dir_notes()[0]
         return self.link.fileno
 
     def _responder_frames(self, when: str) -> bool:
@@ -382,15 +401,28 @@ class FanotifyWatch:
         old = paths.get(fan.INFO_OLD_DFID_NAME) or paths.get(fan.INFO_DFID_NAME)
         new = paths.get(fan.INFO_NEW_DFID_NAME)
         is_dir = bool(event.mask & fan.FAN_ONDIR)
-        if event.mask & fan.FAN_CREATE and is_dir and old:
-            with contextlib.suppress(OSError):
-                self._mark_new_dir(old)  # a new subdirectory of a protected tree
-        if is_dir:
-            return  # directories are containers; the files in them are the assets
+        if is_dir:  # directories are containers; the files in them are the assets
+            # A directory made in a protected tree, or moved into it (with what it holds),
+            # is marked: by the path the OS takes, whatever bytes its name holds.
+            arrived = (
+                fan.INFO_DFID_NAME
+                if event.mask & fan.FAN_CREATE
+                else fan.INFO_NEW_DFID_NAME
+                if event.mask & fan.FAN_RENAME
+                else fan.INFO_DFID_NAME
+                if event.mask & fan.FAN_MOVED_TO
+                else None
+            )
+            fid = next((f for f in event.ids if f.info_type == arrived), None)
+            target = None if fid is None else self._id_path(fid, as_text=False)
+            if target is not None:
+                with contextlib.suppress(OSError):
+                    self._mark_new_dir(target, walk=not event.mask & fan.FAN_CREATE)
+            return
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
         if event.mask & fan.FAN_RENAME and old and new:
             if self.protected(old) or self.protected(new):
-                self._new_file(new)
+                self._new_file(self._os_path(event, fan.INFO_NEW_DFID_NAME) or new)
                 self.openers.remember(event.pid, fresh=False)
                 self.folder.add(when, event.pid, old, "rename", target=new, asset=old)
             return
@@ -406,7 +438,9 @@ class FanotifyWatch:
         path = old or new
         if action and path and self.protected(path):
             if action != "delete":
-                self._new_file(path)
+                kinds = (fan.INFO_OLD_DFID_NAME, fan.INFO_DFID_NAME, fan.INFO_NEW_DFID_NAME)
+                kind = next(k for k in kinds if paths.get(k))  # the record `path` came from
+                self._new_file(self._os_path(event, kind) or path)
             self.openers.remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, path, action, asset=path)
 
@@ -416,12 +450,19 @@ class FanotifyWatch:
         with contextlib.suppress(OSError):
             self._mark_file(path)
 
-    def _id_path(self, fid: fan.FileId) -> str | None:
+    def _os_path(self, event: fan.RawEvent, info_type: int) -> str | None:
+        """The path, as the OS takes it, of the event's FID record of `info_type`."""
+        fid = next((f for f in event.ids if f.info_type == info_type), None)
+        return None if fid is None else self._id_path(fid, as_text=False)
+
+    def _id_path(self, fid: fan.FileId, as_text: bool = True) -> str | None:
+        """The path an FID record names: as event text, or as the OS takes it."""
         mount_fd = self._mount_fds.get(fid.fsid)
-        directory = None if mount_fd is None else fan.handle_path(mount_fd, fid)
+        directory = None if mount_fd is None else fan.handle_path(mount_fd, fid, as_text)
         if directory is None:
             return None
-        return os.path.join(directory, fid.name) if fid.name else directory
+        name = fid.name if as_text else fid.os_name
+        return os.path.join(directory, name) if name else directory
 
     # the sensor side
     def pending(self) -> bool:

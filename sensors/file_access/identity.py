@@ -19,6 +19,7 @@ import stat
 import time
 from collections.abc import Callable
 
+from hpcsec.detector.core.text import escape_surrogates
 from hpcsec.sensors.file_access.shares import (
     MAX_DIRS,
     MAX_DIRS_PER_OWNER,
@@ -64,7 +65,7 @@ class AssetIndex:
         directories = OwnerShares(MAX_DIRS, MAX_DIRS_PER_OWNER, self.owner_of)
         for root in self.roots:
             for path in _regular_files(root, directories):
-                if shares.full:  # no more can be indexed: the walk is over
+                if shares.full and path != root:  # no more can be indexed: the walk is over
                     shares.refuse_unlooked()
                     break
                 self._add(files, shares, path, named=path == root)
@@ -93,7 +94,7 @@ class AssetIndex:
         except OSError:
             return
         if (st.st_dev, st.st_ino) == (dev, ino) and self.shares.take(st.st_uid):
-            self.files[(dev, ino)] = path
+            self.files[(dev, ino)] = escape_surrogates(path)
 
     def lookup(self, dev: int, ino: int) -> str | None:
         return self.files.get((dev, ino))
@@ -114,7 +115,7 @@ class AssetIndex:
         # the first path of a hard-linked file, which counts once in its owner's share
         new = stat.S_ISREG(st.st_mode) and identity not in files
         if new and (shares.take(st.st_uid) or named):
-            files[identity] = path
+            files[identity] = escape_surrogates(path)  # as event text, as the asset path
 
 
 def _regular_files(root: str, shares: OwnerShares):

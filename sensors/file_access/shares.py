@@ -35,6 +35,10 @@ MAX_FILES_PER_OWNER = 50_000
 MAX_INDEXED = 1_000_000
 MAX_INDEXED_PER_OWNER = 200_000
 NOTED_OWNERS = 3  # owners named in a note, the most refused first
+# Entries looked at (an lstat each) in the shared directories of an owner whose share is used
+# up, at most per walk: past that, what lies in any directory of that owner is refused as
+# hers without a look (she may make her own directories group-writable).
+MAX_LOOKS_WHEN_SPENT = 10_000
 
 
 class OwnerShares:
@@ -53,7 +57,9 @@ class OwnerShares:
         self.used = 0
         self.by_owner: Counter[int | None] = Counter()
         self.refused: Counter[int | None] = Counter()  # owner (None: not looked at) -> count
-        self._listed: tuple[str, int | None] | None = None  # a directory and its owner (spent_in)
+        # a directory, its owner (None: root's) and whether others may write in it (spent_in)
+        self._listed: tuple[str, int | None, bool] | None = None
+        self.looks: Counter[int] = Counter()  # owner -> entries looked at in her shared dirs
 
     @property
     def full(self) -> bool:
@@ -88,27 +94,33 @@ class OwnerShares:
         return self.take(uid)
 
     def spent_in(self, directory: str) -> bool:
-        """Whether `directory` is one only its owner, not root, can write, and that owner's
-        share is used up: what is in it is that owner's (or root's), and is refused as that
-        owner's without an lstat each (a million names in one directory cost a million
-        lstats at every walk). Root's directories and those others may write in (a group
-        project's, shared ones) are looked at entry by entry: another user's directory in
-        them keeps its own share."""
+        """Whether an entry of `directory` is refused without an lstat: the directory is not
+        root's, and its owner's share is used up. What lies in a directory only its owner
+        can write is hers (or root's), and is refused as hers (a million names in one
+        directory cost a million lstats at every walk); in one others may write in too (a
+        group project's), another user's directory keeps its own share, so its entries are
+        looked at, MAX_LOOKS_WHEN_SPENT of them at most. Root's directories are looked at
+        entry by entry."""
         if self._listed is None or self._listed[0] != directory:
-            owner: int | None = None  # None: entry by entry
+            owner: int | None = None  # None: root's, or not known: entry by entry
+            shared = False
             try:
                 info = os.lstat(directory)
             except OSError:
                 pass
             else:
-                if info.st_uid != 0 and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                if info.st_uid != 0:
                     owner = self.owner_of(info.st_uid)
-            self._listed = (directory, owner)
-        owner = self._listed[1]
-        if owner is not None and self.by_owner[owner] >= self.per_owner:
-            self.refused[owner] += 1
-            return True
-        return False
+                    shared = bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+            self._listed = (directory, owner, shared)
+        _, owner, shared = self._listed
+        if owner is None or self.by_owner[owner] < self.per_owner:
+            return False
+        if shared and self.looks[owner] < MAX_LOOKS_WHEN_SPENT:
+            self.looks[owner] += 1
+            return False
+        self.refused[owner] += 1
+        return True
 
     def take_path(self, path: str) -> bool:
         try:

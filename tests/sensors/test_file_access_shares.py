@@ -281,3 +281,22 @@ def test_a_file_the_operator_named_is_indexed_whatever_its_owners_share(tmp_path
     index = identity.AssetIndex([str(hers / "named.bin")], max_per_owner=0)
     index.build()
     assert list(index.files.values()) == [str(hers / "named.bin")]
+
+
+def test_a_spent_user_making_her_directories_group_writable_gets_few_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """chmod g+w on her own directory must not buy a million lstats at every walk."""
+    monkeypatch.setattr(shares, "MAX_LOOKS_WHEN_SPENT", 2)
+    user = unprivileged_user()
+    hers = tmp_path / "hers"
+    hers.mkdir()
+    os.chown(hers, user.pw_uid, user.pw_gid)
+    hers.chmod(0o775)
+    owned = OwnerShares(total=100, per_owner=1)
+    assert owned.take(user.pw_uid)
+    for name in ("a", "b"):  # looked at: the budget
+        with pytest.raises(AssertionError, match="was looked at"):
+            owned.take_entry(_Unlooked(hers / name))
+    assert owned.take_entry(_Unlooked(hers / "c")) is False  # then refused as hers
+    assert owned.refused[user.pw_uid] == 1

@@ -20,7 +20,7 @@ from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.registry import by_name
 from hpcsec.detector.runtime.sensorset import BudgetedSensors, SensorSet
 from hpcsec.detector.slurm.attribution import ProcReader
-from hpcsec.sensors import stalls, subuids
+from hpcsec.sensors import procinfo, stalls, subuids
 from hpcsec.sensors.base import SensorContext
 from hpcsec.sensors.procinfo import owner_key, process_fields, read_environ
 
@@ -414,5 +414,23 @@ def test_slurm_attribution_counts_a_containers_processes_for_their_user(node: No
         assert time.monotonic() - started < STALL_S
         assert reader.environ_job(HONEST) is not None  # alice's is read
         node.answer(HOSTILE + 1, "environ")
+    finally:
+        subuids.forget()
+
+
+def test_a_context_kept_for_a_whole_run_sees_the_ranges_change(node: Node, monkeypatch):
+    """The file-access watch keeps one context (one timestamp) for its whole run: the
+    ranges it names owners by still follow the node's subuid file."""
+    monkeypatch.setattr(procinfo, "RANGES_TTL_S", 0.0)
+    monkeypatch.setattr(subuids, "RELOAD_S", 0.0)
+    subuids.forget()
+    try:
+        _namespace(node.proc, 1, "user:[4026531837]")
+        _process(node.proc, HOSTILE + 1, 165540, b"python3\0x.py\0")
+        _namespace(node.proc, HOSTILE + 1, "user:[4026532999]")
+        ctx = node.context()
+        assert procinfo.owner_key(ctx, HOSTILE + 1, 165540) == 165540  # no ranges yet
+        (node.etc / "subuid").write_text("mallory:165536:65536\n")
+        assert procinfo.owner_key(ctx, HOSTILE + 1, 165540) == 1001
     finally:
         subuids.forget()
