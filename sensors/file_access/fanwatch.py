@@ -208,27 +208,25 @@ class FanotifyWatch:
             self._mount_fds[fsid] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
 
     def _mark_dir(self, path: str) -> None:
-        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, fan.FAN_MARK_ONLYDIR)
-        self._mark_fid(path, fan.FAN_MARK_ONLYDIR)
+        # never through a symlink (one swapped in for the directory since it was looked at)
+        flags = fan.FAN_MARK_ONLYDIR | fan.FAN_MARK_DONT_FOLLOW
+        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags)
+        self._mark_fid(path, flags)
 
-    def _mark_new_dir(self, path: str, walk: bool = False) -> None:
+    def _mark_new_dir(self, path: str) -> None:
         """A directory made under a protected tree while the watch runs (`path` as the OS
-        takes it), or moved into it with what it holds (`walk`): marked within its owner's
-        share, else counted and reported as unwatched."""
-        owner = os.lstat(path).st_uid
-        if not self._dir_shares.take(owner):
+        takes it): marked within its owner's share, else counted and reported as unwatched.
+        A symlink swapped in meanwhile is not followed (lstat here, and the mark itself)."""
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode):
+            return
+        if not self._dir_shares.take(info.st_uid):
             with self._lock:
                 self._unwatched += 1
-                refusal = self._dir_shares.refusal(owner)
+                refusal = self._dir_shares.refusal(info.st_uid)
                 self._last_unwatched = f"{escape_surrogates(path)}: {refusal}"
             return
-        if not walk:
-            self._mark_dir(path)
-            return
-        for dirpath, names in walk_tree(path, self._dir_shares.take_entry):
-            self._mark_dir(dirpath)
-            for name in names:
-                self._new_file(os.path.join(dirpath, name))
+        self._mark_dir(path)
 
     def _mark_file(self, path: str, named: bool = False) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
@@ -325,10 +323,6 @@ class FanotifyWatch:
             return -1
         with self._lock:
             self.restarts += 1
-            refused = sum(self._dir_shares.refused.values())
-            if refused:  # walked again: what the shares leave unwatched is said again
-                self._unwatched += refused
-                self._last_unwatched = self._dir_notes()[0]
         return self.link.fileno
 
     def _responder_frames(self, when: str) -> bool:
@@ -402,22 +396,14 @@ class FanotifyWatch:
         new = paths.get(fan.INFO_NEW_DFID_NAME)
         is_dir = bool(event.mask & fan.FAN_ONDIR)
         if is_dir:  # directories are containers; the files in them are the assets
-            # A directory made in a protected tree, or moved into it (with what it holds),
-            # is marked: by the path the OS takes, whatever bytes its name holds.
-            arrived = (
-                fan.INFO_DFID_NAME
-                if event.mask & fan.FAN_CREATE
-                else fan.INFO_NEW_DFID_NAME
-                if event.mask & fan.FAN_RENAME
-                else fan.INFO_DFID_NAME
-                if event.mask & fan.FAN_MOVED_TO
-                else None
-            )
-            fid = next((f for f in event.ids if f.info_type == arrived), None)
-            target = None if fid is None else self._id_path(fid, as_text=False)
-            if target is not None:
-                with contextlib.suppress(OSError):
-                    self._mark_new_dir(target, walk=not event.mask & fan.FAN_CREATE)
+            # A directory made in a marked one (a create reaches only its parent's mark) is
+            # marked, by the path the OS takes, whatever bytes its name holds. One moved in
+            # is not (see docs/sensors.md).
+            if event.mask & fan.FAN_CREATE and old:
+                target = self._os_path(event, fan.INFO_DFID_NAME)
+                if target is not None:
+                    with contextlib.suppress(OSError):
+                        self._mark_new_dir(target)
             return
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
         if event.mask & fan.FAN_RENAME and old and new:
