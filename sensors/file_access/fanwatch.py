@@ -174,7 +174,9 @@ class FanotifyWatch:
         # directory past its owner's share is neither marked nor walked (shares.py).
         self._dir_shares.take_path(root)
         for dirpath, names in walk_tree(root, self._dir_shares.take_entry):
-            self._mark_dir(dirpath)
+            # the root the operator named may be a symlink to the tree: its target is marked
+            # (marks never follow one: _mark_dir)
+            self._mark_dir(real if dirpath == root else dirpath)
             for name in names:
                 self._mark_file(os.path.join(dirpath, name))
         return True

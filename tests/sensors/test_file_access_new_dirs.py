@@ -71,3 +71,19 @@ def test_a_symlink_swapped_in_for_a_new_directory_is_not_followed(shared_dir, tm
         assert _marks(watch) == before
     finally:
         watch.stop()
+
+
+@root_only
+def test_a_protected_root_named_through_a_symlink_is_marked(shared_dir, tmp_path):  # noqa: F811
+    """The operator may name the tree through a symlink (/models -> /lustre/models): the
+    tree is marked, though marks never follow a symlink."""
+    (shared_dir / "sub").mkdir()
+    link = tmp_path / "models"
+    link.symlink_to(shared_dir)
+    watch = fanwatch.FanotifyWatch.start(
+        NodeTree(tmp_path / "ctx").context(), [str(link)], lambda p: True, Folder()
+    )
+    try:
+        _wait_for_marks(watch, 2)  # the tree's root and its subdirectory
+    finally:
+        watch.stop()
