@@ -191,18 +191,25 @@ class _Unlooked:
         raise AssertionError(f"{self.path} was looked at")
 
 
-def test_what_is_in_a_spent_users_directory_is_refused_without_an_lstat(tmp_path: Path):
-    """A million names in her own directory cost nothing once her share is used; root's
-    (shared) directories are still looked at entry by entry."""
+def _spent_users_directory(tmp_path: Path, mode: int) -> tuple[int, Path, OwnerShares]:
+    """The unprivileged user's directory (with `mode`), and shares in which hers is used."""
     user = unprivileged_user()
     hers = tmp_path / "hers"
     hers.mkdir()
     os.chown(hers, user.pw_uid, user.pw_gid)
-    owned = OwnerShares(total=100, per_owner=2)
-    assert owned.take(user.pw_uid) and owned.take(user.pw_uid)
+    hers.chmod(mode)
+    owned = OwnerShares(total=100, per_owner=1)
+    assert owned.take(user.pw_uid)
+    return user.pw_uid, hers, owned
+
+
+def test_what_is_in_a_spent_users_directory_is_refused_without_an_lstat(tmp_path: Path):
+    """A million names in her own directory cost nothing once her share is used; root's
+    (shared) directories are still looked at entry by entry."""
+    uid, hers, owned = _spent_users_directory(tmp_path, 0o755)
     assert owned.take_entry(_Unlooked(hers / "d1")) is False
     assert owned.take_entry(_Unlooked(hers / "d2")) is False
-    assert owned.refused == {user.pw_uid: 2}
+    assert owned.refused == {uid: 2}
     with pytest.raises(AssertionError, match="was looked at"):
         owned.take_entry(_Unlooked(tmp_path / "shared"))  # root's: entry by entry
 
@@ -260,13 +267,7 @@ def test_files_learned_from_their_opens_stay_within_their_owners_share(tmp_path:
 def test_a_spent_users_shared_directory_is_looked_at_entry_by_entry(tmp_path: Path):
     """A group project's directory (group-writable, as a PI's setgid 2775): a member's
     directory in it keeps the member's own share when the PI's is used up."""
-    user = unprivileged_user()
-    project = tmp_path / "project"
-    project.mkdir()
-    os.chown(project, user.pw_uid, user.pw_gid)
-    project.chmod(0o2775)
-    owned = OwnerShares(total=100, per_owner=1)
-    assert owned.take(user.pw_uid)
+    _, project, owned = _spent_users_directory(tmp_path, 0o2775)
     with pytest.raises(AssertionError, match="was looked at"):
         owned.take_entry(_Unlooked(project / "member"))
 
@@ -288,15 +289,9 @@ def test_a_spent_user_making_her_directories_group_writable_gets_few_looks(
 ):
     """chmod g+w on her own directory must not buy a million lstats at every walk."""
     monkeypatch.setattr(shares, "MAX_LOOKS_WHEN_SPENT", 2)
-    user = unprivileged_user()
-    hers = tmp_path / "hers"
-    hers.mkdir()
-    os.chown(hers, user.pw_uid, user.pw_gid)
-    hers.chmod(0o775)
-    owned = OwnerShares(total=100, per_owner=1)
-    assert owned.take(user.pw_uid)
+    uid, hers, owned = _spent_users_directory(tmp_path, 0o775)
     for name in ("a", "b"):  # looked at: the budget
         with pytest.raises(AssertionError, match="was looked at"):
             owned.take_entry(_Unlooked(hers / name))
     assert owned.take_entry(_Unlooked(hers / "c")) is False  # then refused as hers
-    assert owned.refused[user.pw_uid] == 1
+    assert owned.refused[uid] == 1
