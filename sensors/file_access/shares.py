@@ -68,7 +68,7 @@ class OwnerShares:
     def take(self, uid: int) -> bool:
         """One more for the owner of `uid`, if the shares allow it (a refusal is counted)."""
         owner = self.owner_of(uid)
-        if self.used >= self.total or self.by_owner[owner] >= self.per_owner:
+        if self.full or self.by_owner[owner] >= self.per_owner:
             self.refused[owner] += 1
             return False
         self.used += 1
@@ -131,7 +131,7 @@ class OwnerShares:
 
     def refusal(self, uid: int) -> str:
         """Why the owner of `uid` gets no more (after `take` said so)."""
-        if self.used >= self.total:
+        if self.full:
             return f"the bound of {self.total:,} in all is reached"
         owner = _owner_text(self.owner_of(uid))
         return f"its owner ({owner}) has its share of {self.per_owner:,}"
@@ -156,5 +156,5 @@ def _owner_text(owner: int | None) -> str:
     if owner is None:
         return "owners not looked at, all shares handed out"
     if owner < 0:
-        return "a subordinate uid range of a user not in /etc/passwd"
+        return "a subordinate uid range of a user not in the node's passwd"
     return f"uid {owner}"
