@@ -13,7 +13,9 @@ responder -> agent
   F  fatal at start: errno, then the message; the responder exits after it
   S  the answer to a sync request (its token)
 agent -> responder
-  M  add a mark: flags, mask, path
+  M  add a mark: flags, mask, path; with NO_SYMLINKS among the flags, the path is one the
+     agent read back from a descriptor (it names no symlink), and the responder resolves
+     it following none: a symlink swapped in since for one of its directories fails it
   A  the agent is done with access `seq` (the opener may go on)
   S  sync: answered once every frame sent before it was handled
 """
@@ -38,6 +40,8 @@ _COUNTERS = struct.Struct("<II")
 _FATAL = struct.Struct("<i")
 _SEQ = struct.Struct("<Q")
 _MARK = struct.Struct("<IQ")
+# A flag of the mark frame, not of fanotify_mark (whose flags stop at bit 10): see M above.
+NO_SYMLINKS = 1 << 31
 MAX_FRAME = 64 * 1024  # a path is at most PATH_MAX (4 KiB); notes are cut to fit
 
 

@@ -106,8 +106,15 @@ def init(flags: int, event_f_flags: int = os.O_RDONLY | os.O_LARGEFILE) -> int:
 
 
 def mark(group_fd: int, flags: int, mask: int, path: str) -> None:
-    if _libc.fanotify_mark(group_fd, flags, mask, AT_FDCWD, os.fsencode(path)) < 0:
-        _raise(f"fanotify_mark {path}")
+    mark_at(group_fd, flags, mask, AT_FDCWD, path)
+
+
+def mark_at(group_fd: int, flags: int, mask: int, dir_fd: int, name: str | None) -> None:
+    """A mark on `name` relative to the directory `dir_fd` (AT_FDCWD: the working directory),
+    or with `name` None on what `dir_fd` itself is open on."""
+    path = None if name is None else os.fsencode(name)
+    if _libc.fanotify_mark(group_fd, flags, mask, dir_fd, path) < 0:
+        _raise(f"fanotify_mark {name if name is not None else f'descriptor {dir_fd}'}")
 
 
 def respond(group_fd: int, event_fd: int, allow: bool = True) -> None:

@@ -16,7 +16,10 @@ user's share, not the marks that watch everyone else's files.
 
 A second group in FID mode (FAN_REPORT_DFID_NAME), here, notifications only, reports
 create, delete and rename, where the kernel supports it; otherwise the stream runs without
-them and says so.
+them and says so. A directory made in or moved into a protected tree is marked from its
+create or rename event, and walked for what it already holds on a thread of its own
+(newtrees.py). The marks made while the watch runs are asked by paths read back from
+descriptors, which the responder resolves following no symlink.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.identity import AssetIndex
 from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
+from hpcsec.sensors.file_access.newtrees import NewTrees, open_checked, walk_opened
 from hpcsec.sensors.file_access.openers import OpenerCache
 from hpcsec.sensors.file_access.records import Drained
 from hpcsec.sensors.file_access.restart import RestartPolicy
@@ -48,6 +52,7 @@ from hpcsec.sensors.file_access.shares import (
     MAX_FILES,
     MAX_FILES_PER_OWNER,
     OwnerShares,
+    identity_of,
 )
 from hpcsec.sensors.file_access.walk import walk_tree
 
@@ -82,6 +87,11 @@ class FanotifyWatch:
         self.fid_fd = -1
         self.fid_mask = 0
         self._dir_shares, self._file_shares = self._new_shares()
+        # the shares, taken by the reader thread and the new trees' walker (held only to
+        # decide: a mark may wait for room on the responder's socket)
+        self._marking = threading.RLock()
+        self.new_trees: NewTrees | None = None  # started with the reader
+        self._real_roots: list[str] = []  # the watched trees' own paths (runtime events')
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
         self._lock = threading.Lock()
         self._stop_r, self._stop_w = os.pipe()
@@ -115,6 +125,7 @@ class FanotifyWatch:
         try:
             watch._open_groups()
             watch.index.roots = [root for root in roots if watch._mark_tree(root)]
+            watch._real_roots = [os.path.realpath(root) for root in watch.index.roots]
             watch.unwatched_notes += watch._dir_notes()
             watch.notes += watch._file_notes()
             assert watch.link is not None
@@ -126,6 +137,7 @@ class FanotifyWatch:
         except BaseException:
             watch.stop()
             raise
+        watch.new_trees = NewTrees(watch._walk_new_tree, watch._error)
         thread = threading.Thread(target=watch._read_loop, name="hpcsec-fanotify", daemon=True)
         thread.start()
         watch._threads.append(thread)
@@ -209,62 +221,121 @@ class FanotifyWatch:
         if fsid not in self._mount_fds:
             self._mount_fds[fsid] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
 
-    def _mark_dir(self, path: str) -> None:
-        # never through a symlink (one swapped in for the directory since it was looked at)
+    def _mark_dir(self, path: str, fd: int | None = None) -> None:
+        """Never through a symlink (one swapped in for the directory since it was looked
+        at). `fd`: the directory open (newtrees.open_checked), while the watch runs: its FID
+        mark is made on the descriptor, and the responder's resolves `path` (read back from
+        it) following no symlink."""
         flags = fan.FAN_MARK_ONLYDIR | fan.FAN_MARK_DONT_FOLLOW
-        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags)
-        self._mark_fid(path, flags)
+        resolved = 0 if fd is None else channel.NO_SYMLINKS
+        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags | resolved)
+        self._mark_fid(path, flags, fd)
 
-    def _mark_new_dir(self, path: str) -> None:
-        """A directory made under a protected tree while the watch runs (`path` as the OS
-        takes it): marked within its owner's share, else counted and reported as unwatched.
-        A symlink swapped in meanwhile is not followed (lstat here, and the mark itself)."""
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode):
+    def _new_dir(self, path: str) -> None:
+        """A directory made in, or moved into, a protected tree while the watch runs (`path`
+        as the OS takes it, read back from its parent's handle): marked within its owner's
+        share, then queued to be walked for what it already holds (newtrees.py); else
+        counted and reported as unwatched. Never through a symlink (open_checked)."""
+        fd = open_checked(path)
+        if fd is None:
             return
-        if not self._dir_shares.take(info.st_uid):
-            with self._lock:
-                self._unwatched += 1
-                refusal = self._dir_shares.refusal(info.st_uid)
-                self._last_unwatched = f"{escape_surrogates(path)}: {refusal}"
-            return
-        self._mark_dir(path)
+        try:
+            info = os.fstat(fd)
+            with self._marking:
+                taken = self._dir_shares.take(info.st_uid, identity_of(info))
+                refusal = None if taken else self._dir_shares.refusal()
+            if refusal is not None:
+                self._count_unwatched(path, refusal)
+                return
+            self._mark_dir(path, fd)
+        finally:
+            os.close(fd)
+        if self.new_trees is not None:
+            full = self.new_trees.put(path, self.owner_of(info.st_uid))
+            if full is not None:
+                self._count_unwatched(path, f"what it holds is not walked: {full}")
 
-    def _mark_file(self, path: str, named: bool = False) -> None:
+    def _walk_new_tree(self, top: str) -> None:
+        """What a new directory holds (the walker's thread): its directories within their
+        owners' shares, each marked before it is listed, and its files marked and indexed."""
+        walk_opened(
+            top,
+            self._new_subdir,
+            self._mark_dir,
+            self._new_entry,
+            lambda: self.new_trees is None or self.new_trees.stopping,
+        )
+
+    def _new_subdir(self, parent: str, entry: os.DirEntry[str]) -> bool:
+        with self._marking:
+            shares = self._dir_shares
+            refusals = shares.refusals
+            if shares.take_entry(entry, parent, remember=True):
+                return True
+            if shares.refusals != refusals:
+                self._count_unwatched(os.path.join(parent, entry.name), shares.refusal())
+            return False
+
+    def _new_entry(self, path: str, entry: os.DirEntry[str]) -> None:
+        """A file found in a new directory: marked and indexed like one created there."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return
+        if not stat.S_ISLNK(st.st_mode):
+            self._mark_file(path, st=st)
+            self.index.add(path)
+
+    def _count_unwatched(self, path: str, why: str) -> None:
+        with self._lock:
+            self._unwatched += 1
+            self._last_unwatched = f"{escape_surrogates(path)}: {why}"
+
+    def _mark_file(self, path: str, named: bool = False, st: os.stat_result | None = None) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
-        its owner's share unless the operator `named` it."""
+        its owner's share unless the operator `named` it. `st`: its lstat, when the watch
+        runs (the path is one read back from a descriptor: the responder resolves it
+        following no symlink)."""
+        resolved = 0 if st is None else channel.NO_SYMLINKS
+        with self._marking:
+            if not self._take_file(path, named, st):
+                return
+        self._mark(path, CONTENT_MASK, fan.FAN_MARK_DONT_FOLLOW | resolved)
+
+    def _take_file(self, path: str, named: bool, st: os.stat_result | None) -> bool:
         if not named:  # no lstat each past the bound in all, or in a spent owner's directory
             if self._file_shares.full:
                 self._file_shares.refuse_unlooked()
-                return
+                return False
             if self._file_shares.spent_in(os.path.dirname(path)):
-                return
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return
+                return False
+        if st is None:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return False
         if stat.S_ISLNK(st.st_mode):
-            return
-        if not self._file_shares.take(st.st_uid) and not named:
-            return
-        self._mark(path, CONTENT_MASK, fan.FAN_MARK_DONT_FOLLOW)
+            return False
+        return self._file_shares.take(st.st_uid) or named
 
     def _mark(self, path: str, mask: int, flags: int) -> None:
         if self.link is None or not self.link.mark(flags, mask, path):
             self._error(f"{path} not watched: the fanotify responder does not answer")
 
-    def _mark_fid(self, path: str, flags: int) -> None:
+    def _mark_fid(self, path: str, flags: int, fd: int | None = None) -> None:
+        """The FID group's mark on `path`, or on the directory `fd` is open on."""
         if self.fid_fd < 0:
             return
+        where = (fan.AT_FDCWD, path) if fd is None else (fd, None)
         try:
             try:
-                fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+                fan.mark_at(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, *where)
             except OSError as exc:
                 if exc.errno != errno.EINVAL or not self.fid_mask & fan.FAN_RENAME:
                     raise
                 # Kernels before 5.17 have no FAN_RENAME: report the two halves of a move.
                 self.fid_mask = FID_MASK | fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO
-                fan.mark(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, path)
+                fan.mark_at(self.fid_fd, fan.FAN_MARK_ADD | flags, self.fid_mask, *where)
         except OSError as exc:  # e.g. a filesystem without file handles
             self.notes.append(f"create/delete/rename not reported under {path}: {exc.strerror}")
 
@@ -316,9 +387,10 @@ class FanotifyWatch:
             old.stop()  # reaps the dead process and closes our end
         try:
             self.link = ResponderLink(self.hold_s)
-            self._dir_shares, self._file_shares = self._new_shares()
-            for root in self.index.roots:
-                self._mark_tree(root)
+            with self._marking:
+                self._dir_shares, self._file_shares = self._new_shares()
+                for root in self.index.roots:
+                    self._mark_tree(root)
             self.link.sync(lambda frame: self._frame(frame, rfc3339()))
         except OSError as exc:
             self._error(f"the fanotify responder could not be restarted: {exc}")
@@ -398,14 +470,20 @@ class FanotifyWatch:
         new = paths.get(fan.INFO_NEW_DFID_NAME)
         is_dir = bool(event.mask & fan.FAN_ONDIR)
         if is_dir:  # directories are containers; the files in them are the assets
-            # A directory made in a marked one (a create reaches only its parent's mark) is
-            # marked, by the path the OS takes, whatever bytes its name holds. One moved in
-            # is not (see docs/sensors.md).
+            # A directory made in a marked one (a create reaches only its parent's mark), or
+            # moved in from outside the watched trees, is marked and walked (_new_dir), by
+            # the path the OS takes, whatever bytes its name holds. One renamed within a
+            # tree keeps its marks (they follow the inode).
+            target = None
             if event.mask & fan.FAN_CREATE and old:
                 target = self._os_path(event, fan.INFO_DFID_NAME)
-                if target is not None:
-                    with contextlib.suppress(OSError):
-                        self._mark_new_dir(target)
+            elif event.mask & fan.FAN_RENAME and new and not (old and self._in_tree(old)):
+                target = self._os_path(event, fan.INFO_NEW_DFID_NAME)
+            elif event.mask & fan.FAN_MOVED_TO and old:  # before 5.17: from where, unknown
+                target = self._os_path(event, fan.INFO_DFID_NAME)
+            if target is not None and self._in_tree(target):
+                with contextlib.suppress(OSError):
+                    self._new_dir(target)
             return
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
         if event.mask & fan.FAN_RENAME and old and new:
@@ -431,6 +509,12 @@ class FanotifyWatch:
                 self._new_file(self._os_path(event, kind) or path)
             self.openers.remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, path, action, asset=path)
+
+    def _in_tree(self, path: str) -> bool:
+        """Whether a path read back from a handle lies in a watched tree."""
+        return any(
+            path == root or path.startswith(root.rstrip("/") + "/") for root in self._real_roots
+        )
 
     def _new_file(self, path: str) -> None:
         """A file created or moved under a protected tree: marked and indexed like the rest."""
@@ -494,6 +578,8 @@ class FanotifyWatch:
     def stop(self) -> None:
         self._quick.close()  # once: a second close has nothing left to undo
         self._stopping.set()
+        if self.new_trees is not None:
+            self.new_trees.stop()
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
         for thread in self._threads:

@@ -181,9 +181,38 @@ class Responder:
 
     def _mark(self, flags: int, mask: int, path: str) -> None:
         try:
-            fan.mark(self.group_fd, fan.FAN_MARK_ADD | flags, mask, path)
+            if flags & channel.NO_SYMLINKS:
+                mark_no_symlinks(self.group_fd, fan.FAN_MARK_ADD | flags, mask, path)
+            else:
+                fan.mark(self.group_fd, fan.FAN_MARK_ADD | flags, mask, path)
         except OSError as exc:
             self._send(channel.note(f"{path} not watched: {exc.strerror}"))
+
+
+_STEP = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def mark_no_symlinks(group_fd: int, flags: int, mask: int, path: str) -> None:
+    """Mark `path` (absolute, as read back from a descriptor: no symlink, `.` or `..` in
+    it), following no symlink on the way: each directory is opened relative to the one
+    before with O_NOFOLLOW, and the last name is marked relative to its directory with
+    FAN_MARK_DONT_FOLLOW. A user who swaps a symlink in for one of the path's directories
+    between the agent's check and this mark fails it (ELOOP or ENOTDIR): it cannot put a
+    mark on a tree of her choosing elsewhere on the node. O_PATH: opening a directory this
+    way is no open that a mark of ours would have to answer."""
+    names = path.split("/")
+    if names[0] != "" or any(n in ("", ".", "..") for n in names[1:]):
+        raise OSError(errno.EINVAL, "not a plain absolute path")
+    flags = (flags & ~channel.NO_SYMLINKS) | fan.FAN_MARK_DONT_FOLLOW
+    directory = os.open("/", _STEP)
+    try:
+        for name in names[1:-1]:
+            step = os.open(name, _STEP, dir_fd=directory)
+            os.close(directory)
+            directory = step
+        fan.mark_at(group_fd, flags, mask, directory, names[-1])
+    finally:
+        os.close(directory)
 
 
 def _die_with(parent: int) -> None:

@@ -130,8 +130,9 @@ class FileAccessSensor:
             yield ctx.status(
                 self.name,
                 "unwatched",
-                f"{self._unwatched[0]} new directories under protected paths not watched, past "
-                f"their owner's share (last: {self._unwatched[1]})",
+                f"{self._unwatched[0]} new directories under protected paths not watched or "
+                f"not walked, past their owner's share or the walker's queue "
+                f"(last: {self._unwatched[1]})",
                 **{"hpcsec.errors": self._unwatched[0]},
             )
         if self._restarts:

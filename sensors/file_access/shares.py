@@ -57,6 +57,13 @@ class OwnerShares:
         self.used = 0
         self.by_owner: Counter[int | None] = Counter()
         self.refused: Counter[int | None] = Counter()  # owner (None: not looked at) -> count
+        self.refusals = 0  # all refusals so far, and the owner of the last one (`refusal`)
+        self.last_refused: int | None = None
+        # the directories charged while the watch runs, by identity (st_dev << 64 | st_ino):
+        # one a walk meets again, moved in twice or met by both the reader and the walker, is
+        # not charged twice (its mark is made again: harmless, and right when the inode is a
+        # reused one). Bounded by the shares themselves.
+        self.charged: set[int] = set()
         # a directory, its owner (None: root's) and whether others may write in it (spent_in)
         self._listed: tuple[str, int | None, bool] | None = None
         self.looks: Counter[int] = Counter()  # owner -> entries looked at in her shared dirs
@@ -65,33 +72,47 @@ class OwnerShares:
     def full(self) -> bool:
         return self.used >= self.total
 
-    def take(self, uid: int) -> bool:
-        """One more for the owner of `uid`, if the shares allow it (a refusal is counted)."""
+    def take(self, uid: int, identity: int | None = None) -> bool:
+        """One more for the owner of `uid`, if the shares allow it (a refusal is counted);
+        with the `identity` of a directory met while the watch runs, nothing more for one
+        already charged."""
+        if identity is not None and identity in self.charged:
+            return True
         owner = self.owner_of(uid)
         if self.full or self.by_owner[owner] >= self.per_owner:
-            self.refused[owner] += 1
+            self._refuse(owner)
             return False
         self.used += 1
         self.by_owner[owner] += 1
+        if identity is not None:
+            self.charged.add(identity)
         return True
+
+    def _refuse(self, owner: int | None) -> None:
+        self.refused[owner] += 1
+        self.refusals += 1
+        self.last_refused = owner
 
     def refuse_unlooked(self) -> None:
         """One refused without looking at its owner: all are handed out."""
-        self.refused[None] += 1
+        self._refuse(None)
 
-    def take_entry(self, entry: os.DirEntry[str]) -> bool:
-        """`take` for the owner of a directory entry; one that cannot be looked at is not
-        walked (it is gone, or unreadable to root: nothing to mark)."""
+    def take_entry(
+        self, entry: os.DirEntry[str], directory: str | None = None, remember: bool = False
+    ) -> bool:
+        """`take` for the owner of a directory entry of `directory` (by default, the one its
+        path names); one that cannot be looked at is not walked (it is gone, or unreadable to
+        root: nothing to mark). `remember`: charged by identity (`take`)."""
         if self.full:
             self.refuse_unlooked()
             return False
-        if self.spent_in(os.path.dirname(entry.path)):
+        if self.spent_in(os.path.dirname(entry.path) if directory is None else directory):
             return False
         try:
-            uid = entry.stat(follow_symlinks=False).st_uid
+            info = entry.stat(follow_symlinks=False)
         except OSError:
             return False
-        return self.take(uid)
+        return self.take(info.st_uid, identity_of(info) if remember else None)
 
     def spent_in(self, directory: str) -> bool:
         """Whether an entry of `directory` is refused without an lstat: the directory is not
@@ -119,7 +140,7 @@ class OwnerShares:
         if shared and self.looks[owner] < MAX_LOOKS_WHEN_SPENT:
             self.looks[owner] += 1
             return False
-        self.refused[owner] += 1
+        self._refuse(owner)
         return True
 
     def take_path(self, path: str) -> bool:
@@ -129,11 +150,11 @@ class OwnerShares:
             return False
         return self.take(uid)
 
-    def refusal(self, uid: int) -> str:
-        """Why the owner of `uid` gets no more (after `take` said so)."""
-        if self.full:
+    def refusal(self) -> str:
+        """Why the last one refused was."""
+        if self.full or self.last_refused is None:
             return f"the bound of {self.total:,} in all is reached"
-        owner = _owner_text(self.owner_of(uid))
+        owner = _owner_text(self.last_refused)
         return f"its owner ({owner}) has its share of {self.per_owner:,}"
 
     def summary(self, what: str, why: str) -> str | None:
@@ -150,6 +171,11 @@ class OwnerShares:
             f"{refused:,} {what} under protected paths past the bound ({self.total:,} in all, "
             f"{self.per_owner:,} of one owner) are {why} ({owners}{more})"
         )
+
+
+def identity_of(info: os.stat_result) -> int:
+    """A file's identity on the node, as one int (st_dev, st_ino)."""
+    return info.st_dev << 64 | info.st_ino
 
 
 def _owner_text(owner: int | None) -> str:

@@ -66,7 +66,7 @@ def test_a_symlink_swapped_in_for_a_new_directory_is_not_followed(shared_dir, tm
     try:
         before = _marks(watch)
         (shared_dir / "swapped").symlink_to(elsewhere)
-        watch._mark_new_dir(str(shared_dir / "swapped"))
+        watch._new_dir(str(shared_dir / "swapped"))
         time.sleep(0.2)  # a mark would have reached the responder by now
         assert _marks(watch) == before
     finally:

@@ -33,15 +33,27 @@ def test_an_owner_past_its_share_is_refused_and_counted_and_others_are_not():
     owned = OwnerShares(total=5, per_owner=2)
     assert [owned.take(1000) for _ in range(4)] == [True, True, False, False]
     assert [owned.take(0) for _ in range(2)] == [True, True]
-    assert owned.refusal(1000) == "its owner (uid 1000) has its share of 2"
+    assert owned.refusal() == "its owner (uid 1000) has its share of 2"
     assert owned.take(2000) is True  # the fifth
     assert owned.take(3000) is False  # nobody gets more once all are handed out
-    assert owned.refusal(3000) == "the bound of 5 in all is reached"
+    assert owned.refusal() == "the bound of 5 in all is reached"
+    assert owned.refusals == 3
     assert owned.summary("directories", "not watched") == (
         "3 directories under protected paths past the bound (5 in all, 2 of one owner) are "
         "not watched (uid 1000: 2, uid 3000: 1)"
     )
     assert OwnerShares(5, 2).summary("files", "x") is None
+
+
+def test_a_directory_met_again_by_identity_is_charged_once():
+    """What the watch meets while it runs (a tree moved out and in again, a directory both
+    the reader and the walker saw) is charged once; other identities are charged anew."""
+    owned = OwnerShares(total=5, per_owner=2)
+    assert owned.take(1000, identity=7) and owned.take(1000, identity=7)
+    assert owned.by_owner[1000] == 1
+    assert owned.take(1000, identity=8) and not owned.take(1000, identity=9)
+    assert owned.take(1000, identity=7)  # charged already: no share needed
+    assert owned.refusals == 1 and owned.last_refused == 1000
 
 
 def test_a_users_subordinate_uids_share_that_users_share():
@@ -232,8 +244,8 @@ def test_the_sensor_reports_new_directories_left_unwatched(tmp_path: Path):
     assert [(e["event.action"], e["message"], e["hpcsec.errors"]) for e in statuses] == [
         (
             "unwatched",
-            "3 new directories under protected paths not watched, past their owner's share "
-            "(last: /m/x: why)",
+            "3 new directories under protected paths not watched or not walked, past their "
+            "owner's share or the walker's queue (last: /m/x: why)",
             3,
         )
     ]
