@@ -6,6 +6,14 @@ events file changes, or a process names a job we have not seen). When the contro
 reached the context emits ONE `sensor_status` event and events keep flowing without job fields;
 it retries after the TTL and emits one more status when Slurm answers again.
 
+Slurm 22.05's `squeue --json` lists every job of the cluster, whatever filter it is given, and
+every node's agent asks: at a TTL of 30 s, 1,000 nodes cost the controller 33 full job dumps a
+second. So a refresh asks the node first (`scontrol listpids`, answered by the node's own
+slurmd) and the controller only when this node's jobs changed since its last answer (a job
+listed, or no longer listed), when a job started or ended (the hooks' events file, a process
+naming a job the table lacks), or when its answer is CONTROLLER_TTL_FACTOR TTLs old: a node
+running the same training job for days asks the controller every 5 minutes, not every 30 s.
+
 Raw inputs go through `ctx.raw_input` under their snapshot names, so a snapshot replays them:
   slurm-jobs.json         `squeue --json` (every job; Slurm 22.05 ignores filters with --json)
   slurm-listpids.txt      `scontrol listpids` (every job on this node)
@@ -47,6 +55,11 @@ STATE_KEY = "slurm.jobs"  # where the shared JobContext lives in SensorContext.s
 MIN_REFRESH_INTERVAL_S = 1.0
 # Claimed job ids a fresh table did not hold (forged, or already gone): no more refreshes.
 MAX_CHECKED_CLAIMS = 4096
+# The controller's job list is used again, while this node's jobs are the same, for up to
+# this many TTLs (the job fields it gives do not change while a job runs: user, account,
+# name, nodes, GPUs).
+CONTROLLER_TTL_FACTOR = 10
+CONTROLLER_INPUTS = ("slurm-jobs.json", "slurm-jobs-detail.txt")
 
 
 class SlurmUnreachable(Exception):
@@ -132,6 +145,11 @@ class JobContext:
         # checked against one fetched after they were seen (then decided: no such job here)
         self._pending_claims: set[str] = set()
         self._checked_claims: set[str] = set()
+        # the controller's last answer (CONTROLLER_INPUTS), when, and this node's jobs then
+        self._controller: dict[str, str | None] | None = None
+        self._controller_at = 0.0
+        self._controller_jobs: frozenset[str] = frozenset()
+        self._controller_due = True  # a job started or ended: ask the controller again
         # The agent's slurm_jobs sensor thread and its sampler (capturing the node view) may
         # refresh at once when the sensor runs late: one fetch at a time, one status each.
         self._lock = threading.RLock()
@@ -140,6 +158,7 @@ class JobContext:
     def invalidate(self) -> None:
         """Forget the cache: the next lookup asks Slurm again (job started or ended)."""
         self._fetched_at = None
+        self._controller_due = True
 
     def _stale(self) -> bool:
         if self._fetched_at is None or self.clock() - self._fetched_at >= self.ttl_s:
@@ -151,6 +170,7 @@ class JobContext:
                 mtime = None
             if mtime != self._events_mtime:
                 self._events_mtime = mtime
+                self._controller_due = True
                 return True
         return False
 
@@ -178,11 +198,12 @@ class JobContext:
         self._fetched_at = self.clock()
         self.refreshes += 1
         try:
-            raw = self._fetch(ctx)
+            raw = self._fetch(ctx, force or self._controller_due)
         except SlurmUnreachable as exc:
             self._unreachable(ctx, str(exc))
             self.table = EMPTY_TABLE
             self._raw = {}
+            self._controller = None
             return
         self._reachable_again(ctx)
         self._raw = raw
@@ -213,15 +234,35 @@ class JobContext:
             self._pending_status.append(ctx.status(SENSOR, "ok", "Slurm reachable again"))
         self.reachable = True
 
-    def _fetch(self, ctx: SensorContext) -> dict[str, str | None]:
+    def _fetch(self, ctx: SensorContext, ask_controller: bool) -> dict[str, str | None]:
+        """The node's job pids, and the controller's job list: asked again only when
+        `ask_controller`, this node's jobs changed, or its last answer is too old."""
         cmds = self.commands
         raw: dict[str, str | None] = {}
-        raw["slurm-jobs.json"] = ctx.raw_input("slurm-jobs.json", cmds.jobs_json)
         raw["slurm-listpids.txt"] = ctx.raw_input("slurm-listpids.txt", cmds.listpids)
+        local = frozenset(
+            pid_job.job_id
+            for pid_job in slurm.parse_listpids(raw["slurm-listpids.txt"]).pids.values()
+        )
+        last = self._controller
+        if (
+            last is not None
+            and not ask_controller
+            and local == self._controller_jobs
+            and self.clock() - self._controller_at < self.ttl_s * CONTROLLER_TTL_FACTOR
+        ):
+            for name, data in last.items():  # every snapshot sample gets the inputs
+                raw[name] = ctx.raw_input(name, lambda data=data: data)
+            return raw
+        raw["slurm-jobs.json"] = ctx.raw_input("slurm-jobs.json", cmds.jobs_json)
         jobs = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
         # 22.05's JSON already carries gres_detail; ask for the text only when it does not
         if any(j.gpus_by_node is None and j.nodes for j in jobs.jobs):
             raw["slurm-jobs-detail.txt"] = ctx.raw_input("slurm-jobs-detail.txt", cmds.jobs_detail)
+        self._controller = {name: raw[name] for name in CONTROLLER_INPUTS if name in raw}
+        self._controller_at = self.clock()
+        self._controller_jobs = local
+        self._controller_due = False
         return raw
 
     def _settle_claims(self) -> None:

@@ -255,6 +255,7 @@ class StartingJobCommands:
 
     def __init__(self):
         self.fetches = 0
+        self.listed = 0
 
     def available(self):
         return True
@@ -264,8 +265,9 @@ class StartingJobCommands:
         jobs = [NEW_JOB] if self.fetches > 1 else []
         return json.dumps({"jobs": jobs})
 
-    def listpids(self):
-        return "PID JOBID STEPID\n7001 7 batch\n" if self.fetches > 1 else ""
+    def listpids(self):  # asked first at each refresh
+        self.listed += 1
+        return "PID JOBID STEPID\n7001 7 batch\n" if self.listed > 1 else ""
 
     def jobs_detail(self):
         return ""

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from hpcsec.detector.slurm.jobs import (
+    CONTROLLER_TTL_FACTOR,
     STATE_KEY,
     JobContext,
     SlurmCommands,
@@ -225,20 +226,52 @@ def test_ttl_cache_and_recording(tmp_path):
     ctx = make_ctx(tmp_path)
     ctx.recorder = rec
     jc.refresh(ctx)
-    assert cmds.calls == ["jobs", "listpids"]  # 22.05 JSON has gres_detail: no detail call
+    assert cmds.calls == ["listpids", "jobs"]  # 22.05 JSON has gres_detail: no detail call
     clock.now += 29
     jc.refresh(ctx)
-    assert cmds.calls == ["jobs", "listpids"]
+    assert cmds.calls == ["listpids", "jobs"]
     # every sample of a snapshot gets the inputs, cached or not
-    assert rec.inputs == ["slurm-jobs.json", "slurm-listpids.txt"] * 2
+    assert rec.inputs == ["slurm-listpids.txt", "slurm-jobs.json"] * 2
     clock.now += 1
     jc.refresh(ctx)
-    assert cmds.calls == ["jobs", "listpids"] * 2
-    jc.invalidate()
+    # the node is asked again; its jobs are the same, so the controller is not
+    assert cmds.calls == ["listpids", "jobs", "listpids"]
+    assert rec.inputs[-2:] == ["slurm-listpids.txt", "slurm-jobs.json"]
+    jc.invalidate()  # a job started or ended
     jc.refresh(ctx)
+    assert cmds.calls == ["listpids", "jobs", "listpids", "listpids", "jobs"]
     assert jc.refreshes == 3
     assert [j.job_id for j in jc.jobs_on("vm")] == ["1", "3"]
     assert jc.take_status() == []
+
+
+def test_the_controller_is_asked_when_this_nodes_jobs_change_or_its_answer_is_old(tmp_path):
+    """Every node's agent asking `squeue --json` (every job of the cluster) every TTL loads
+    the controller: it is asked when the node's own jobs (listpids) change, or every
+    CONTROLLER_TTL_FACTOR TTLs."""
+    clock = Clock()
+    cmds = FakeCommands()
+    jc = JobContext(cmds, ttl_s=30, clock=clock)
+    ctx = make_ctx(tmp_path)
+    jc.refresh(ctx)
+    for _ in range(CONTROLLER_TTL_FACTOR - 1):
+        clock.now += 30
+        jc.refresh(ctx)
+    assert cmds.calls.count("jobs") == 1 and cmds.calls.count("listpids") == 10
+    clock.now += 30  # its answer is 10 TTLs old
+    jc.refresh(ctx)
+    assert cmds.calls.count("jobs") == 2
+    cmds.outputs["listpids"] = LISTPIDS_1 + "20000    3        batch    0       0\n"  # job 3
+    clock.now += 30
+    jc.refresh(ctx)
+    assert cmds.calls.count("jobs") == 3
+    clock.now += 30
+    jc.refresh(ctx)
+    assert cmds.calls.count("jobs") == 3
+    cmds.outputs["listpids"] = LISTPIDS_1  # job 3 ended here
+    clock.now += 30
+    jc.refresh(ctx)
+    assert cmds.calls.count("jobs") == 4
 
 
 def test_events_file_change_refreshes(tmp_path):
@@ -282,7 +315,7 @@ def test_unreachable_gives_one_status_then_recovery(tmp_path):
         clock.now += 31
         jc.refresh(ctx)
         jc.refresh(ctx)  # within the TTL: not retried
-    assert cmds.calls == ["jobs"] * 4
+    assert cmds.calls == ["listpids"] * 4  # the node is asked first
     assert jc.take_status() == []
     object.__setattr__(cmds, "fail", None)
     clock.now += 31
@@ -300,7 +333,7 @@ def test_detail_fetched_when_json_lacks_gres_detail(tmp_path):
     cmds = FakeCommands(jobs=jobs, detail=detail)
     jc = JobContext(cmds)
     jc.refresh(make_ctx(tmp_path))
-    assert cmds.calls == ["jobs", "listpids", "detail"]
+    assert cmds.calls == ["listpids", "jobs", "detail"]
     assert jc.job("1").gpus_on("vm") == (0, 1)
 
 

@@ -279,9 +279,10 @@ def test_unreachable_slurm_is_one_status(tmp_path, slurm_cluster):
         ["process", "sensor_status"],
         ["process"],
     ]
-    # without a config, squeue either fails or hangs looking for a controller: both are bounded
+    # without a config, the Slurm commands either fail or hang looking for one: both are
+    # bounded (the node's listpids is asked first)
     assert re.match(
-        r"Slurm unreachable, events carry no job: squeue --json "
+        r"Slurm unreachable, events carry no job: scontrol listpids "
         r"(exited 1: .+|timed out after 1s)$",
         batches[0][1]["message"],
     )
