@@ -242,7 +242,7 @@ class JobContext:
         raw["slurm-listpids.txt"] = ctx.raw_input("slurm-listpids.txt", cmds.listpids)
         local = frozenset(
             pid_job.job_id
-            for pid_job in slurm.parse_listpids(raw["slurm-listpids.txt"]).pids.values()
+            for pid_job in slurm.parse_listpids(raw["slurm-listpids.txt"] or "").pids.values()
         )
         last = self._controller
         if (
@@ -252,7 +252,7 @@ class JobContext:
             and self.clock() - self._controller_at < self.ttl_s * CONTROLLER_TTL_FACTOR
         ):
             for name, data in last.items():  # every snapshot sample gets the inputs
-                raw[name] = ctx.raw_input(name, lambda data=data: data)
+                raw[name] = ctx.raw_input(name, partial(_same, data))
             return raw
         raw["slurm-jobs.json"] = ctx.raw_input("slurm-jobs.json", cmds.jobs_json)
         jobs = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
@@ -329,6 +329,10 @@ class JobContext:
     ) -> dict[str, Any]:
         """`slurm.job.*` of the process's job ({} when it has none); `seen` as in pid_job."""
         return job_fields(self.pid_job(ctx, pid, seen=seen), self.table, ctx.host_name)
+
+
+def _same(data: str | None) -> str | None:
+    return data
 
 
 def hook_state_dir(ctx: SensorContext) -> str:

@@ -13,15 +13,19 @@ responder -> agent
   F  fatal at start: errno, then the message; the responder exits after it
   S  the answer to a sync request (its token)
 agent -> responder
-  M  add a mark: flags, mask, path; with NO_SYMLINKS among the flags, the path is one the
-     agent read back from a descriptor (it names no symlink), and the responder resolves
-     it following none: a symlink swapped in since for one of its directories fails it
+  M  add a mark: flags, mask, path
+  D  add a mark on what travels with the frame (a descriptor, SCM_RIGHTS) or, when the frame
+     names one, on that name in the directory it is open on: flags, mask, name. The marks
+     made while the watch runs are asked so, on what the agent opened and checked: no path
+     is resolved again (a symlink swapped in meanwhile cannot move the mark elsewhere) and
+     a mark costs the responder the same at any depth
   A  the agent is done with access `seq` (the opener may go on)
   S  sync: answered once every frame sent before it was handled
 """
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import struct
@@ -33,6 +37,7 @@ NOTE = b"N"
 FATAL = b"F"
 SYNC = b"S"
 MARK = b"M"
+MARK_FD = b"D"
 ACK = b"A"
 
 _ACCESS = struct.Struct("<QQiQQqII")
@@ -40,8 +45,6 @@ _COUNTERS = struct.Struct("<II")
 _FATAL = struct.Struct("<i")
 _SEQ = struct.Struct("<Q")
 _MARK = struct.Struct("<IQ")
-# A flag of the mark frame, not of fanotify_mark (whose flags stop at bit 10): see M above.
-NO_SYMLINKS = 1 << 31
 MAX_FRAME = 64 * 1024  # a path is at most PATH_MAX (4 KiB); notes are cut to fit
 
 
@@ -55,6 +58,25 @@ class Access(NamedTuple):
     dropped: int
     timeouts: int
     path: str
+
+
+_FD_SPACE = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # one expected; more is refused
+
+
+def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One frame, without waiting (BlockingIOError when none is there), with the descriptors
+    that came with it: the caller closes them. socket.recv_fds is not used: Python 3.11's
+    ignores its flags (it would wait)."""
+    frame, ancillary, flags, _ = sock.recvmsg(MAX_FRAME, _FD_SPACE, socket.MSG_DONTWAIT)
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    if flags & socket.MSG_CTRUNC:  # more than expected: the frame is not taken whole
+        for fd in fds:
+            os.close(fd)
+        return frame, []
+    return frame, list(fds)
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
@@ -84,8 +106,10 @@ def seq_frame(kind: bytes, seq: int) -> bytes:
     return kind + _SEQ.pack(seq)
 
 
-def mark(flags: int, mask: int, path: str) -> bytes:
-    return MARK + _MARK.pack(flags, mask) + os.fsencode(path)
+def mark(flags: int, mask: int, path: str, kind: bytes = MARK) -> bytes:
+    """A MARK frame, or a MARK_FD one (`path`: the name in the descriptor's directory, or
+    empty for the descriptor itself)."""
+    return kind + _MARK.pack(flags, mask) + os.fsencode(path)
 
 
 def parse_access(frame: bytes) -> Access:

@@ -42,7 +42,7 @@ from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.identity import AssetIndex
 from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
-from hpcsec.sensors.file_access.newtrees import NewTrees, open_checked, walk_opened
+from hpcsec.sensors.file_access.newtrees import NewTrees, TreeWalk, open_checked, walk_slice
 from hpcsec.sensors.file_access.openers import OpenerCache
 from hpcsec.sensors.file_access.records import Drained
 from hpcsec.sensors.file_access.restart import RestartPolicy
@@ -185,13 +185,18 @@ class FanotifyWatch:
         # root is marked whatever the shares say (the operator named it); below it, a
         # directory past its owner's share is neither marked nor walked (shares.py).
         self._dir_shares.take_path(root)
-        for dirpath, names in walk_tree(root, self._dir_shares.take_entry):
+        for dirpath, names in walk_tree(root, self._remember_entry):
             # the root the operator named may be a symlink to the tree: its target is marked
             # (marks never follow one: _mark_dir)
             self._mark_dir(real if dirpath == root else dirpath)
             for name in names:
                 self._mark_file(os.path.join(dirpath, name))
         return True
+
+    def _remember_entry(self, entry: os.DirEntry[str]) -> bool:
+        """A directory of the start's walk, charged by identity (newtrees.py: one moved out
+        and in again while the watch runs is not charged twice)."""
+        return self._dir_shares.take_entry(entry, remember=True)
 
     def _new_shares(self) -> tuple[OwnerShares, OwnerShares]:
         return (
@@ -223,12 +228,10 @@ class FanotifyWatch:
 
     def _mark_dir(self, path: str, fd: int | None = None) -> None:
         """Never through a symlink (one swapped in for the directory since it was looked
-        at). `fd`: the directory open (newtrees.open_checked), while the watch runs: its FID
-        mark is made on the descriptor, and the responder's resolves `path` (read back from
-        it) following no symlink."""
+        at). `fd`: the directory, open (newtrees.open_checked), while the watch runs: both
+        marks are made on the descriptor, whose path is not resolved again."""
         flags = fan.FAN_MARK_ONLYDIR | fan.FAN_MARK_DONT_FOLLOW
-        resolved = 0 if fd is None else channel.NO_SYMLINKS
-        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags | resolved)
+        self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags, fd)
         self._mark_fid(path, flags, fd)
 
     def _new_dir(self, path: str) -> None:
@@ -255,16 +258,11 @@ class FanotifyWatch:
             if full is not None:
                 self._count_unwatched(path, f"what it holds is not walked: {full}")
 
-    def _walk_new_tree(self, top: str) -> None:
-        """What a new directory holds (the walker's thread): its directories within their
-        owners' shares, each marked before it is listed, and its files marked and indexed."""
-        walk_opened(
-            top,
-            self._new_subdir,
-            self._mark_dir,
-            self._new_entry,
-            lambda: self.new_trees is None or self.new_trees.stopping,
-        )
+    def _walk_new_tree(self, walk: TreeWalk, entries: int) -> int:
+        """A slice of what a new directory holds (the walker's thread): its directories
+        within their owners' shares, each marked before it is listed, and its files marked
+        and indexed."""
+        return walk_slice(walk, entries, self._new_subdir, self._mark_dir, self._new_entry)
 
     def _new_subdir(self, parent: str, entry: os.DirEntry[str]) -> bool:
         with self._marking:
@@ -276,31 +274,40 @@ class FanotifyWatch:
                 self._count_unwatched(os.path.join(parent, entry.name), shares.refusal())
             return False
 
-    def _new_entry(self, path: str, entry: os.DirEntry[str]) -> None:
-        """A file found in a new directory: marked and indexed like one created there."""
+    def _new_entry(self, path: str, entry: os.DirEntry[str], dir_fd: int) -> None:
+        """A file found in a new directory (`dir_fd` open on it): marked and indexed like
+        one created there, by what its directory's descriptor shows (no path resolved)."""
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             return
         if not stat.S_ISLNK(st.st_mode):
-            self._mark_file(path, st=st)
-            self.index.add(path)
+            self._mark_file(path, st=st, dir_fd=dir_fd)
+            self.index.add_seen(path, st)
 
     def _count_unwatched(self, path: str, why: str) -> None:
         with self._lock:
             self._unwatched += 1
             self._last_unwatched = f"{escape_surrogates(path)}: {why}"
 
-    def _mark_file(self, path: str, named: bool = False, st: os.stat_result | None = None) -> None:
+    def _mark_file(
+        self,
+        path: str,
+        named: bool = False,
+        st: os.stat_result | None = None,
+        dir_fd: int | None = None,
+    ) -> None:
         """Its own mark, so a hard link in a directory nobody watches is seen too; within
-        its owner's share unless the operator `named` it. `st`: its lstat, when the watch
-        runs (the path is one read back from a descriptor: the responder resolves it
-        following no symlink)."""
-        resolved = 0 if st is None else channel.NO_SYMLINKS
+        its owner's share unless the operator `named` it. `st` and `dir_fd`: its lstat and
+        its directory, open (a new tree's walk): marked by its name there."""
         with self._marking:
             if not self._take_file(path, named, st):
                 return
-        self._mark(path, CONTENT_MASK, fan.FAN_MARK_DONT_FOLLOW | resolved)
+        flags = fan.FAN_MARK_DONT_FOLLOW
+        if dir_fd is None:
+            self._mark(path, CONTENT_MASK, flags)
+        else:
+            self._mark(path, CONTENT_MASK, flags, dir_fd, os.path.basename(path))
 
     def _take_file(self, path: str, named: bool, st: os.stat_result | None) -> bool:
         if not named:  # no lstat each past the bound in all, or in a spent owner's directory
@@ -316,10 +323,20 @@ class FanotifyWatch:
                 return False
         if stat.S_ISLNK(st.st_mode):
             return False
-        return self._file_shares.take(st.st_uid) or named
+        # by identity: a file met again (a tree moved out and in, a hard link) is charged once
+        return self._file_shares.take(st.st_uid, identity_of(st)) or named
 
-    def _mark(self, path: str, mask: int, flags: int) -> None:
-        if self.link is None or not self.link.mark(flags, mask, path):
+    def _mark(
+        self, path: str, mask: int, flags: int, fd: int | None = None, name: str = ""
+    ) -> None:
+        """The responder's mark on `path`, or with `fd` on that descriptor (or on `name` in
+        the directory it is open on)."""
+        sent = self.link is not None and (
+            self.link.mark(flags, mask, path)
+            if fd is None
+            else self.link.mark(flags, mask, name, fd)
+        )
+        if not sent:
             self._error(f"{path} not watched: the fanotify responder does not answer")
 
     def _mark_fid(self, path: str, flags: int, fd: int | None = None) -> None:

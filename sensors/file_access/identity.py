@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 
@@ -47,6 +48,9 @@ class AssetIndex:
         self.files: dict[tuple[int, int], str] = {}
         self.shares = self._shares()  # of the files indexed
         self.built_at = 0.0
+        # added to by the watch's reader thread and its new trees' walker, rebuilt by the
+        # sensor's: the lock keeps the shares and the map in step (never held for a walk)
+        self._lock = threading.Lock()
 
     @property
     def truncated(self) -> bool:
@@ -69,7 +73,8 @@ class AssetIndex:
                     shares.refuse_unlooked()
                     break
                 self._add(files, shares, path, named=path == root)
-        self.files, self.shares = files, shares
+        with self._lock:
+            self.files, self.shares = files, shares
         self.built_at = time.monotonic()
 
     def _shares(self) -> OwnerShares:
@@ -81,8 +86,17 @@ class AssetIndex:
 
     def add(self, path: str) -> None:
         """A file created or renamed under a root (FID events carry our own path of it)."""
-        if not self.shares.full:
-            self._add(self.files, self.shares, path)
+        with self._lock:
+            if not self.shares.full:
+                self._add(self.files, self.shares, path)
+
+    def add_seen(self, path: str, st: os.stat_result) -> None:
+        """A file a new tree's walk found, with the lstat its directory's descriptor gave:
+        the path is not resolved again (a directory of it swapped for a symlink since would
+        index a file elsewhere under a protected name)."""
+        with self._lock:
+            if not self.shares.full:
+                self._add(self.files, self.shares, path, st=st)
 
     def learn(self, dev: int, ino: int, path: str) -> None:
         """A protected file seen by its path before the index had it: within its owner's
@@ -93,24 +107,30 @@ class AssetIndex:
             st = os.lstat(path)
         except OSError:
             return
-        if (st.st_dev, st.st_ino) == (dev, ino) and self.shares.take(st.st_uid):
-            self.files[(dev, ino)] = escape_surrogates(path)
+        with self._lock:
+            if (st.st_dev, st.st_ino) == (dev, ino) and self.shares.take(st.st_uid):
+                self.files[(dev, ino)] = escape_surrogates(path)
 
     def lookup(self, dev: int, ino: int) -> str | None:
         return self.files.get((dev, ino))
 
     @staticmethod
     def _add(
-        files: dict[tuple[int, int], str], shares: OwnerShares, path: str, named: bool = False
+        files: dict[tuple[int, int], str],
+        shares: OwnerShares,
+        path: str,
+        named: bool = False,
+        st: os.stat_result | None = None,
     ) -> None:
         """Index one file within its owner's share; a file the operator `named` as a root is
-        indexed whatever its owner's share (and counted in it)."""
+        indexed whatever its owner's share (and counted in it). `st`: its lstat, if made."""
         if not named and shares.spent_in(os.path.dirname(path)):
             return
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return
+        if st is None:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return
         identity = (st.st_dev, st.st_ino)
         # the first path of a hard-linked file, which counts once in its owner's share
         new = stat.S_ISREG(st.st_mode) and identity not in files

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -45,13 +46,21 @@ class ResponderLink:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def mark(self, flags: int, mask: int, path: str) -> bool:
-        """Ask for a mark; False if the responder does not take it (gone, or stopped)."""
+    def mark(self, flags: int, mask: int, path: str, fd: int | None = None) -> bool:
+        """Ask for a mark on `path`, or with `fd` on that descriptor (`path` empty) or on the
+        name `path` in the directory it is open on; False if the responder does not take it
+        (gone, or stopped)."""
         deadline = time.monotonic() + _MARK_RETRY_S
-        frame = channel.mark(flags, mask, path)
+        if fd is None:
+            frame = channel.mark(flags, mask, path)
+        else:
+            frame = channel.mark(flags, mask, path, channel.MARK_FD)
         while True:
             try:
-                self.sock.send(frame)
+                if fd is None:
+                    self.sock.send(frame)
+                else:
+                    socket.send_fds(self.sock, [frame], [fd])
                 return True
             except BlockingIOError:
                 if time.monotonic() > deadline:

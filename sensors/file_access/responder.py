@@ -37,6 +37,9 @@ from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
 
 MAX_HELD = 1024  # permission events held for the agent at once; past it, answered at once
+# Frames of the agent handled before the group's events are read again: a flood of marks
+# (a user's new tree walked) must not keep openers waiting.
+MAX_FRAMES_PER_PASS = 64
 _READ_SIZE = 4096  # each event brings an open descriptor: small reads keep few open
 _PR_SET_PDEATHSIG = 1
 _SOCKET_BUFFER = 1 << 20  # bounds what waits for a stopped agent (about 10,000 accesses)
@@ -158,61 +161,46 @@ class Responder:
             self.dropped = self.timeouts = 0
 
     def _read_agent(self, what: int) -> bool:
-        """Handle what the agent sent; False when it is gone."""
-        while True:
+        """Handle what the agent sent, MAX_FRAMES_PER_PASS frames at most (then the group's
+        events come first again); False when it is gone."""
+        for _ in range(MAX_FRAMES_PER_PASS):
             try:
-                frame = self.sock.recv(channel.MAX_FRAME, socket.MSG_DONTWAIT)
+                frame, fds = channel.receive(self.sock)
             except (BlockingIOError, InterruptedError):
                 return not what & (select.POLLHUP | select.POLLERR)
             except OSError:
                 return False
-            if not frame:
-                return False
-            kind = frame[:1]
-            if kind == channel.ACK:
-                self.agent_late = False
-                held = self.held.pop(channel.parse_seq(frame), None)
-                if held is not None:
-                    self._allow(held[0])
-            elif kind == channel.MARK:
-                self._mark(*channel.parse_mark(frame))
-            elif kind == channel.SYNC:
-                self._send(frame)
+            try:
+                if not frame:
+                    return False
+                self._agent_frame(frame, fds[0] if len(fds) == 1 else -1)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        return True
 
-    def _mark(self, flags: int, mask: int, path: str) -> None:
+    def _agent_frame(self, frame: bytes, fd: int) -> None:
+        kind = frame[:1]
+        if kind == channel.ACK:
+            self.agent_late = False
+            held = self.held.pop(channel.parse_seq(frame), None)
+            if held is not None:
+                self._allow(held[0])
+        elif kind == channel.MARK:
+            self._mark(*channel.parse_mark(frame))
+        elif kind == channel.MARK_FD and fd >= 0:
+            self._mark(*channel.parse_mark(frame), fd)
+        elif kind == channel.SYNC:
+            self._send(frame)
+
+    def _mark(self, flags: int, mask: int, path: str, fd: int | None = None) -> None:
         try:
-            if flags & channel.NO_SYMLINKS:
-                mark_no_symlinks(self.group_fd, fan.FAN_MARK_ADD | flags, mask, path)
-            else:
+            if fd is None:
                 fan.mark(self.group_fd, fan.FAN_MARK_ADD | flags, mask, path)
+            else:  # the descriptor itself, or a name in its directory
+                fan.mark_at(self.group_fd, fan.FAN_MARK_ADD | flags, mask, fd, path or None)
         except OSError as exc:
-            self._send(channel.note(f"{path} not watched: {exc.strerror}"))
-
-
-_STEP = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def mark_no_symlinks(group_fd: int, flags: int, mask: int, path: str) -> None:
-    """Mark `path` (absolute, as read back from a descriptor: no symlink, `.` or `..` in
-    it), following no symlink on the way: each directory is opened relative to the one
-    before with O_NOFOLLOW, and the last name is marked relative to its directory with
-    FAN_MARK_DONT_FOLLOW. A user who swaps a symlink in for one of the path's directories
-    between the agent's check and this mark fails it (ELOOP or ENOTDIR): it cannot put a
-    mark on a tree of her choosing elsewhere on the node. O_PATH: opening a directory this
-    way is no open that a mark of ours would have to answer."""
-    names = path.split("/")
-    if names[0] != "" or any(n in ("", ".", "..") for n in names[1:]):
-        raise OSError(errno.EINVAL, "not a plain absolute path")
-    flags = (flags & ~channel.NO_SYMLINKS) | fan.FAN_MARK_DONT_FOLLOW
-    directory = os.open("/", _STEP)
-    try:
-        for name in names[1:-1]:
-            step = os.open(name, _STEP, dir_fd=directory)
-            os.close(directory)
-            directory = step
-        fan.mark_at(group_fd, flags, mask, directory, names[-1])
-    finally:
-        os.close(directory)
+            self._send(channel.note(f"{path or 'a new directory'} not watched: {exc.strerror}"))
 
 
 def _die_with(parent: int) -> None:

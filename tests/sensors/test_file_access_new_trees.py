@@ -5,6 +5,8 @@ within their owners' shares, never through a symlink."""
 
 from __future__ import annotations
 
+import os
+import select
 import tempfile
 import threading
 import time
@@ -22,7 +24,7 @@ from test_file_access import (
     unprivileged_user,
 )
 
-from hpcsec.sensors.file_access import channel, fanwatch, newtrees
+from hpcsec.sensors.file_access import channel, fanwatch, newtrees, responder
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.records import Folder
 
@@ -34,6 +36,15 @@ def _marks(watch) -> int:
 def _fid_marks(watch) -> int:
     """Inode marks of the watch's own FID group (create, delete and rename)."""
     return fanotify_marks(Path(f"/proc/self/fdinfo/{watch.fid_fd}")).count("ino")
+
+
+def fanotify_marks_by_inode(fdinfo: Path) -> set[int]:
+    """The inodes a group's inode marks are on, as the kernel lists them (in hex)."""
+    return {
+        int(line.split()[1].split(":")[1], 16)
+        for line in fdinfo.read_text().splitlines()
+        if line.startswith("fanotify ino:")
+    }
 
 
 def _settle(watch, limit_s: float = 5.0) -> int:
@@ -138,18 +149,83 @@ def test_a_symlink_in_a_tree_moved_in_is_not_followed(shared_dir, outside, tmp_p
         watch.stop()
 
 
+def _before_5_17(monkeypatch) -> None:
+    """The watch as on a kernel without FAN_RENAME: a move is reported in two halves, and
+    the one into a directory does not say where it came from."""
+    opened = fanwatch.FanotifyWatch._open_groups
+
+    def without_rename(watch) -> None:
+        opened(watch)
+        watch.fid_mask = fanwatch.FID_MASK | fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO
+
+    monkeypatch.setattr(fanwatch.FanotifyWatch, "_open_groups", without_rename)
+
+
 @root_only
-def test_a_rename_within_the_tree_is_not_charged_again(shared_dir, tmp_path):  # noqa: F811
-    """Marks follow inodes: a directory renamed within the tree keeps its marks, and its
-    owner's share is not charged again (a job renaming its checkpoints)."""
+def test_a_directory_swapped_for_a_symlink_while_walked_indexes_nothing_elsewhere(
+    shared_dir,  # noqa: F811
+    outside,
+    tmp_path,
+):
+    """The user swaps a symlink to /etc in for a directory of her new tree while the walker
+    lists it: what the walker indexes and marks is what the directory's descriptor shows (her
+    files), never the files the symlink leads to under a protected name."""
     user = unprivileged_user()
-    run_as(user, ["python3", "-c", "import os; os.makedirs('tmp-1/x/y')"], shared_dir)
+    names = ["passwd", "group", "hosts"]
+    make = f"import os; os.makedirs('t/d'); [open('t/d/' + n, 'w').close() for n in {names!r}]"
+    run_as(user, ["python3", "-c", make], outside)
+    watch = _start(shared_dir, tmp_path)
+    listed = watch._new_entry
+    swapped: list[str] = []
+
+    def racing(path, entry, dir_fd):
+        if not swapped:  # the window a racing user has while a big directory is listed
+            swapped.append(path)
+            swap = "import os; os.rename('t/d', 't/d.old'); os.symlink('/etc', 't/d')"
+            run_as(user, ["python3", "-c", swap], shared_dir)
+        listed(path, entry, dir_fd)
+
+    watch._new_entry = racing
+    try:
+        run_as(user, ["mv", str(outside / "t"), str(shared_dir / "t")], outside)
+        _settle(watch)
+        assert swapped
+        for name in names:
+            st = os.stat(f"/etc/{name}")
+            assert watch.index.lookup(st.st_dev, st.st_ino) is None
+            hers = (shared_dir / "t" / "d.old" / name).stat()
+            assert watch.index.lookup(hers.st_dev, hers.st_ino) == str(shared_dir / "t/d" / name)
+        assert watch.index.shares.by_owner[0] == 0
+    finally:
+        watch.stop()
+
+
+@root_only
+@pytest.mark.parametrize("kernel", ["5.17+", "before 5.17"])
+def test_a_rename_within_the_tree_is_not_charged_again(shared_dir, tmp_path, monkeypatch, kernel):  # noqa: F811
+    """Marks follow inodes: a directory renamed within the tree keeps its marks, and its
+    owner's shares are not charged again (a job renaming its checkpoints), also where the
+    kernel cannot say the move came from within (it is walked again, charged once)."""
+    if kernel == "before 5.17":
+        _before_5_17(monkeypatch)
+    user = unprivileged_user()
+    make = "import os; os.makedirs('tmp-1/x/y'); [open(f'tmp-1/x/y/f{i}', 'w') for i in range(5)]"
+    run_as(user, ["python3", "-c", make], shared_dir)
     watch = _start(shared_dir, tmp_path)
     try:
-        assert watch._dir_shares.by_owner[user.pw_uid] == 3  # charged by the start's walk
-        run_as(user, ["mv", "tmp-1", "step-1"], shared_dir)
+        assert bool(watch.fid_mask & fan.FAN_RENAME) == (kernel == "5.17+")
+        shares = (watch._dir_shares.by_owner, watch._file_shares.by_owner)
+        assert (shares[0][user.pw_uid], shares[1][user.pw_uid]) == (3, 5)  # the start's walk
+        for old, new in [("tmp-1", "step-1"), ("step-1", "tmp-1"), ("tmp-1", "step-1")]:
+            run_as(user, ["mv", old, new], shared_dir)
+        # events are handled in order: once the walk of a directory made after the renames
+        # is over, the renames were handled
+        run_as(user, ["mkdir", "step-1/probe"], shared_dir)
+        deadline = time.monotonic() + 10
+        while shares[0][user.pw_uid] < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
         _settle(watch)
-        assert watch._dir_shares.by_owner[user.pw_uid] == 3
+        assert (shares[0][user.pw_uid], shares[1][user.pw_uid]) == (4, 5)
     finally:
         watch.stop()
 
@@ -200,55 +276,148 @@ def test_a_walk_past_the_owners_share_counts_what_it_left(
 
 
 @root_only
-def test_the_responder_marks_no_path_through_a_symlink(shared_dir, tmp_path):  # noqa: F811
-    """A runtime mark is asked by a path read back from a descriptor; a user who swaps a
-    symlink in for one of its directories before the responder resolves it gets no mark
-    (the same path without the symlink is marked)."""
+def test_a_new_directory_is_marked_by_its_descriptor_not_its_path(shared_dir, tmp_path):  # noqa: F811
+    """The marks made while the watch runs travel as the descriptor the watch opened and
+    checked: a symlink swapped in for the directory's path since cannot move the mark to a
+    tree elsewhere, and the mark costs the responder no path walk, however deep."""
     elsewhere = tmp_path / "elsewhere"
-    (elsewhere / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
     watch = _start(shared_dir, tmp_path / "ctx")
-    flags = fan.FAN_MARK_ONLYDIR | channel.NO_SYMLINKS
     try:
         before = _settle(watch)
-        (shared_dir / "swapped").symlink_to(elsewhere)
-        watch._mark(str(shared_dir / "swapped" / "sub"), fanwatch.CONTENT_MASK, flags)
-        time.sleep(0.2)  # a mark would have reached the responder by now
-        assert _marks(watch) == before
-        assert "not watched" in (watch.drain().last_error or "")
-        watch._mark(str(elsewhere / "sub"), fanwatch.CONTENT_MASK, flags)
+        new = shared_dir / "new"
+        new.mkdir()
+        fd = newtrees.open_checked(str(new))
+        assert fd is not None
+        try:
+            (shared_dir / "new").rename(shared_dir / "old")
+            (shared_dir / "new").symlink_to(elsewhere)
+            watch._mark_dir(str(new), fd)
+        finally:
+            os.close(fd)
         deadline = time.monotonic() + 5
         while _marks(watch) == before and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _marks(watch) == before + 1
+        marked = fanotify_marks_by_inode(responder_group(watch.responder_pid))
+        assert (shared_dir / "old").stat().st_ino in marked
+        assert elsewhere.stat().st_ino not in marked
     finally:
         watch.stop()
+
+
+def test_the_responder_reads_the_groups_events_between_floods_of_marks(monkeypatch):
+    """A flood of marks (a user's deep tree walked again and again) is handled
+    MAX_FRAMES_PER_PASS frames at a time, the group's events read in between: openers do
+    not wait behind it."""
+    ours, theirs = channel.pair()
+    marked: list[str] = []
+    monkeypatch.setattr(
+        responder.Responder, "_mark", lambda self, flags, mask, path, fd=None: marked.append(path)
+    )
+    answering = responder.Responder(-1, theirs, 0.25, os.getpid())
+    try:
+        for i in range(responder.MAX_FRAMES_PER_PASS * 2 + 5):
+            ours.send(channel.mark(0, 0, f"/m/{i}"))
+        assert answering._read_agent(select.POLLIN)
+        assert len(marked) == responder.MAX_FRAMES_PER_PASS
+        answering._read_agent(select.POLLIN)
+        answering._read_agent(select.POLLIN)
+        assert len(marked) == responder.MAX_FRAMES_PER_PASS * 2 + 5
+    finally:
+        ours.close()
+        theirs.close()
+
+
+class _Walker:
+    """A stand-in for the watch's slices: records which walk each slice was of, holds the
+    first until released, and uses `per_slice` entries of a walk of `slices` slices."""
+
+    def __init__(self, slices: dict[str, int] | None = None, per_slice: int = 1):
+        self.slices = slices or {}
+        self.per_slice = per_slice
+        self.taken = threading.Event()
+        self.release = threading.Event()
+        self.walked: list[str] = []
+        self.done: dict[str, int] = {}
+
+    def __call__(self, walk: newtrees.TreeWalk, entries: int) -> int:
+        self.taken.set()
+        assert self.release.wait(5)
+        self.walked.append(walk.top)
+        self.done[walk.top] = self.done.get(walk.top, 0) + 1
+        if self.done[walk.top] >= self.slices.get(walk.top, 1):
+            walk.stack.clear()
+        return self.per_slice
 
 
 def test_one_owner_fills_only_her_part_of_the_walkers_queue(monkeypatch):
     """A user making directories in a loop fills her own part of the queue; another
     owner's new directory is still queued and walked, and the refusals say why."""
     monkeypatch.setattr(newtrees, "MAX_PENDING_PER_OWNER", 3)
-    monkeypatch.setattr(newtrees, "MAX_PENDING", 5)
-    held = threading.Event()
-    walked: list[str] = []
-
-    def walk(path: str) -> None:
-        held.wait(5)
-        walked.append(path)
-
-    trees = newtrees.NewTrees(walk, lambda why: None)
+    monkeypatch.setattr(newtrees, "MAX_PENDING", 6)
+    walker = _Walker()
+    trees = newtrees.NewTrees(walker, lambda why: None)
     try:
-        assert trees.put("/m/first", 1001) is None  # taken by the walker, which waits
-        assert trees.wait_idle(0.1) is False
-        refusals = [trees.put(f"/m/u{i}", 1001) for i in range(5)]
+        assert trees.put("/m/first", 1001) is None
+        assert walker.taken.wait(5)  # the walker holds it: it waits no more
+        refusals = [trees.put(f"/m/u{i}", 1001) for i in range(4)]
         assert refusals[:3] == [None, None, None]
         assert refusals[3] == "3 of its owner's already wait to be walked"
         assert trees.put("/m/root-made", 0) is None
-        assert trees.put("/m/other", 1002) is None
-        assert trees.put("/m/third", 1003) == "5 directories already wait to be walked"
-        held.set()
+        assert trees.put("/m/other", 1002) is None  # the sixth, with the one being walked
+        assert trees.put("/m/third", 1003) == "6 directories already wait to be walked"
+        walker.release.set()
         assert trees.wait_idle(5)
-        assert walked == ["/m/first", "/m/u0", "/m/u1", "/m/u2", "/m/root-made", "/m/other"]
+        # owners take turns: hers, root's, the other's, then hers again
+        assert walker.walked == [
+            "/m/first",
+            "/m/root-made",
+            "/m/other",
+            "/m/u0",
+            "/m/u1",
+            "/m/u2",
+        ]
+    finally:
+        walker.release.set()
+        trees.stop()
+
+
+def test_owners_take_turns_a_slice_each_and_a_tree_queued_twice_is_walked_once():
+    """A huge tree of one user delays another's checkpoint by a slice, not by the whole
+    tree; a tree moved in again before its walk began is walked once."""
+    walker = _Walker(slices={"/m/huge": 3})
+    trees = newtrees.NewTrees(walker, lambda why: None)
+    try:
+        trees.put("/m/huge", 1001)
+        assert walker.taken.wait(5)
+        assert trees.put("/m/ckpt", 1002) is None
+        assert trees.put("/m/ckpt", 1002) is None  # moved out and in again meanwhile
+        walker.release.set()
+        assert trees.wait_idle(5)
+        assert walker.walked == ["/m/huge", "/m/ckpt", "/m/huge", "/m/huge"]
+    finally:
+        walker.release.set()
+        trees.stop()
+
+
+def test_the_walker_walks_no_faster_than_its_rate(monkeypatch):
+    """Past its burst, the walker waits for its rate: a user moving a tree out and in
+    again in a loop costs the node a bounded share of a core."""
+    monkeypatch.setattr(newtrees, "BURST", 2 * newtrees.SLICE_ENTRIES)
+    now = [0.0]
+    walker = _Walker(slices={"/m/tree": 10}, per_slice=newtrees.SLICE_ENTRIES)
+    walker.release.set()
+    trees = newtrees.NewTrees(walker, lambda why: None, clock=lambda: now[0])
+    try:
+        trees.put("/m/tree", 1001)
+        assert not trees.wait_idle(0.3)
+        assert len(walker.walked) == 2  # the burst, then no time has passed
+        now[0] += 2 * newtrees.SLICE_ENTRIES / newtrees.RATE_PER_S
+        deadline = time.monotonic() + 5
+        while len(walker.walked) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not trees.wait_idle(0.3)
+        assert len(walker.walked) == 4  # what the time allowed, no more
     finally:
         trees.stop()
 
@@ -257,12 +426,14 @@ def test_a_walk_that_fails_is_reported_and_the_next_is_walked():
     errors: list[str] = []
     walked: list[str] = []
 
-    def walk(path: str) -> None:
-        if path == "/m/bad":
+    def walk_on(walk: newtrees.TreeWalk, entries: int) -> int:
+        if walk.top == "/m/bad":
             raise OSError(5, "Input/output error")
-        walked.append(path)
+        walked.append(walk.top)
+        walk.stack.clear()
+        return 1
 
-    trees = newtrees.NewTrees(walk, errors.append)
+    trees = newtrees.NewTrees(walk_on, errors.append)
     try:
         trees.put("/m/bad", 1001)
         trees.put("/m/good", 1001)
@@ -271,3 +442,30 @@ def test_a_walk_that_fails_is_reported_and_the_next_is_walked():
         assert errors == ["walking /m/bad: OSError: [Errno 5] Input/output error"]
     finally:
         trees.stop()
+
+
+def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path):
+    """A directory of many entries (a dataset's shard directory) is listed over several
+    slices, each of the budget given, and every entry is handed over once."""
+    top = tmp_path / "top"
+    (top / "sub").mkdir(parents=True)
+    for i in range(25):
+        (top / f"f{i}").write_text("x")
+        (top / "sub" / f"g{i}").write_text("x")
+    files: list[str] = []
+    dirs: list[str] = []
+    walk = newtrees.TreeWalk(str(top), 0)
+    slices = []
+    while not walk.over:
+        slices.append(
+            newtrees.walk_slice(
+                walk,
+                10,
+                lambda parent, entry: True,
+                lambda path, fd: dirs.append(path),
+                lambda path, entry, fd: files.append(os.path.basename(path)),
+            )
+        )
+    assert dirs == [str(top / "sub")]
+    assert sorted(files) == sorted([f"f{i}" for i in range(25)] + [f"g{i}" for i in range(25)])
+    assert max(slices) == 10 and len(slices) >= 5
