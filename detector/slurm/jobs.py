@@ -9,10 +9,13 @@ it retries after the TTL and emits one more status when Slurm answers again.
 Slurm 22.05's `squeue --json` lists every job of the cluster, whatever filter it is given, and
 every node's agent asks: at a TTL of 30 s, 1,000 nodes cost the controller 33 full job dumps a
 second. So a refresh asks the node first (`scontrol listpids`, answered by the node's own
-slurmd) and the controller only when this node's jobs changed since its last answer (a job
-listed, or no longer listed), when a job started or ended (the hooks' events file, a process
-naming a job the table lacks), or when its answer is CONTROLLER_TTL_FACTOR TTLs old: a node
-running the same training job for days asks the controller every 5 minutes, not every 30 s.
+slurmd), and uses the controller's last answer again only while it says every job on this
+node is RUNNING and those are exactly the jobs listpids lists, no job started or ended (the
+hooks' events file, a process naming a job the table lacks), and it is less than
+CONTROLLER_TTL_FACTOR TTLs old: a node running the same training job for days asks the
+controller every 5 minutes, not every 30 s. A job ending, completing, starting, or on this
+node without a process here (a multi-node job between its steps) is asked about at every
+TTL, as before. Meanwhile, a controller outage is noticed at the next question asked.
 
 Raw inputs go through `ctx.raw_input` under their snapshot names, so a snapshot replays them:
   slurm-jobs.json         `squeue --json` (every job; Slurm 22.05 ignores filters with --json)
@@ -157,12 +160,11 @@ class JobContext:
     # -------------------------------------------------------------- refresh
     def invalidate(self) -> None:
         """Forget the cache: the next lookup asks Slurm again (job started or ended)."""
-        self._fetched_at = None
-        self._controller_due = True
+        with self._lock:  # not while a fetch runs: it would clear what this sets
+            self._fetched_at = None
+            self._controller_due = True
 
     def _stale(self) -> bool:
-        if self._fetched_at is None or self.clock() - self._fetched_at >= self.ttl_s:
-            return True
         if self.events_file:  # the prolog/epilog appended a job start or end
             try:
                 mtime = os.stat(self.events_file).st_mtime
@@ -172,7 +174,7 @@ class JobContext:
                 self._events_mtime = mtime
                 self._controller_due = True
                 return True
-        return False
+        return self._fetched_at is None or self.clock() - self._fetched_at >= self.ttl_s
 
     def refresh(self, ctx: SensorContext, force: bool = False) -> None:
         """Load the job table (from the snapshot when replaying, else Slurm or the cache)."""
@@ -250,6 +252,7 @@ class JobContext:
             and not ask_controller
             and local == self._controller_jobs
             and self.clock() - self._controller_at < self.ttl_s * CONTROLLER_TTL_FACTOR
+            and self._settled_here(ctx.host_name, local)
         ):
             for name, data in last.items():  # every snapshot sample gets the inputs
                 raw[name] = ctx.raw_input(name, partial(_same, data))
@@ -264,6 +267,14 @@ class JobContext:
         self._controller_jobs = local
         self._controller_due = False
         return raw
+
+    def _settled_here(self, host: str, local: frozenset[str]) -> bool:
+        """Whether the controller's last answer may stand for this node: every job it puts
+        here is RUNNING, and those are the jobs listpids lists. A job completing, starting
+        or ending changes state with no change in listpids (its epilog runs after its
+        steps are gone), and a multi-node job's steps come and go: those are asked about."""
+        here = self.table.jobs_on(host)
+        return all(job.state == "RUNNING" for job in here) and {job.job_id for job in here} == local
 
     def _settle_claims(self) -> None:
         """A table fetched after a claim was seen decides it: listed, or not a job here."""

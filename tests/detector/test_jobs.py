@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from hpcsec.sensors.base import FsRoot, SensorContext
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 JOBS_22 = (FIX / "squeue-22.05.json").read_text()
 LISTPIDS_1 = (FIX / "listpids-1.txt").read_text()
+# jobs 1 and 3 have processes here: every job the 22.05 fixture runs on `vm`
+LISTPIDS_13 = LISTPIDS_1 + "20000    3        batch    0       0\n"
 
 
 def make_proc(
@@ -221,7 +224,7 @@ def test_job_unknown_to_the_table_still_named(tmp_path):
 
 def test_ttl_cache_and_recording(tmp_path):
     clock, rec = Clock(), Recorder()
-    cmds = FakeCommands()
+    cmds = FakeCommands(listpids=LISTPIDS_13)
     jc = JobContext(cmds, ttl_s=30, clock=clock)
     ctx = make_ctx(tmp_path)
     ctx.recorder = rec
@@ -245,33 +248,88 @@ def test_ttl_cache_and_recording(tmp_path):
     assert jc.take_status() == []
 
 
+def _job_state(jobs_json: str, job_id: int, state: str) -> str:
+    doc = json.loads(jobs_json)
+    for job in doc["jobs"]:
+        if job["job_id"] == job_id:
+            job["job_state"] = state
+    return json.dumps(doc)
+
+
 def test_the_controller_is_asked_when_this_nodes_jobs_change_or_its_answer_is_old(tmp_path):
     """Every node's agent asking `squeue --json` (every job of the cluster) every TTL loads
-    the controller: it is asked when the node's own jobs (listpids) change, or every
-    CONTROLLER_TTL_FACTOR TTLs."""
+    the controller: its answer is used again while it says this node's jobs are RUNNING and
+    they are the ones listpids lists, up to CONTROLLER_TTL_FACTOR TTLs."""
     clock = Clock()
-    cmds = FakeCommands()
+    cmds = FakeCommands(listpids=LISTPIDS_13)
     jc = JobContext(cmds, ttl_s=30, clock=clock)
     ctx = make_ctx(tmp_path)
-    jc.refresh(ctx)
-    for _ in range(CONTROLLER_TTL_FACTOR - 1):
+
+    def asked_after_a_ttl() -> bool:
         clock.now += 30
+        before = cmds.calls.count("jobs")
         jc.refresh(ctx)
-    assert cmds.calls.count("jobs") == 1 and cmds.calls.count("listpids") == 10
-    clock.now += 30  # its answer is 10 TTLs old
+        assert cmds.calls[-1 - (cmds.calls.count("jobs") - before)] == "listpids"
+        return cmds.calls.count("jobs") > before
+
+    jc.refresh(ctx)
+    assert [asked_after_a_ttl() for _ in range(CONTROLLER_TTL_FACTOR)] == [False] * 9 + [True]
+    # job 3 ends: its steps are gone from listpids, it is COMPLETING while its epilogs run
+    cmds.outputs["listpids"] = LISTPIDS_1
+    cmds.outputs["jobs"] = _job_state(JOBS_22, 3, "COMPLETING")
+    assert asked_after_a_ttl()
+    assert asked_after_a_ttl()  # still completing here: asked at each TTL
+    assert [j.state for j in jc.jobs_on("vm")] == ["RUNNING", "COMPLETING"]
+    cmds.outputs["jobs"] = _job_state(JOBS_22, 3, "COMPLETED")
+    assert asked_after_a_ttl()
+    assert jc.job("3").state == "COMPLETED"
+    assert not asked_after_a_ttl()  # settled again
+    # a job listpids lists and the controller's answer lacks (new): asked
+    cmds.outputs["listpids"] = LISTPIDS_13 + "20001    9        batch    0       0\n"
+    assert asked_after_a_ttl()
+    assert asked_after_a_ttl()
+
+
+def test_a_job_here_without_a_process_here_is_asked_about_at_each_ttl(tmp_path):
+    """A multi-node job between its steps has no process on this node: the controller's
+    answer cannot be checked against listpids, so it is asked at each TTL, as before."""
+    clock = Clock()
+    cmds = FakeCommands(listpids=LISTPIDS_1)  # jobs 1 and 3 run on `vm`; 3 has no pid here
+    jc = JobContext(cmds, ttl_s=30, clock=clock)
+    ctx = make_ctx(tmp_path)
+    for _ in range(3):
+        jc.refresh(ctx)
+        clock.now += 30
+    assert cmds.calls == ["listpids", "jobs"] * 3
+
+
+def test_a_job_start_or_end_or_an_unknown_claim_asks_the_controller(tmp_path):
+    """What forces a refresh (the hooks' events file, invalidate, a process naming a job
+    the table lacks) asks the controller too, even when listpids did not change; so does
+    the refresh after one that failed."""
+    clock = Clock()
+    events = tmp_path / "slurm-events.jsonl"
+    cmds = FakeCommands(listpids=LISTPIDS_13)
+    jc = JobContext(cmds, ttl_s=30, events_file=str(events), clock=clock)
+    ctx = make_ctx(tmp_path)
+    jc.refresh(ctx)
+    events.write_text('{"event.category": "slurm_job"}\n')  # an epilog ran
+    clock.now += 30  # and the TTL is over: the events file still counts
     jc.refresh(ctx)
     assert cmds.calls.count("jobs") == 2
-    cmds.outputs["listpids"] = LISTPIDS_1 + "20000    3        batch    0       0\n"  # job 3
-    clock.now += 30
+    jc.invalidate()
     jc.refresh(ctx)
     assert cmds.calls.count("jobs") == 3
-    clock.now += 30
-    jc.refresh(ctx)
-    assert cmds.calls.count("jobs") == 3
-    cmds.outputs["listpids"] = LISTPIDS_1  # job 3 ended here
-    clock.now += 30
-    jc.refresh(ctx)
+    clock.now += 5
+    jc.refresh(ctx, force=True)  # a process names a job the table lacks
     assert cmds.calls.count("jobs") == 4
+    object.__setattr__(cmds, "fail", "squeue --json timed out after 3s")
+    clock.now += 30
+    jc.refresh(ctx)
+    object.__setattr__(cmds, "fail", None)
+    clock.now += 30
+    jc.refresh(ctx)
+    assert cmds.calls[-2:] == ["listpids", "jobs"]
 
 
 def test_events_file_change_refreshes(tmp_path):
