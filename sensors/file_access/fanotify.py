@@ -90,6 +90,14 @@ _libc.fanotify_mark.argtypes = [
 _libc.fanotify_mark.restype = ctypes.c_int
 _libc.open_by_handle_at.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 _libc.open_by_handle_at.restype = ctypes.c_int
+_libc.name_to_handle_at.argtypes = [
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int,
+]
+_libc.name_to_handle_at.restype = ctypes.c_int
 
 
 def _raise(what: str) -> None:
@@ -193,13 +201,48 @@ def _parse_info(buf: bytes, offset: int, end: int) -> tuple[FileId, ...]:
     return tuple(out)
 
 
+class Handle(NamedTuple):
+    """A file handle (name_to_handle_at): names one inode of its filesystem, whatever it is
+    called or where it is moved, never another that reuses the inode number later."""
+
+    handle_type: int
+    handle: bytes
+
+
+_MAX_HANDLE_SZ = 128
+AT_EMPTY_PATH = 0x1000
+
+
+def handle_at(dir_fd: int, name: str = "") -> Handle | None:
+    """The handle of `name` in the directory `dir_fd` (not followed if a symlink), or of what
+    `dir_fd` is open on with no name (None: gone, or its filesystem gives none)."""
+    buf = ctypes.create_string_buffer(_HANDLE.size + _MAX_HANDLE_SZ)
+    _HANDLE.pack_into(buf, 0, _MAX_HANDLE_SZ, 0)
+    mount_id = ctypes.c_int()
+    flags = 0 if name else AT_EMPTY_PATH
+    if _libc.name_to_handle_at(dir_fd, os.fsencode(name), buf, ctypes.byref(mount_id), flags) < 0:
+        return None
+    size, handle_type = _HANDLE.unpack_from(buf, 0)
+    return Handle(handle_type, buf.raw[_HANDLE.size : _HANDLE.size + size])
+
+
+def open_handle(mount_fd: int, handle: Handle | FileId, flags: int = O_PATH) -> int:
+    """A descriptor on the inode a handle names (OSError: gone, or not openable so), opened
+    through a descriptor on the same filesystem; no path is resolved."""
+    header = _HANDLE.pack(len(handle.handle), handle.handle_type) + handle.handle
+    buf = ctypes.create_string_buffer(header, len(header))
+    fd = _libc.open_by_handle_at(mount_fd, ctypes.addressof(buf), flags | os.O_CLOEXEC)
+    if fd < 0:
+        _raise("open_by_handle_at")
+    return fd
+
+
 def handle_path(mount_fd: int, file_id: FileId, as_text: bool = True) -> str | None:
     """Resolve a file handle to a path through a descriptor on the same filesystem: as event
     text, or (`as_text` False) as the OS takes it, to mark, stat or walk."""
-    header = _HANDLE.pack(len(file_id.handle), file_id.handle_type) + file_id.handle
-    buf = ctypes.create_string_buffer(header, len(header))
-    fd = _libc.open_by_handle_at(mount_fd, ctypes.addressof(buf), O_PATH)
-    if fd < 0:
+    try:
+        fd = open_handle(mount_fd, file_id)
+    except OSError:
         return None
     try:
         if as_text:

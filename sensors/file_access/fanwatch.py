@@ -18,8 +18,9 @@ A second group in FID mode (FAN_REPORT_DFID_NAME), here, notifications only, rep
 create, delete and rename, where the kernel supports it; otherwise the stream runs without
 them and says so. A directory made in or moved into a protected tree is marked from its
 create or rename event, and walked for what it already holds on a thread of its own
-(newtrees.py). The marks made while the watch runs are asked by paths read back from
-descriptors, which the responder resolves following no symlink.
+(newtrees.py). The marks made while the watch runs travel to the responder as descriptors
+(or a name in a directory's descriptor) the watch opened by file handle or checked: no path
+is resolved again, so a symlink swapped in meanwhile cannot move a mark out of the tree.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from hpcsec.sensors.file_access import channel
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.identity import AssetIndex
 from hpcsec.sensors.file_access.link import HOLD_S, ResponderLink
-from hpcsec.sensors.file_access.newtrees import NewTrees, TreeWalk, open_checked, walk_slice
+from hpcsec.sensors.file_access.newtrees import (
+    NewTrees,
+    TreeWalk,
+    Visitor,
+    open_checked,
+    walk_slice,
+)
 from hpcsec.sensors.file_access.openers import OpenerCache
 from hpcsec.sensors.file_access.records import Drained
 from hpcsec.sensors.file_access.restart import RestartPolicy
@@ -91,6 +98,9 @@ class FanotifyWatch:
         # decide: a mark may wait for room on the responder's socket)
         self._marking = threading.RLock()
         self.new_trees: NewTrees | None = None  # started with the reader
+        self._visitor = Visitor(
+            self._new_subdir, self._admit_dir, self._in_tree, self._mark_dir, self._new_entry
+        )
         self._real_roots: list[str] = []  # the watched trees' own paths (runtime events')
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
         self._lock = threading.Lock()
@@ -234,45 +244,62 @@ class FanotifyWatch:
         self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags, fd)
         self._mark_fid(path, flags, fd)
 
-    def _new_dir(self, path: str) -> None:
+    def _new_dir(self, path: str, fsid: int) -> None:
         """A directory made in, or moved into, a protected tree while the watch runs (`path`
-        as the OS takes it, read back from its parent's handle): marked within its owner's
-        share, then queued to be walked for what it already holds (newtrees.py); else
-        counted and reported as unwatched. Never through a symlink (open_checked)."""
+        as the OS takes it, read back from its parent's handle, on the filesystem `fsid`):
+        marked within its owner's share, then queued to be walked for what it already holds
+        (newtrees.py); else counted and reported as unwatched. Never through a symlink
+        (open_checked), and queued by its handle (renamed before its walk, it is walked)."""
+        mount_fd = self._mount_fds.get(fsid)
         fd = open_checked(path)
         if fd is None:
             return
         try:
             info = os.fstat(fd)
+            identity = identity_of(info)
             with self._marking:
-                taken = self._dir_shares.take(info.st_uid, identity_of(info))
+                taken = self._dir_shares.take(info.st_uid, identity)
                 refusal = None if taken else self._dir_shares.refusal()
             if refusal is not None:
                 self._count_unwatched(path, refusal)
                 return
             self._mark_dir(path, fd)
+            handle = fan.handle_at(fd)
         finally:
             os.close(fd)
-        if self.new_trees is not None:
-            full = self.new_trees.put(path, self.owner_of(info.st_uid))
-            if full is not None:
-                self._count_unwatched(path, f"what it holds is not walked: {full}")
+        if self.new_trees is None or mount_fd is None or handle is None:
+            return
+        walk = TreeWalk(path, self.owner_of(info.st_uid), mount_fd, handle, identity)
+        full = self.new_trees.put(walk)
+        if full is not None:
+            self._count_unwatched(path, f"what it holds is not walked: {full}")
 
     def _walk_new_tree(self, walk: TreeWalk, entries: int) -> int:
         """A slice of what a new directory holds (the walker's thread): its directories
         within their owners' shares, each marked before it is listed, and its files marked
         and indexed."""
-        return walk_slice(walk, entries, self._new_subdir, self._mark_dir, self._new_entry)
+        return walk_slice(walk, entries, self._visitor)
 
-    def _new_subdir(self, parent: str, entry: os.DirEntry[str]) -> bool:
+    def _new_subdir(self, parent: str, entry: os.DirEntry[str]) -> int | None:
+        """A subdirectory a walk met: the identity charged for it, None if refused."""
         with self._marking:
             shares = self._dir_shares
             refusals = shares.refusals
             if shares.take_entry(entry, parent, remember=True):
-                return True
+                return identity_of(entry.stat(follow_symlinks=False))  # cached by take_entry
             if shares.refusals != refusals:
                 self._count_unwatched(os.path.join(parent, entry.name), shares.refusal())
-            return False
+            return None
+
+    def _admit_dir(self, path: str, info: os.stat_result) -> bool:
+        """A directory a walk opened that is not the inode it charged (swapped in between
+        its listing and its handle): charged on its own, or refused and counted."""
+        with self._marking:
+            if self._dir_shares.take(info.st_uid, identity_of(info)):
+                return True
+            refusal = self._dir_shares.refusal()
+        self._count_unwatched(path, refusal)
+        return False
 
     def _new_entry(self, path: str, entry: os.DirEntry[str], dir_fd: int) -> None:
         """A file found in a new directory (`dir_fd` open on it): marked and indexed like
@@ -331,11 +358,13 @@ class FanotifyWatch:
     ) -> None:
         """The responder's mark on `path`, or with `fd` on that descriptor (or on `name` in
         the directory it is open on)."""
-        sent = self.link is not None and (
-            self.link.mark(flags, mask, path)
-            if fd is None
-            else self.link.mark(flags, mask, name, fd)
-        )
+        link = self.link  # once: a responder restart may set it meanwhile
+        if link is None:
+            sent = False
+        elif fd is None:
+            sent = link.mark(flags, mask, path)
+        else:
+            sent = link.mark(flags, mask, name, fd)
         if not sent:
             self._error(f"{path} not watched: the fanotify responder does not answer")
 
@@ -491,21 +520,23 @@ class FanotifyWatch:
             # moved in from outside the watched trees, is marked and walked (_new_dir), by
             # the path the OS takes, whatever bytes its name holds. One renamed within a
             # tree keeps its marks (they follow the inode).
-            target = None
+            kind = None
             if event.mask & fan.FAN_CREATE and old:
-                target = self._os_path(event, fan.INFO_DFID_NAME)
+                kind = fan.INFO_DFID_NAME
             elif event.mask & fan.FAN_RENAME and new and not (old and self._in_tree(old)):
-                target = self._os_path(event, fan.INFO_NEW_DFID_NAME)
+                kind = fan.INFO_NEW_DFID_NAME
             elif event.mask & fan.FAN_MOVED_TO and old:  # before 5.17: from where, unknown
-                target = self._os_path(event, fan.INFO_DFID_NAME)
-            if target is not None and self._in_tree(target):
+                kind = fan.INFO_DFID_NAME
+            fid = next((f for f in event.ids if f.info_type == kind), None)
+            target = None if fid is None else self._id_path(fid, as_text=False)
+            if fid is not None and target is not None and self._in_tree(target):
                 with contextlib.suppress(OSError):
-                    self._new_dir(target)
+                    self._new_dir(target, fid.fsid)
             return
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
         if event.mask & fan.FAN_RENAME and old and new:
             if self.protected(old) or self.protected(new):
-                self._new_file(self._os_path(event, fan.INFO_NEW_DFID_NAME) or new)
+                self._new_file(event, fan.INFO_NEW_DFID_NAME)
                 self.openers.remember(event.pid, fresh=False)
                 self.folder.add(when, event.pid, old, "rename", target=new, asset=old)
             return
@@ -523,7 +554,7 @@ class FanotifyWatch:
             if action != "delete":
                 kinds = (fan.INFO_OLD_DFID_NAME, fan.INFO_DFID_NAME, fan.INFO_NEW_DFID_NAME)
                 kind = next(k for k in kinds if paths.get(k))  # the record `path` came from
-                self._new_file(self._os_path(event, kind) or path)
+                self._new_file(event, kind)
             self.openers.remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, path, action, asset=path)
 
@@ -533,16 +564,29 @@ class FanotifyWatch:
             path == root or path.startswith(root.rstrip("/") + "/") for root in self._real_roots
         )
 
-    def _new_file(self, path: str) -> None:
-        """A file created or moved under a protected tree: marked and indexed like the rest."""
-        self.index.add(path)
-        with contextlib.suppress(OSError):
-            self._mark_file(path)
-
-    def _os_path(self, event: fan.RawEvent, info_type: int) -> str | None:
-        """The path, as the OS takes it, of the event's FID record of `info_type`."""
+    def _new_file(self, event: fan.RawEvent, info_type: int) -> None:
+        """A file created or moved under a protected tree (the event's record `info_type`):
+        marked and indexed like the rest, by its name in the directory its handle opens, so
+        that no path is resolved again (a directory of it swapped for a symlink meanwhile
+        would put the mark, and the protected name, on a file elsewhere)."""
         fid = next((f for f in event.ids if f.info_type == info_type), None)
-        return None if fid is None else self._id_path(fid, as_text=False)
+        mount_fd = None if fid is None else self._mount_fds.get(fid.fsid)
+        if fid is None or mount_fd is None or not fid.os_name:
+            return
+        try:
+            dir_fd = fan.open_handle(mount_fd, fid)
+        except OSError:
+            return
+        try:
+            st = os.stat(fid.os_name, dir_fd=dir_fd, follow_symlinks=False)
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), fid.os_name)
+            if self._in_tree(path) and not stat.S_ISLNK(st.st_mode):
+                self._mark_file(path, st=st, dir_fd=dir_fd)
+                self.index.add_seen(path, st)
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)
 
     def _id_path(self, fid: fan.FileId, as_text: bool = True) -> str | None:
         """The path an FID record names: as event text, or as the OS takes it."""

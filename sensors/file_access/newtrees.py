@@ -14,13 +14,17 @@ so what is made in it afterwards has its create event, and what was made before 
 listing. The reader thread that answers opens never walks.
 
 The walk is where an unprivileged user has the most say, so:
-- every directory is opened with O_NOFOLLOW, its path read back from the descriptor and
-  listed through it: a symlink in the tree is not followed, a symlink swapped in for one of
-  its directories is not walked, and the marks are resolved following no symlink
-  (responder.py), so nothing outside the tree can be marked by swapping one in;
+- the new directory is opened with O_NOFOLLOW and its path read back from the descriptor;
+  every directory is queued and opened by its file handle, so it is the inode charged that
+  is walked, wherever it is by then (a checkpoint saved to `ck.tmp` and renamed `ck` before
+  its walk is still walked), and only while its path, read back, is in a watched tree; it
+  is listed and its entries stat'ed through its descriptor, and the marks travel to the
+  responder as that descriptor: a symlink in the tree is not followed, and one swapped in
+  for a directory gets nothing outside the tree marked or indexed;
 - directories are charged to their owners' shares (shares.py), past which they are neither
   marked nor walked, and counted; a directory already charged (moved out and in again, or
-  seen by both threads) is not charged twice;
+  seen by both threads) is not charged twice, and one swapped in for a directory charged
+  is charged on its own;
 - the queue is bounded in all and per owner (MAX_PENDING, MAX_PENDING_PER_OWNER): a user who
   makes directories in a loop fills her own part of it, not the part that walks everyone
   else's; what finds no room is counted as unwatched. A directory moved in again before its
@@ -35,11 +39,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hpcsec.sensors.file_access import fanotify as fan
+from hpcsec.sensors.file_access.shares import identity_of
 
 # Walks waiting, at most: in all, and of one owner.
 MAX_PENDING = 4096
@@ -76,6 +85,29 @@ def open_checked(path: str) -> int | None:
     return None
 
 
+class Pending(NamedTuple):
+    """A directory to walk: its handle (it is opened by it, wherever it is by then), the
+    identity charged for it, and whether it is marked already (a walk's top is, by the
+    reader)."""
+
+    handle: fan.Handle
+    identity: int
+    marked: bool
+
+
+@dataclass(frozen=True)
+class Visitor:
+    """What the watch does with what a walk meets."""
+
+    # a subdirectory (its parent's path, its entry): the identity charged, None if refused
+    descend: Callable[[str, os.DirEntry[str]], int | None]
+    # a directory opened that is not the inode charged (swapped in since): charge it, or not
+    admit: Callable[[str, os.stat_result], bool]
+    in_tree: Callable[[str], bool]  # a path read back from a descriptor, in a watched tree
+    on_dir: Callable[[str, int], None]  # a directory to mark (its path, its descriptor)
+    on_file: Callable[[str, os.DirEntry[str], int], None]  # an entry, its directory's fd
+
+
 class _Listing:
     """A directory being listed, through its descriptor: a walk's slice may end within it."""
 
@@ -83,7 +115,7 @@ class _Listing:
         self.path = path
         self.fd = fd
         self.entries = os.scandir(fd)
-        self.subdirs: list[str] = []
+        self.subdirs: list[Pending] = []
 
     def close(self) -> None:
         self.entries.close()
@@ -92,18 +124,22 @@ class _Listing:
 
 @dataclass
 class TreeWalk:
-    """One new directory's walk, as far as it got: the directories still to list (each with
-    whether it is marked already: the new directory itself is, when queued), and the one
-    being listed."""
+    """One new directory's walk, as far as it got: the directories still to list, and the
+    one being listed. `mount_fd`: a descriptor on its filesystem (the watch's, kept open while
+    it runs), to open handles through; a directory on another filesystem (a mount in the
+    tree) does not open through it and is not walked."""
 
     top: str
     owner: int
-    stack: list[tuple[str, bool]] = field(default_factory=list)
+    mount_fd: int
+    handle: fan.Handle
+    identity: int
+    stack: list[Pending] = field(default_factory=list)
     listing: _Listing | None = None
 
     def __post_init__(self) -> None:
         if not self.stack:
-            self.stack.append((self.top, True))
+            self.stack.append(Pending(self.handle, self.identity, True))
 
     @property
     def over(self) -> bool:
@@ -117,34 +153,29 @@ class TreeWalk:
             self.listing = None
 
 
-def walk_slice(
-    walk: TreeWalk,
-    entries: int,
-    descend: Callable[[str, os.DirEntry[str]], bool],
-    on_dir: Callable[[str, int], None],
-    on_file: Callable[[str, os.DirEntry[str], int], None],
-) -> int:
-    """Walk on for `entries` entries (a directory opened is one, each entry listed one):
-    each directory below the top that `descend` (its parent's path, its entry) takes is
-    opened (open_checked), handed to `on_dir` (its path, its descriptor) before it is
-    listed, then listed through that descriptor; each entry that is not a directory goes to
-    `on_file` (its path, the entry, the descriptor of its directory). Symlinks are entries,
-    never followed. Depth first, one directory open at a time; a slice may end within a
-    directory (the next one goes on there). Returns the entries used; `walk.over` says when
-    it is done."""
+def walk_slice(walk: TreeWalk, entries: int, visitor: Visitor) -> int:
+    """Walk on for `entries` entries (a directory opened is one, each entry listed one).
+    Each directory is opened by its handle (a rename or a symlink swapped in since it was
+    listed changes nothing: it is the inode charged that is opened, wherever it is now),
+    walked only while its path, read back from the descriptor, is in a watched tree, handed
+    to `visitor.on_dir` before it is listed, then listed through its descriptor; each entry
+    that is not a directory goes to `visitor.on_file`, each subdirectory `visitor.descend`
+    takes is queued by its handle. Symlinks are entries, never followed. Depth first, one
+    directory open at a time; a slice may end within a directory (the next goes on there).
+    Returns the entries used; `walk.over` says when it is done."""
     used = 0
     while used < entries:
         if walk.listing is None:
             if not walk.stack:
                 break
-            path, marked = walk.stack.pop()
             used += 1
-            fd = open_checked(path)
-            if fd is None:
+            opened = _open_pending(walk, walk.stack.pop(), visitor)
+            if opened is None:
                 continue
+            fd, path, marked = opened
             try:
                 if not marked:
-                    on_dir(path, fd)
+                    visitor.on_dir(path, fd)
                 walk.listing = _Listing(path, fd)
             except OSError:
                 os.close(fd)
@@ -157,25 +188,61 @@ def walk_slice(
         try:
             for entry in listing.entries:
                 used += 1
-                child = os.path.join(listing.path, entry.name)
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                except OSError:
-                    is_dir = None
-                if is_dir is False:
-                    on_file(child, entry, listing.fd)
-                elif is_dir and descend(listing.path, entry):
-                    listing.subdirs.append(child)
+                _visit(listing, entry, visitor)
                 if used >= entries:
                     done = False
                     break
         except OSError:  # gone while listed: what was listed is still walked
             pass
         if done:
-            walk.stack.extend((child, False) for child in reversed(listing.subdirs))
+            walk.stack.extend(reversed(listing.subdirs))
             walk.listing = None
             listing.close()
     return used
+
+
+def _visit(listing: _Listing, entry: os.DirEntry[str], visitor: Visitor) -> None:
+    try:
+        is_dir = entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return
+    child = os.path.join(listing.path, entry.name)
+    if not is_dir:
+        visitor.on_file(child, entry, listing.fd)
+        return
+    identity = visitor.descend(listing.path, entry)
+    if identity is not None:
+        handle = fan.handle_at(listing.fd, entry.name)
+        if handle is not None:
+            listing.subdirs.append(Pending(handle, identity, False))
+
+
+def _open_pending(
+    walk: TreeWalk, pending: Pending, visitor: Visitor
+) -> tuple[int, str, bool] | None:
+    """The directory a pending entry names, open, its path and whether it is marked; None
+    when it is gone, on another filesystem, out of the watched trees, or an inode other than
+    the one charged that the shares refuse."""
+    try:
+        fd = fan.open_handle(walk.mount_fd, pending.handle, _OPEN_DIR)
+    except OSError:
+        return None
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")  # our own descriptor table
+        info = os.fstat(fd)
+        marked = pending.marked
+        if visitor.in_tree(path) and stat.S_ISDIR(info.st_mode):
+            if identity_of(info) == pending.identity:
+                return fd, path, marked
+            if visitor.admit(path, info):  # swapped in between the listing and its handle
+                return fd, path, False
+    except OSError:
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 class NewTrees:
@@ -193,7 +260,7 @@ class NewTrees:
         self._clock = clock
         self._walks: dict[int, deque[TreeWalk]] = {}  # owner -> her walks, in turn
         self._turns: deque[int] = deque()  # owners with walks waiting, the next first
-        self._queued: set[str] = set()  # tops waiting, not started: queued once
+        self._queued: set[int] = set()  # identities of tops waiting, not started: once
         self._pending = 0
         self._tokens = float(BURST)
         self._filled_at = clock()
@@ -203,10 +270,11 @@ class NewTrees:
         self._thread = threading.Thread(target=self._run, name="hpcsec-newtrees", daemon=True)
         self._thread.start()
 
-    def put(self, path: str, owner: int) -> str | None:
-        """Queue the walk of a new directory of `owner`; why not when there is no room."""
+    def put(self, walk: TreeWalk) -> str | None:
+        """Queue the walk of a new directory; why not when there is no room."""
+        owner = walk.owner
         with self._changed:
-            if path in self._queued:  # moved in again before its walk began: one walk
+            if walk.identity in self._queued:  # moved in again before its walk began: once
                 return None
             waiting = self._walks.get(owner)
             if waiting is not None and len(waiting) >= MAX_PENDING_PER_OWNER:
@@ -216,8 +284,8 @@ class NewTrees:
             if waiting is None:
                 waiting = self._walks[owner] = deque()
                 self._turns.append(owner)
-            waiting.append(TreeWalk(path, owner))
-            self._queued.add(path)
+            waiting.append(walk)
+            self._queued.add(walk.identity)
             self._pending += 1
             self._changed.notify_all()
         return None
@@ -250,7 +318,7 @@ class NewTrees:
                 owner = self._turns.popleft()
                 waiting = self._walks[owner]
                 walk = waiting.popleft()
-                self._queued.discard(walk.top)
+                self._queued.discard(walk.identity)
                 self._busy = True
             try:
                 used = self._walk_on(walk, SLICE_ENTRIES)

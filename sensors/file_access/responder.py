@@ -188,8 +188,17 @@ class Responder:
                 self._allow(held[0])
         elif kind == channel.MARK:
             self._mark(*channel.parse_mark(frame))
-        elif kind == channel.MARK_FD and fd >= 0:
-            self._mark(*channel.parse_mark(frame), fd)
+        elif kind == channel.MARK_FD:
+            flags, mask, name = channel.parse_mark(frame)
+            if fd >= 0:
+                self._mark(flags, mask, name, fd)
+            else:  # at our descriptor limit (events held), the kernel dropped it
+                self._send(
+                    channel.note(
+                        f"{name or 'a new directory'} not watched: its "
+                        "descriptor did not reach the responder"
+                    )
+                )
         elif kind == channel.SYNC:
             self._send(frame)
 

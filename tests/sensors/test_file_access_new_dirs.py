@@ -3,6 +3,7 @@ is not UTF-8, and a symlink swapped in for it is not followed."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -66,7 +67,7 @@ def test_a_symlink_swapped_in_for_a_new_directory_is_not_followed(shared_dir, tm
     try:
         before = _marks(watch)
         (shared_dir / "swapped").symlink_to(elsewhere)
-        watch._new_dir(str(shared_dir / "swapped"))
+        watch._new_dir(str(shared_dir / "swapped"), os.statvfs(shared_dir).f_fsid)
         time.sleep(0.2)  # a mark would have reached the responder by now
         assert _marks(watch) == before
     finally:

@@ -5,6 +5,7 @@ within their owners' shares, never through a symlink."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import tempfile
@@ -27,6 +28,7 @@ from test_file_access import (
 from hpcsec.sensors.file_access import channel, fanwatch, newtrees, responder
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.records import Folder
+from hpcsec.sensors.file_access.shares import identity_of
 
 
 def _marks(watch) -> int:
@@ -185,7 +187,7 @@ def test_a_directory_swapped_for_a_symlink_while_walked_indexes_nothing_elsewher
             run_as(user, ["python3", "-c", swap], shared_dir)
         listed(path, entry, dir_fd)
 
-    watch._new_entry = racing
+    watch._visitor = dataclasses.replace(watch._visitor, on_file=racing)
     try:
         run_as(user, ["mv", str(outside / "t"), str(shared_dir / "t")], outside)
         _settle(watch)
@@ -197,6 +199,135 @@ def test_a_directory_swapped_for_a_symlink_while_walked_indexes_nothing_elsewher
             assert watch.index.lookup(hers.st_dev, hers.st_ino) == str(shared_dir / "t/d" / name)
         assert watch.index.shares.by_owner[0] == 0
     finally:
+        watch.stop()
+
+
+@root_only
+def test_a_tree_renamed_before_its_walk_is_walked(shared_dir, tmp_path):  # noqa: F811
+    """A checkpoint saved to `ck.tmp` and renamed `ck` (Orbax) while its walk waits (the
+    walker busy with others' trees): the walk opens the directory by its handle, wherever
+    it is now, so its subdirectories are marked and a read in them is seen."""
+    user = unprivileged_user()
+    watch = _start(shared_dir, tmp_path)
+    assert watch.new_trees is not None
+    walk_on = watch.new_trees._walk_on
+    release = threading.Event()
+
+    def busy(walk, entries):
+        assert release.wait(10)
+        return walk_on(walk, entries)
+
+    watch.new_trees._walk_on = busy
+    try:
+        run_as(user, ["python3", "-c", "import os; os.makedirs('ck.tmp/b/c')"], shared_dir)
+        deadline = time.monotonic() + 10
+        while not watch.new_trees._pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watch.new_trees._pending  # queued, waiting
+        run_as(user, ["mv", "ck.tmp", "ck"], shared_dir)
+        time.sleep(0.2)  # the rename is read before the walk goes on
+        release.set()
+        weights = shared_dir / "ck" / "b" / "c" / "w.bin"
+        _settle(watch)
+        run_as(user, ["python3", "-c", f"open({str(weights)!r}, 'w').write('w')"], shared_dir)
+        assert str(weights) in _read_seen(watch, user, weights)
+    finally:
+        release.set()
+        watch.stop()
+
+
+@root_only
+def test_every_directory_marked_while_the_watch_runs_is_charged(
+    shared_dir,  # noqa: F811
+    outside,
+    tmp_path,
+    monkeypatch,
+):
+    """Her share used up by a tree she moves in, the user swaps fresh directories in for
+    the ones its walk charged, between their listing and their opening: the walker opens the
+    inode it charged (by its handle) or charges the one it found, so every directory the FID
+    group marks is one the shares charged (or a root), and those past her share are not."""
+    monkeypatch.setattr(fanwatch, "MAX_DIRS_PER_OWNER", 5)  # t and its 4
+    user = unprivileged_user()
+    make = "import os; [os.makedirs(f't/d{i}') for i in range(4)]"
+    run_as(user, ["python3", "-c", make], outside)
+    watch = _start(shared_dir, tmp_path)
+    descend = watch._visitor.descend
+    swapped: list[str] = []
+
+    def racing(parent, entry):
+        # the reader has not handled the fresh directories' own create events yet (left
+        # out here: they would charge them, or count them as past her share, on their own)
+        watch._new_dir = lambda path, fsid: None
+        charged = descend(parent, entry)
+        here = os.path.join(parent, entry.name)
+        swap = f"import os; os.rename({here!r}, {here!r} + '.old'); os.mkdir({here!r})"
+        run_as(user, ["python3", "-c", swap], shared_dir)
+        swapped.append(here)
+        return charged
+
+    watch._visitor = dataclasses.replace(watch._visitor, descend=racing)
+    try:
+        run_as(user, ["mv", str(outside / "t"), str(shared_dir / "t")], outside)
+        _settle(watch)
+        assert len(swapped) == 4
+        marked = fanotify_marks_by_inode(Path(f"/proc/self/fdinfo/{watch.fid_fd}"))
+        dev = shared_dir.stat().st_dev
+        assert all(
+            (dev << 64 | ino) in watch._dir_shares.charged
+            for ino in marked - {shared_dir.stat().st_ino}
+        )
+        assert not {os.stat(fresh).st_ino for fresh in swapped} & marked
+        assert watch.drain().unwatched == 4  # the fresh ones, past her share
+    finally:
+        watch.stop()
+
+
+@root_only
+def test_a_file_made_while_a_symlink_is_swapped_in_marks_nothing_elsewhere(
+    shared_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """The user swaps a symlink to / in for her directory right after the watch read back
+    where the create event's directory is: the file is marked and indexed by its name in
+    the directory the event's handle opened, never as /etc/hostname."""
+    user = unprivileged_user()
+    target = os.stat("/etc/hostname")
+    watch = _start(shared_dir, tmp_path)
+    read_back = os.readlink
+    seen: list[str] = []
+    done: list[str] = []
+
+    def racing(path, *args, **kwargs):
+        # the reader reads the event's directory back twice: for the event's text, then
+        # to mark the file; the user swaps right after the second
+        where = read_back(path, *args, **kwargs)
+        if not done and str(where).endswith("/hers/etc"):
+            seen.append(str(where))
+            if len(seen) == 2:
+                done.append(str(where))
+                swap = "import os; os.rename('hers', 'hers.old'); os.symlink('/', 'hers')"
+                run_as(user, ["python3", "-c", swap], shared_dir)
+        return where
+
+    try:
+        run_as(user, ["python3", "-c", "import os; os.makedirs('hers/etc')"], shared_dir)
+        _settle(watch)
+        monkeypatch.setattr(os, "readlink", racing)
+        run_as(user, ["python3", "-c", "open('hers/etc/hostname', 'w').close()"], shared_dir)
+        deadline = time.monotonic() + 10
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert done
+        _settle(watch)
+        marked = fanotify_marks_by_inode(responder_group(watch.responder_pid))
+        assert target.st_ino not in marked
+        assert watch.index.lookup(target.st_dev, target.st_ino) is None
+        hers = (shared_dir / "hers.old" / "etc" / "hostname").stat()
+        assert hers.st_ino in marked
+    finally:
+        monkeypatch.undo()
         watch.stop()
 
 
@@ -305,6 +436,22 @@ def test_a_new_directory_is_marked_by_its_descriptor_not_its_path(shared_dir, tm
         watch.stop()
 
 
+def test_a_mark_whose_descriptor_did_not_come_through_is_told_to_the_agent():
+    """At its descriptor limit (events held) the kernel drops the descriptor a mark frame
+    carried: the responder tells the agent that directory is not watched."""
+    ours, theirs = channel.pair()
+    answering = responder.Responder(-1, theirs, 0.25, os.getpid())
+    try:
+        ours.send(channel.mark(0, 0, "", channel.MARK_FD))  # no descriptor with it
+        assert answering._read_agent(select.POLLIN)
+        note = ours.recv(channel.MAX_FRAME)
+        assert note[:1] == channel.NOTE
+        assert b"not watched: its descriptor did not reach the responder" in note
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def test_the_responder_reads_the_groups_events_between_floods_of_marks(monkeypatch):
     """A flood of marks (a user's deep tree walked again and again) is handled
     MAX_FRAMES_PER_PASS frames at a time, the group's events read in between: openers do
@@ -326,6 +473,11 @@ def test_the_responder_reads_the_groups_events_between_floods_of_marks(monkeypat
     finally:
         ours.close()
         theirs.close()
+
+
+def _walk(top: str, owner: int) -> newtrees.TreeWalk:
+    """A walk for the queue's own tests (never opened: their walker is a stand-in)."""
+    return newtrees.TreeWalk(top, owner, -1, fan.Handle(1, top.encode()), hash(top))
 
 
 class _Walker:
@@ -358,14 +510,14 @@ def test_one_owner_fills_only_her_part_of_the_walkers_queue(monkeypatch):
     walker = _Walker()
     trees = newtrees.NewTrees(walker, lambda why: None)
     try:
-        assert trees.put("/m/first", 1001) is None
+        assert trees.put(_walk("/m/first", 1001)) is None
         assert walker.taken.wait(5)  # the walker holds it: it waits no more
-        refusals = [trees.put(f"/m/u{i}", 1001) for i in range(4)]
+        refusals = [trees.put(_walk(f"/m/u{i}", 1001)) for i in range(4)]
         assert refusals[:3] == [None, None, None]
         assert refusals[3] == "3 of its owner's already wait to be walked"
-        assert trees.put("/m/root-made", 0) is None
-        assert trees.put("/m/other", 1002) is None  # the sixth, with the one being walked
-        assert trees.put("/m/third", 1003) == "6 directories already wait to be walked"
+        assert trees.put(_walk("/m/root-made", 0)) is None
+        assert trees.put(_walk("/m/other", 1002)) is None  # the sixth, with the one being walked
+        assert trees.put(_walk("/m/third", 1003)) == "6 directories already wait to be walked"
         walker.release.set()
         assert trees.wait_idle(5)
         # owners take turns: hers, root's, the other's, then hers again
@@ -388,10 +540,10 @@ def test_owners_take_turns_a_slice_each_and_a_tree_queued_twice_is_walked_once()
     walker = _Walker(slices={"/m/huge": 3})
     trees = newtrees.NewTrees(walker, lambda why: None)
     try:
-        trees.put("/m/huge", 1001)
+        trees.put(_walk("/m/huge", 1001))
         assert walker.taken.wait(5)
-        assert trees.put("/m/ckpt", 1002) is None
-        assert trees.put("/m/ckpt", 1002) is None  # moved out and in again meanwhile
+        assert trees.put(_walk("/m/ckpt", 1002)) is None
+        assert trees.put(_walk("/m/ckpt", 1002)) is None  # moved out and in again meanwhile
         walker.release.set()
         assert trees.wait_idle(5)
         assert walker.walked == ["/m/huge", "/m/ckpt", "/m/huge", "/m/huge"]
@@ -409,7 +561,7 @@ def test_the_walker_walks_no_faster_than_its_rate(monkeypatch):
     walker.release.set()
     trees = newtrees.NewTrees(walker, lambda why: None, clock=lambda: now[0])
     try:
-        trees.put("/m/tree", 1001)
+        trees.put(_walk("/m/tree", 1001))
         assert not trees.wait_idle(0.3)
         assert len(walker.walked) == 2  # the burst, then no time has passed
         now[0] += 2 * newtrees.SLICE_ENTRIES / newtrees.RATE_PER_S
@@ -435,8 +587,8 @@ def test_a_walk_that_fails_is_reported_and_the_next_is_walked():
 
     trees = newtrees.NewTrees(walk_on, errors.append)
     try:
-        trees.put("/m/bad", 1001)
-        trees.put("/m/good", 1001)
+        trees.put(_walk("/m/bad", 1001))
+        trees.put(_walk("/m/good", 1001))
         assert trees.wait_idle(5)
         assert walked == ["/m/good"]
         assert errors == ["walking /m/bad: OSError: [Errno 5] Input/output error"]
@@ -444,6 +596,7 @@ def test_a_walk_that_fails_is_reported_and_the_next_is_walked():
         trees.stop()
 
 
+@root_only
 def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path):
     """A directory of many entries (a dataset's shard directory) is listed over several
     slices, each of the budget given, and every entry is handed over once."""
@@ -454,18 +607,25 @@ def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path)
         (top / "sub" / f"g{i}").write_text("x")
     files: list[str] = []
     dirs: list[str] = []
-    walk = newtrees.TreeWalk(str(top), 0)
-    slices = []
-    while not walk.over:
-        slices.append(
-            newtrees.walk_slice(
-                walk,
-                10,
-                lambda parent, entry: True,
-                lambda path, fd: dirs.append(path),
-                lambda path, entry, fd: files.append(os.path.basename(path)),
-            )
-        )
+    visitor = newtrees.Visitor(
+        descend=lambda parent, entry: identity_of(entry.stat(follow_symlinks=False)),
+        admit=lambda path, info: False,
+        in_tree=lambda path: path.startswith(str(top)),
+        on_dir=lambda path, fd: dirs.append(path),
+        on_file=lambda path, entry, fd: files.append(os.path.basename(path)),
+    )
+    mount_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        handle = fan.handle_at(top_fd)
+        assert handle is not None
+        walk = newtrees.TreeWalk(str(top), 0, mount_fd, handle, identity_of(os.fstat(top_fd)))
+        slices = []
+        while not walk.over:
+            slices.append(newtrees.walk_slice(walk, 10, visitor))
+    finally:
+        os.close(top_fd)
+        os.close(mount_fd)
     assert dirs == [str(top / "sub")]
     assert sorted(files) == sorted([f"f{i}" for i in range(25)] + [f"g{i}" for i in range(25)])
     assert max(slices) == 10 and len(slices) >= 5
