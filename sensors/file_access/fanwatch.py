@@ -647,9 +647,14 @@ class FanotifyWatch:
             thread.join(timeout=5)
         if self.link is not None:
             self.link.stop()  # the responder exits; its group, marks and held opens go with it
-        for fd in (self.fid_fd, self._stop_r, self._stop_w, *self._mount_fds.values()):
+        # a walker still in a slice (stop waits for it a while only) opens handles through
+        # the mount descriptors: they stay open until it is gone (the process exits)
+        walking = self.new_trees is not None and self.new_trees.alive
+        mount_fds = () if walking else tuple(self._mount_fds.values())
+        for fd in (self.fid_fd, self._stop_r, self._stop_w, *mount_fds):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.fid_fd = -1
-        self._mount_fds = {}
+        if not walking:
+            self._mount_fds = {}

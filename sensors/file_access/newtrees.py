@@ -114,6 +114,7 @@ class _Listing:
     def __init__(self, path: str, fd: int):
         self.path = path
         self.fd = fd
+        self.dev = os.fstat(fd).st_dev
         self.entries = os.scandir(fd)
         self.subdirs: list[Pending] = []
 
@@ -126,8 +127,8 @@ class _Listing:
 class TreeWalk:
     """One new directory's walk, as far as it got: the directories still to list, and the
     one being listed. `mount_fd`: a descriptor on its filesystem (the watch's, kept open while
-    it runs), to open handles through; a directory on another filesystem (a mount in the
-    tree) does not open through it and is not walked."""
+    the walker runs), to open handles through; a directory on another filesystem (a mount in
+    the tree) is not walked."""
 
     top: str
     owner: int
@@ -211,7 +212,9 @@ def _visit(listing: _Listing, entry: os.DirEntry[str], visitor: Visitor) -> None
         visitor.on_file(child, entry, listing.fd)
         return
     identity = visitor.descend(listing.path, entry)
-    if identity is not None:
+    # not across a mount point: a handle of the filesystem mounted there would be read as
+    # one of this filesystem's
+    if identity is not None and identity >> 64 == listing.dev:
         handle = fan.handle_at(listing.fd, entry.name)
         if handle is not None:
             listing.subdirs.append(Pending(handle, identity, False))
@@ -260,7 +263,9 @@ class NewTrees:
         self._clock = clock
         self._walks: dict[int, deque[TreeWalk]] = {}  # owner -> her walks, in turn
         self._turns: deque[int] = deque()  # owners with walks waiting, the next first
-        self._queued: set[int] = set()  # identities of tops waiting, not started: once
+        # handles of tops waiting, not started: once (a handle, not st_ino: a directory made
+        # where a queued one was removed may reuse its inode number, never its handle)
+        self._queued: set[fan.Handle] = set()
         self._pending = 0
         self._tokens = float(BURST)
         self._filled_at = clock()
@@ -274,7 +279,7 @@ class NewTrees:
         """Queue the walk of a new directory; why not when there is no room."""
         owner = walk.owner
         with self._changed:
-            if walk.identity in self._queued:  # moved in again before its walk began: once
+            if walk.handle in self._queued:  # moved in again before its walk began: once
                 return None
             waiting = self._walks.get(owner)
             if waiting is not None and len(waiting) >= MAX_PENDING_PER_OWNER:
@@ -285,7 +290,7 @@ class NewTrees:
                 waiting = self._walks[owner] = deque()
                 self._turns.append(owner)
             waiting.append(walk)
-            self._queued.add(walk.identity)
+            self._queued.add(walk.handle)
             self._pending += 1
             self._changed.notify_all()
         return None
@@ -296,6 +301,11 @@ class NewTrees:
             return self._changed.wait_for(
                 lambda: self._stopping or not (self._pending or self._busy), timeout_s
             )
+
+    @property
+    def alive(self) -> bool:
+        """Whether the walker thread still runs (stop waits for it a while only)."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         with self._changed:
@@ -318,7 +328,7 @@ class NewTrees:
                 owner = self._turns.popleft()
                 waiting = self._walks[owner]
                 walk = waiting.popleft()
-                self._queued.discard(walk.identity)
+                self._queued.discard(walk.handle)
                 self._busy = True
             try:
                 used = self._walk_on(walk, SLICE_ENTRIES)

@@ -203,7 +203,7 @@ def test_a_directory_swapped_for_a_symlink_while_walked_indexes_nothing_elsewher
 
 
 @root_only
-def test_a_tree_renamed_before_its_walk_is_walked(shared_dir, tmp_path):  # noqa: F811
+def test_a_tree_renamed_before_its_walk_is_walked(shared_dir, outside, tmp_path):  # noqa: F811
     """A checkpoint saved to `ck.tmp` and renamed `ck` (Orbax) while its walk waits (the
     walker busy with others' trees): the walk opens the directory by its handle, wherever
     it is now, so its subdirectories are marked and a read in them is seen."""
@@ -219,7 +219,9 @@ def test_a_tree_renamed_before_its_walk_is_walked(shared_dir, tmp_path):  # noqa
 
     watch.new_trees._walk_on = busy
     try:
-        run_as(user, ["python3", "-c", "import os; os.makedirs('ck.tmp/b/c')"], shared_dir)
+        # made elsewhere and moved in whole: b and c have no create event of their own
+        run_as(user, ["python3", "-c", "import os; os.makedirs('ck.tmp/b/c')"], outside)
+        run_as(user, ["mv", str(outside / "ck.tmp"), str(shared_dir / "ck.tmp")], outside)
         deadline = time.monotonic() + 10
         while not watch.new_trees._pending and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -547,6 +549,28 @@ def test_owners_take_turns_a_slice_each_and_a_tree_queued_twice_is_walked_once()
         walker.release.set()
         assert trees.wait_idle(5)
         assert walker.walked == ["/m/huge", "/m/ckpt", "/m/huge", "/m/huge"]
+    finally:
+        walker.release.set()
+        trees.stop()
+
+
+def test_a_directory_that_reuses_a_queued_ones_inode_number_is_queued():
+    """A directory removed while its walk waits, and one made that reuses its inode number
+    (ext4 does): not the same directory (another handle, with the inode's generation), so
+    it is queued; the same handle queued twice is walked once."""
+    walker = _Walker()
+    trees = newtrees.NewTrees(walker, lambda why: None)
+    try:
+        trees.put(_walk("/m/busy", 1001))
+        assert walker.taken.wait(5)
+        gone = newtrees.TreeWalk("/m/a", 1001, -1, fan.Handle(1, b"ino-7-gen-1"), 7)
+        reused = newtrees.TreeWalk("/m/b", 1001, -1, fan.Handle(1, b"ino-7-gen-2"), 7)
+        again = newtrees.TreeWalk("/m/a", 1001, -1, fan.Handle(1, b"ino-7-gen-1"), 7)
+        assert trees.put(gone) is None and trees.put(reused) is None
+        assert trees.put(again) is None
+        walker.release.set()
+        assert trees.wait_idle(5)
+        assert walker.walked == ["/m/busy", "/m/a", "/m/b"]
     finally:
         walker.release.set()
         trees.stop()
