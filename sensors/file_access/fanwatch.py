@@ -99,7 +99,12 @@ class FanotifyWatch:
         self._marking = threading.RLock()
         self.new_trees: NewTrees | None = None  # started with the reader
         self._visitor = Visitor(
-            self._new_subdir, self._admit_dir, self._in_tree, self._mark_dir, self._new_entry
+            self._new_subdir,
+            self._admit_dir,
+            self._in_tree,
+            self._mark_dir,
+            self._new_entry,
+            self._count_unwatched,
         )
         self._real_roots: list[str] = []  # the watched trees' own paths (runtime events')
         self._mount_fds: dict[int, int] = {}  # statvfs f_fsid -> directory descriptor
@@ -238,8 +243,9 @@ class FanotifyWatch:
 
     def _mark_dir(self, path: str, fd: int | None = None) -> None:
         """Never through a symlink (one swapped in for the directory since it was looked
-        at). `fd`: the directory, open (newtrees.open_checked), while the watch runs: both
-        marks are made on the descriptor, whose path is not resolved again."""
+        at). `fd`: the directory, open (newtrees.open_checked, or by handle in a walk), while
+        the watch runs: both marks are made on the descriptor, whose path is not resolved
+        again."""
         flags = fan.FAN_MARK_ONLYDIR | fan.FAN_MARK_DONT_FOLLOW
         self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags, fd)
         self._mark_fid(path, flags, fd)
@@ -650,11 +656,11 @@ class FanotifyWatch:
         # a walker still in a slice (stop waits for it a while only) opens handles through
         # the mount descriptors: they stay open until it is gone (the process exits)
         walking = self.new_trees is not None and self.new_trees.alive
-        mount_fds = () if walking else tuple(self._mount_fds.values())
-        for fd in (self.fid_fd, self._stop_r, self._stop_w, *mount_fds):
+        groups = () if walking else (self.fid_fd, *self._mount_fds.values())  # FID group too
+        for fd in (self._stop_r, self._stop_w, *groups):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.fid_fd = -1
         if not walking:
+            self.fid_fd = -1
             self._mount_fds = {}

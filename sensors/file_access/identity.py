@@ -84,16 +84,11 @@ class AssetIndex:
         if time.monotonic() - self.built_at >= REBUILD_S:
             self.build()
 
-    def add(self, path: str) -> None:
-        """A file created or renamed under a root (FID events carry our own path of it)."""
-        with self._lock:
-            if not self.shares.full:
-                self._add(self.files, self.shares, path)
-
     def add_seen(self, path: str, st: os.stat_result) -> None:
-        """A file a new tree's walk found, with the lstat its directory's descriptor gave:
-        the path is not resolved again (a directory of it swapped for a symlink since would
-        index a file elsewhere under a protected name)."""
+        """A file created, renamed or found under a root while the watch runs, with the
+        lstat its directory's descriptor gave: the path is not resolved again (a directory
+        of it swapped for a symlink since would index a file elsewhere under a protected
+        name)."""
         with self._lock:
             if not self.shares.full:
                 self._add(self.files, self.shares, path, st=st)

@@ -106,6 +106,7 @@ class Visitor:
     in_tree: Callable[[str], bool]  # a path read back from a descriptor, in a watched tree
     on_dir: Callable[[str, int], None]  # a directory to mark (its path, its descriptor)
     on_file: Callable[[str, os.DirEntry[str], int], None]  # an entry, its directory's fd
+    unwalked: Callable[[str, str], None]  # a directory left unwalked, and why
 
 
 class _Listing:
@@ -146,6 +147,11 @@ class TreeWalk:
     def over(self) -> bool:
         return not self.stack and self.listing is None
 
+    @property
+    def key(self) -> tuple[int, fan.Handle]:
+        """The directory walked: its filesystem (st_dev) and its handle."""
+        return self.identity >> 64, self.handle
+
     def close(self) -> None:
         """Give the walk up (its descriptor closed)."""
         self.stack.clear()
@@ -160,10 +166,11 @@ def walk_slice(walk: TreeWalk, entries: int, visitor: Visitor) -> int:
     listed changes nothing: it is the inode charged that is opened, wherever it is now),
     walked only while its path, read back from the descriptor, is in a watched tree, handed
     to `visitor.on_dir` before it is listed, then listed through its descriptor; each entry
-    that is not a directory goes to `visitor.on_file`, each subdirectory `visitor.descend`
-    takes is queued by its handle. Symlinks are entries, never followed. Depth first, one
-    directory open at a time; a slice may end within a directory (the next goes on there).
-    Returns the entries used; `walk.over` says when it is done."""
+    that is not a directory goes to `visitor.on_file`, each subdirectory on the same
+    filesystem that `visitor.descend` takes is queued by its handle. Symlinks are entries,
+    never followed. Depth first, one directory open at a time; a slice may end within a
+    directory (the next goes on there). Returns the entries used; `walk.over` says when it
+    is done."""
     used = 0
     while used < entries:
         if walk.listing is None:
@@ -211,10 +218,17 @@ def _visit(listing: _Listing, entry: os.DirEntry[str], visitor: Visitor) -> None
     if not is_dir:
         visitor.on_file(child, entry, listing.fd)
         return
+    # not across a mount point (or into a btrfs subvolume): a handle of the filesystem there
+    # would be read as one of this filesystem's
+    try:
+        crossing = entry.stat(follow_symlinks=False).st_dev != listing.dev
+    except OSError:
+        return
+    if crossing:
+        visitor.unwalked(child, "a mount point, not walked (watched from the next start)")
+        return
     identity = visitor.descend(listing.path, entry)
-    # not across a mount point: a handle of the filesystem mounted there would be read as
-    # one of this filesystem's
-    if identity is not None and identity >> 64 == listing.dev:
+    if identity is not None:
         handle = fan.handle_at(listing.fd, entry.name)
         if handle is not None:
             listing.subdirs.append(Pending(handle, identity, False))
@@ -224,8 +238,8 @@ def _open_pending(
     walk: TreeWalk, pending: Pending, visitor: Visitor
 ) -> tuple[int, str, bool] | None:
     """The directory a pending entry names, open, its path and whether it is marked; None
-    when it is gone, on another filesystem, out of the watched trees, or an inode other than
-    the one charged that the shares refuse."""
+    when it is gone, out of the watched trees, or an inode other than the one charged that
+    the shares refuse."""
     try:
         fd = fan.open_handle(walk.mount_fd, pending.handle, _OPEN_DIR)
     except OSError:
@@ -263,9 +277,10 @@ class NewTrees:
         self._clock = clock
         self._walks: dict[int, deque[TreeWalk]] = {}  # owner -> her walks, in turn
         self._turns: deque[int] = deque()  # owners with walks waiting, the next first
-        # handles of tops waiting, not started: once (a handle, not st_ino: a directory made
-        # where a queued one was removed may reuse its inode number, never its handle)
-        self._queued: set[fan.Handle] = set()
+        # the filesystems and handles of tops waiting, not started: once (a handle, not
+        # st_ino: a directory made where a queued one was removed may reuse its inode
+        # number, never its handle)
+        self._queued: set[tuple[int, fan.Handle]] = set()
         self._pending = 0
         self._tokens = float(BURST)
         self._filled_at = clock()
@@ -279,7 +294,7 @@ class NewTrees:
         """Queue the walk of a new directory; why not when there is no room."""
         owner = walk.owner
         with self._changed:
-            if walk.handle in self._queued:  # moved in again before its walk began: once
+            if walk.key in self._queued:  # moved in again before its walk began: once
                 return None
             waiting = self._walks.get(owner)
             if waiting is not None and len(waiting) >= MAX_PENDING_PER_OWNER:
@@ -290,7 +305,7 @@ class NewTrees:
                 waiting = self._walks[owner] = deque()
                 self._turns.append(owner)
             waiting.append(walk)
-            self._queued.add(walk.handle)
+            self._queued.add(walk.key)
             self._pending += 1
             self._changed.notify_all()
         return None
@@ -328,7 +343,7 @@ class NewTrees:
                 owner = self._turns.popleft()
                 waiting = self._walks[owner]
                 walk = waiting.popleft()
-                self._queued.discard(walk.handle)
+                self._queued.discard(walk.key)
                 self._busy = True
             try:
                 used = self._walk_on(walk, SLICE_ENTRIES)

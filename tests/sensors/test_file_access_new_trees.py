@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
+import subprocess
 import tempfile
 import threading
 import time
@@ -131,7 +132,7 @@ def test_a_tree_moved_in_is_watched_with_its_files(shared_dir, outside, tmp_path
 @root_only
 def test_a_symlink_in_a_tree_moved_in_is_not_followed(shared_dir, outside, tmp_path):  # noqa: F811
     """A tree moved in holds a symlink to a directory elsewhere: nothing out there is
-    marked (the walk opens each directory with O_NOFOLLOW, relative to its parent)."""
+    marked or indexed (each directory is opened by its handle and listed through it)."""
     user = unprivileged_user()
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "deep").mkdir(parents=True)
@@ -637,6 +638,7 @@ def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path)
         in_tree=lambda path: path.startswith(str(top)),
         on_dir=lambda path, fd: dirs.append(path),
         on_file=lambda path, entry, fd: files.append(os.path.basename(path)),
+        unwalked=lambda path, why: None,
     )
     mount_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
@@ -653,3 +655,47 @@ def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path)
     assert dirs == [str(top / "sub")]
     assert sorted(files) == sorted([f"f{i}" for i in range(25)] + [f"g{i}" for i in range(25)])
     assert max(slices) == 10 and len(slices) >= 5
+
+
+@root_only
+def test_a_mount_inside_a_new_tree_is_not_walked_nor_charged_and_is_counted(tmp_path):
+    """A handle of the filesystem mounted inside a tree would be read as one of the tree's
+    own: the walk does not cross a mount point, charges nothing for it, and says so."""
+    top = tmp_path / "top"
+    (top / "plain").mkdir(parents=True)
+    (top / "mnt").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(top / "mnt")], check=True)
+    try:
+        (top / "mnt" / "inner").mkdir()
+        charged: list[str] = []
+        walked: list[str] = []
+        unwalked: list[tuple[str, str]] = []
+
+        def descend(parent, entry):
+            charged.append(entry.name)
+            return identity_of(entry.stat(follow_symlinks=False))
+
+        visitor = newtrees.Visitor(
+            descend=descend,
+            admit=lambda path, info: False,
+            in_tree=lambda path: path.startswith(str(top)),
+            on_dir=lambda path, fd: walked.append(path),
+            on_file=lambda path, entry, fd: None,
+            unwalked=lambda path, why: unwalked.append((path, why)),
+        )
+        mount_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            handle = fan.handle_at(top_fd)
+            assert handle is not None
+            walk = newtrees.TreeWalk(str(top), 0, mount_fd, handle, identity_of(os.fstat(top_fd)))
+            while not walk.over:
+                newtrees.walk_slice(walk, 100, visitor)
+        finally:
+            os.close(top_fd)
+            os.close(mount_fd)
+        assert charged == ["plain"] and walked == [str(top / "plain")]
+        assert [path for path, _ in unwalked] == [str(top / "mnt")]
+        assert "mount point" in unwalked[0][1]
+    finally:
+        subprocess.run(["umount", str(top / "mnt")], check=False)

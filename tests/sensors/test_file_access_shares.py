@@ -264,7 +264,7 @@ def test_files_learned_from_their_opens_stay_within_their_owners_share(tmp_path:
     for n in range(8):
         st = os.stat(tmp_path / f"junk{n}")
         index.learn(st.st_dev, st.st_ino, str(tmp_path / f"junk{n}"))
-        index.add(str(tmp_path / f"junk{n}"))
+        index.add_seen(str(tmp_path / f"junk{n}"), st)
     assert len(index.files) == 2  # still her two
     (tmp_path / "w.bin").write_text("w")
     st = os.stat(tmp_path / "w.bin")
