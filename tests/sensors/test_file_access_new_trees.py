@@ -25,15 +25,12 @@ from test_file_access import (
     shared_dir,  # noqa: F401  # a fixture
     unprivileged_user,
 )
+from test_file_access_new_dirs import _marks
 
 from hpcsec.sensors.file_access import channel, fanwatch, newtrees, responder
 from hpcsec.sensors.file_access import fanotify as fan
 from hpcsec.sensors.file_access.records import Folder
 from hpcsec.sensors.file_access.shares import identity_of
-
-
-def _marks(watch) -> int:
-    return fanotify_marks(responder_group(watch.responder_pid)).count("ino")
 
 
 def _fid_marks(watch) -> int:
@@ -621,6 +618,24 @@ def test_a_walk_that_fails_is_reported_and_the_next_is_walked():
         trees.stop()
 
 
+def _walk_whole(top: Path, visitor: newtrees.Visitor, entries: int) -> list[int]:
+    """Walk `top` (its parent's filesystem: the mount descriptor) to its end in slices of
+    `entries`: the entries each slice used."""
+    mount_fd = os.open(top.parent, os.O_RDONLY | os.O_DIRECTORY)
+    top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        handle = fan.handle_at(top_fd)
+        assert handle is not None
+        walk = newtrees.TreeWalk(str(top), 0, mount_fd, handle, identity_of(os.fstat(top_fd)))
+        slices = []
+        while not walk.over:
+            slices.append(newtrees.walk_slice(walk, entries, visitor))
+        return slices
+    finally:
+        os.close(top_fd)
+        os.close(mount_fd)
+
+
 @root_only
 def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path):
     """A directory of many entries (a dataset's shard directory) is listed over several
@@ -640,18 +655,7 @@ def test_a_slice_may_end_within_a_directory_and_the_next_goes_on_there(tmp_path)
         on_file=lambda path, entry, fd: files.append(os.path.basename(path)),
         unwalked=lambda path, why: None,
     )
-    mount_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        handle = fan.handle_at(top_fd)
-        assert handle is not None
-        walk = newtrees.TreeWalk(str(top), 0, mount_fd, handle, identity_of(os.fstat(top_fd)))
-        slices = []
-        while not walk.over:
-            slices.append(newtrees.walk_slice(walk, 10, visitor))
-    finally:
-        os.close(top_fd)
-        os.close(mount_fd)
+    slices = _walk_whole(top, visitor, 10)
     assert dirs == [str(top / "sub")]
     assert sorted(files) == sorted([f"f{i}" for i in range(25)] + [f"g{i}" for i in range(25)])
     assert max(slices) == 10 and len(slices) >= 5
@@ -683,17 +687,7 @@ def test_a_mount_inside_a_new_tree_is_not_walked_nor_charged_and_is_counted(tmp_
             on_file=lambda path, entry, fd: None,
             unwalked=lambda path, why: unwalked.append((path, why)),
         )
-        mount_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            handle = fan.handle_at(top_fd)
-            assert handle is not None
-            walk = newtrees.TreeWalk(str(top), 0, mount_fd, handle, identity_of(os.fstat(top_fd)))
-            while not walk.over:
-                newtrees.walk_slice(walk, 100, visitor)
-        finally:
-            os.close(top_fd)
-            os.close(mount_fd)
+        _walk_whole(top, visitor, 100)
         assert charged == ["plain"] and walked == [str(top / "plain")]
         assert [path for path, _ in unwalked] == [str(top / "mnt")]
         assert "mount point" in unwalked[0][1]
