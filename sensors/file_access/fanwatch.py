@@ -315,8 +315,13 @@ class FanotifyWatch:
         except OSError:
             return
         if not stat.S_ISLNK(st.st_mode):
-            self._mark_file(path, st=st, dir_fd=dir_fd)
-            self.index.add_seen(path, st)
+            self._adopt_file(path, st, dir_fd)
+
+    def _adopt_file(self, path: str, st: os.stat_result, dir_fd: int) -> None:
+        """A file met while the watch runs, with its lstat through its directory's
+        descriptor `dir_fd`: marked by its name there and indexed, no path resolved."""
+        self._mark_file(path, st=st, dir_fd=dir_fd)
+        self.index.add_seen(path, st)
 
     def _count_unwatched(self, path: str, why: str) -> None:
         with self._lock:
@@ -587,8 +592,7 @@ class FanotifyWatch:
             st = os.stat(fid.os_name, dir_fd=dir_fd, follow_symlinks=False)
             path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), fid.os_name)
             if self._in_tree(path) and not stat.S_ISLNK(st.st_mode):
-                self._mark_file(path, st=st, dir_fd=dir_fd)
-                self.index.add_seen(path, st)
+                self._adopt_file(path, st, dir_fd)
         except OSError:
             pass
         finally:

@@ -112,10 +112,10 @@ class Visitor:
 class _Listing:
     """A directory being listed, through its descriptor: a walk's slice may end within it."""
 
-    def __init__(self, path: str, fd: int):
+    def __init__(self, path: str, fd: int, dev: int):
         self.path = path
         self.fd = fd
-        self.dev = os.fstat(fd).st_dev
+        self.dev = dev  # its filesystem: a subdirectory on another is a mount point
         self.entries = os.scandir(fd)
         self.subdirs: list[Pending] = []
 
@@ -180,11 +180,11 @@ def walk_slice(walk: TreeWalk, entries: int, visitor: Visitor) -> int:
             opened = _open_pending(walk, walk.stack.pop(), visitor)
             if opened is None:
                 continue
-            fd, path, marked = opened
+            fd, path, marked, dev = opened
             try:
                 if not marked:
                     visitor.on_dir(path, fd)
-                walk.listing = _Listing(path, fd)
+                walk.listing = _Listing(path, fd, dev)
             except OSError:
                 os.close(fd)
                 continue
@@ -236,8 +236,9 @@ def _visit(listing: _Listing, entry: os.DirEntry[str], visitor: Visitor) -> None
 
 def _open_pending(
     walk: TreeWalk, pending: Pending, visitor: Visitor
-) -> tuple[int, str, bool] | None:
-    """The directory a pending entry names, open, its path and whether it is marked; None
+) -> tuple[int, str, bool, int] | None:
+    """The directory a pending entry names, open, its path, whether it is marked and its
+    st_dev; None
     when it is gone, out of the watched trees, or an inode other than the one charged that
     the shares refuse."""
     try:
@@ -250,9 +251,9 @@ def _open_pending(
         marked = pending.marked
         if visitor.in_tree(path) and stat.S_ISDIR(info.st_mode):
             if identity_of(info) == pending.identity:
-                return fd, path, marked
+                return fd, path, marked, info.st_dev
             if visitor.admit(path, info):  # swapped in between the listing and its handle
-                return fd, path, False
+                return fd, path, False, info.st_dev
     except OSError:
         pass
     except BaseException:
