@@ -26,6 +26,7 @@ from sigma.types import SigmaRegularExpression
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.yamlsrc import YamlDocument
 from hpcsec.detector.engine import correlation_rules
+from hpcsec.detector.engine.condition_check import parses_cleanly
 from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex
 from hpcsec.detector.engine.ruleset import SigmaItem
 
@@ -218,6 +219,8 @@ def condition_errors(item: SigmaItem, doc: YamlDocument) -> list[RuleError]:
     errors = []
     listed = isinstance(doc.data.get(section, {}).get("condition"), list)
     for i, condition in enumerate(detections.parsed_condition):
+        if parses_cleanly(condition):  # known without parsing it again (condition_check.py)
+            continue
         try:
             condition.parse()
         except SigmaError as exc:
