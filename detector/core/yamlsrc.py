@@ -25,29 +25,19 @@ MAX_NODES = 200_000
 PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 
 
-class _AliasSeen(Exception):
-    """The fast path met a node twice: an alias, which the pure-Python path reports."""
-
-
 STR_TAG = "tag:yaml.org,2002:str"
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Builder:
-    def __init__(self, source: str, refuse_repeats: bool = False):
+    def __init__(self, source: str):
         self.source = source
         self.constructor = yaml.constructor.SafeConstructor()
         self.lines: dict[Path_, int] = {}
         self.count = 0
-        # libyaml's composer resolves an alias to the anchored node itself: a node met twice
-        self.seen: set[int] | None = set() if refuse_repeats else None
 
     def _visit(self, node: yaml.Node) -> int:
-        """Count `node` (bounded), refuse one met before; its line."""
-        if self.seen is not None:
-            if id(node) in self.seen:
-                raise _AliasSeen
-            self.seen.add(id(node))
+        """Count `node` (bounded); its line."""
         self.count += 1
         if self.count > MAX_NODES:
             raise SourceError(
@@ -121,31 +111,156 @@ def decode_source(raw: bytes, source: str) -> str:
 
 
 def _fast_documents(text: str, source: str) -> list[YamlDocument] | None:
-    """All documents composed by libyaml (C), or None when the text is anything but plain valid
-    YAML without aliases: then the pure-Python path runs, and its errors are the ones users see.
+    """All documents built from libyaml's (C) event stream, or None when the text is anything
+    but plain valid YAML without aliases: then the pure-Python path runs, and its errors are
+    the ones users see.
 
     The pure-Python composer is most of the time `hpcsec rules list` and the agent's start spend
-    on the bundled rules; libyaml gives the same nodes with the same marks, about ten times
-    faster, and bounds nesting at 1000 levels itself.
+    on the bundled rules; libyaml parses about ten times faster and bounds nesting at 1000
+    levels itself. Values are built from its events (_EventBuilder), not from the nodes its
+    composer would make of them: the nodes, and the Python resolver call the composer makes
+    for each, were half of a SigmaHQ file's YAML time.
     """
     loader_class = getattr(yaml, "CSafeLoader", None)
     if loader_class is None:  # PyYAML built without libyaml
         return None
     loader = loader_class(text)
-    docs = []
     try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is None:
-                continue
-            builder = _Builder(source, refuse_repeats=True)
-            data = builder.build(node, ())
-            docs.append(YamlDocument(data, source, node.start_mark.line + 1, builder.lines))
-    except (yaml.YAMLError, SourceError, _AliasSeen, RecursionError, ValueError):
+        return _EventBuilder(loader).documents(source)
+    except (yaml.YAMLError, _NotPlain, RecursionError, ValueError, TypeError):
         return None
     finally:
         loader.dispose()
-    return docs
+
+
+class _NotPlain(Exception):
+    """What the event builder leaves to the pure-Python path: an alias, a repeated anchor or
+    key, a merge key, a collection key, an unsupported tag, too many nodes."""
+
+
+_MAPPING_START, _SCALAR = yaml.MappingStartEvent, yaml.ScalarEvent
+_ENDS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+class _EventBuilder:
+    """Plain values and their lines from a CSafeLoader's events, as _Builder makes them from
+    nodes (same values, same lines, same bounds): an explicit stack, no recursion."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+        self.constructor = yaml.constructor.SafeConstructor()
+        self.resolve = yaml.resolver.Resolver().resolve
+        # implicit resolvers by the first character of a plain scalar: a plain scalar whose
+        # first character has none is a string, without the resolver's call
+        self.implicit_by_first = yaml.resolver.Resolver.yaml_implicit_resolvers
+
+    def _tag(self, event: Any) -> str:
+        tag = event.tag
+        if tag is not None and tag != "!":
+            return str(tag)
+        value = event.value
+        if not event.implicit[0] or (value and value[0] not in self.implicit_by_first):
+            return STR_TAG  # what resolve() returns for these (no path resolvers)
+        tag = _PLAIN_TAGS.get(value)
+        if tag is None:
+            tag = str(self.resolve(yaml.ScalarNode, value, event.implicit))
+            if len(value) <= 64 and len(_PLAIN_TAGS) < MAX_PLAIN_TAGS:
+                _PLAIN_TAGS[value] = tag
+        return tag
+
+    def documents(self, source: str) -> list[YamlDocument]:
+        loader, docs = self.loader, []
+        loader.get_event()  # StreamStart
+        while not loader.check_event(yaml.StreamEndEvent):
+            loader.get_event()  # DocumentStart
+            line = loader.peek_event().start_mark.line + 1
+            lines: dict[Path_, int] = {}
+            data = self._document(lines)
+            loader.get_event()  # DocumentEnd
+            docs.append(YamlDocument(data, source, line, lines))
+        return docs
+
+    def _scalar(self, event: Any) -> Any:
+        tag = self._tag(event)
+        if tag == STR_TAG:
+            return event.value
+        node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+        return self.constructor.construct_object(node, deep=True)
+
+    def _document(self, lines: dict[Path_, int]) -> Any:
+        get_event = self.loader.get_event
+        anchors: set[str] = set()
+        count = 0
+        # open collections: [value, path, is_mapping, key waiting for its value, its line]
+        stack: list[list[Any]] = []
+        root: Any = None
+        while True:
+            event = get_event()
+            kind = type(event)
+            if kind in _ENDS:
+                value = stack.pop()[0]
+                if not stack:
+                    return value
+                continue
+            if kind is yaml.AliasEvent:
+                raise _NotPlain
+            if event.anchor is not None:
+                if event.anchor in anchors:
+                    raise _NotPlain
+                anchors.add(event.anchor)
+            count += 1
+            if count > MAX_NODES:
+                raise _NotPlain
+            line = event.start_mark.line + 1
+            top = stack[-1] if stack else None
+            if top is not None and top[2] and top[3] is _NO_KEY:
+                # a mapping's key
+                if kind is not _SCALAR:
+                    raise _NotPlain
+                # a merge key (<<) has no constructor: an error, left to the Python path
+                key = self._scalar(event)
+                if key in top[0]:
+                    raise _NotPlain
+                top[3], top[4] = key, line
+                continue
+            if top is None:
+                at: Path_ = ()
+            elif top[2]:
+                at = (*top[1], top[3])
+            else:
+                at = (*top[1], len(top[0]))
+            lines[at] = line
+            if kind is _SCALAR:
+                value = self._scalar(event)
+            else:
+                is_mapping = kind is _MAPPING_START
+                tag = event.tag
+                if tag is None or tag == "!":
+                    tag = self.resolve(
+                        yaml.MappingNode if is_mapping else yaml.SequenceNode, None, event.implicit
+                    )
+                if tag not in PLAIN_COLLECTION_TAGS:
+                    raise _NotPlain
+                value = {} if is_mapping else []
+            if top is None:
+                root = value
+            elif top[2]:
+                top[0][top[3]] = value
+                lines[at] = top[4]
+                top[3] = _NO_KEY
+            else:
+                top[0].append(value)
+            if kind is not _SCALAR:
+                stack.append([value, at, kind is _MAPPING_START, _NO_KEY, 0])
+            elif top is None:
+                return root
+
+
+_NO_KEY = object()  # a mapping waiting for its next key
+# the tags of short plain scalars resolved so far (keys, levels, `true`…), bounded: a plain
+# scalar's tag depends on its text alone
+_PLAIN_TAGS: dict[str, str] = {}
+MAX_PLAIN_TAGS = 4096
 
 
 def iter_documents(text: str, source: str) -> Iterator[YamlDocument]:

@@ -151,3 +151,54 @@ def test_strings_taken_from_the_node_and_other_scalars_are_built_as_safe_load_bu
     (slow,) = yamlsrc.python_documents(RICH, "f.yml")
     assert (fast[0].data, fast[0].lines) == (slow.data, slow.lines)
     assert fast[0].lines[("quoted key", 3, "x")] == 13
+
+
+# Texts the event builder reads as the pure-Python path does, or leaves to it (None).
+ODD = [
+    "",
+    "# only a comment\n",
+    "---\n",
+    "--- 5\n",
+    "--- plain\n--- [1, {a: b}]\n...\n--- {}\n",
+    "a: &x 1\nb: 2\n",  # an anchor no alias uses
+    "a: !!str 5\nb: ! 5\nc: !!int '7'\nd: !!float 1\ne: !!null ''\n",
+    "? a\n: 1\n? [b]\n: 2\n",  # a collection as a key
+    "<<: {a: 1}\n",  # a merge key
+    "a: 1\na: 2\n",  # a repeated key
+    "a: &x 1\nb: &x 2\n",  # a repeated anchor
+    "a: !!set {x, y}\n",
+    "a: !!python/object:os.system x\n",
+    "1: a\n1.5: b\nfalse: c\n~: d\n2026-12-01: e\n'1': f\n",
+    "a:\n- - - deep\n    - {x: [y, {z: ''}]}\n- []\n- {}\n"
+    "b:\n  c: |\n    text\n  d: >-\n    more\n",
+    "a: [1, 2\n",  # not YAML
+    "tabs:\n\t- x\n",
+    "- a\n- b: c\n  d: e\n- - f\n",
+    "yes: no\nNULL: Null\n.inf: -.INF\n0o17: 0x1f\n017: 1_000\n",
+]
+
+
+@pytest.mark.parametrize("text", ODD)
+def test_the_event_builder_gives_what_the_python_path_gives(text: str) -> None:
+    from hpcsec.detector.core import yamlsrc
+
+    fast = yamlsrc._fast_documents(text, "f.yml")
+    try:
+        slow = [(d.data, d.line, d.lines) for d in yamlsrc.python_documents(text, "f.yml")]
+    except SourceError:
+        assert fast is None  # the error is the Python path's to report
+        return
+    if fast is not None:
+        assert [(d.data, d.line, d.lines) for d in fast] == slow
+        assert [[type(v) for v in d.data.values()] for d in fast if isinstance(d.data, dict)] == [
+            [type(v) for v in data.values()] for data, _, _ in slow if isinstance(data, dict)
+        ]
+
+
+def test_the_event_builder_reads_plain_rule_texts_itself() -> None:
+    from hpcsec.detector.core import yamlsrc
+
+    for text in (ODD[4], ODD[5], ODD[6], ODD[13], ODD[14], ODD[17], ODD[18]):
+        assert yamlsrc._fast_documents(text, "f.yml") is not None, text
+    for text in (ODD[7], ODD[8], ODD[9], ODD[10], ODD[11], ODD[12], ODD[15]):
+        assert yamlsrc._fast_documents(text, "f.yml") is None, text
