@@ -5,11 +5,12 @@ manager thread, its queue's feeder thread), each needing the GIL several times p
 pickle, after each write or read of a pipe (a result larger than the pipe's 64 KiB takes
 several), to hand the result over. While the caller's main thread computes in Python, each of
 those waits out the interpreter's switch interval (5 ms by default) before it gets the GIL,
-and a worker whose result cannot be written meanwhile sits idle: in a cold load of SigmaHQ's
-3,754 rule files the caller ended up parsing 85% of them itself, its worker idle most of the
-time (bench/rule_load.py). With a 0.5 ms interval the pool's threads get their turn at once
-and the worker parses its half; a thread that holds the GIL is asked to let go only when
-another one waits, so the computing thread pays next to nothing for it.
+and a worker whose result cannot be written meanwhile sits idle (a cold rule load through a
+pool left its worker idle most of the time). With a 0.5 ms interval the pool's threads get
+their turn at once and the worker does its share; a thread that holds the GIL is asked to let
+go only when another one waits. That is not free for a thread that computes while the pool's
+threads are busy: a rule load's caller parsed 40% slower so, and a cold rule load now shares
+its files with its workers without a pool (engine/coldpool.py).
 
 The agent's file-access watch keeps them quick while it runs (sensors/file_access/fanwatch.py):
 an open of a protected file waits for its reader thread, which at 5 ms a turn took 16 ms at

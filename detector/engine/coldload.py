@@ -6,21 +6,17 @@ A file parses alone into what the rule cache keeps of it (`parse_entry`: its rul
 and its errors; rulecache.py), so many files parse in worker processes (`in_parallel`) and
 come back in file order: the errors are those of one process reading the files in turn. The
 caller parses a share of the files itself, into rules (or the entries to write), and takes in
-the workers' entries as they arrive.
+the workers' entries when no file is left.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hpcsec.detector.core.errors import HpcsecError, RuleError, location
-from hpcsec.detector.core.switching import quick_thread_switches
 from hpcsec.detector.core.yamlsrc import decode_source, iter_documents, load_documents
 from hpcsec.detector.engine import correlation_rules, crossfile, rulecache, ruletests, thresholds
 from hpcsec.detector.engine.coldpool import PARALLEL_MIN_FILES, Workers, start_workers
@@ -180,14 +176,14 @@ def parse_entry_here(
 
 
 @gc_paused()
-def _parse_group(
+def parse_group(
     items: Sequence[tuple[Path, bytes | None]], threshold_values: Mapping[str, Any] | None
 ) -> list[bytes | None]:
+    """A worker's parse of one group of files (coldpool.serve): one entry per file."""
     return [parse_entry(path, data, threshold_values) for path, data in items]
 
 
 @gc_paused()
-@quick_thread_switches()  # the pool's threads pass tasks and results while this one parses
 def in_parallel(
     items: Sequence[tuple[Path, bytes | None]],
     threshold_values: Mapping[str, Any] | None,
@@ -198,54 +194,39 @@ def in_parallel(
     """One result per (path, bytes), in order: `here(path, data)` for the files the caller
     parses, `received(path, data, entry)` for the parse_entry a worker sent back.
 
-    With enough files, groups go to worker processes (spawned: the caller may hold threads),
-    a few at a time from the front, while the caller parses groups from the end and takes in
-    each worker's results as soon as they arrive: what it does with them counts in its share,
-    so that the two finish together. A group whose worker failed is parsed here. `workers`:
-    those coldpool.start_workers started for these files (else started here), shut down
-    here."""
+    With enough files, worker processes (spawned: the caller may hold threads) take groups
+    from the front while the caller parses groups from the end, until they meet; then the
+    caller takes in the workers' entries (coldpool.py). A group a worker did not send back
+    (it failed, or died) is parsed here. `workers`: those coldpool.start_workers started for
+    these files (else started here), stopped here."""
     workers = workers if workers is not None else start_workers(len(items))
     if workers is None:
         return [here(path, data) for path, data in items]
     groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
     results: list[list[T] | None] = [None] * len(groups)
-    pending = deque(range(len(groups)))
-    pool = workers.pool
     try:
-        running: dict[Future[list[bytes | None]], int] = {}
-        while pending or running:
-            for future in [f for f in running if f.done()]:
-                i = running.pop(future)
-                results[i] = _take_in(groups[i], future, here, received)
-            while pending and len(running) < workers.processes + 1:  # one queued: no worker waits
-                try:
-                    future = pool.submit(_parse_group, groups[pending[0]], threshold_values)
-                except BrokenProcessPool:  # no worker can start: the caller parses the rest
-                    break
-                running[future] = pending.popleft()
-            if pending:
-                i = pending.pop()
-                results[i] = [here(path, data) for path, data in groups[i]]
-            elif running:
-                wait(running, return_when=FIRST_COMPLETED)
+        workers.claims.reset(len(groups))
+        if workers.send(items, threshold_values, GROUP_FILES):
+            while (index := workers.claims.end()) is not None:
+                results[index] = [here(path, data) for path, data in groups[index]]
+            for index, entries in workers.results().items():
+                if 0 <= index < len(groups) and results[index] is None:
+                    results[index] = _take_in(groups[index], entries, here, received)
     finally:
-        # not waited for: with every result in, a worker's exit (its interpreter's teardown)
-        # took 0.3-0.7 s of a 3.7 s cold load of SigmaHQ's rules, which the caller spent
-        # waiting; the pool's own thread reaps them while the caller goes on
-        pool.shutdown(wait=False, cancel_futures=True)
-    return [one for result in results if result is not None for one in result]
+        workers.stop()
+    return [
+        one
+        for index, result in enumerate(results)
+        for one in (result if result is not None else [here(p, d) for p, d in groups[index]])
+    ]
 
 
 def _take_in(
     group: Sequence[tuple[Path, bytes | None]],
-    future: Future[list[bytes | None]],
+    entries: list[bytes | None] | None,
     here: Callable[[Path, bytes | None], T],
     received: Callable[[Path, bytes | None, bytes | None], T],
 ) -> list[T]:
-    try:
-        entries = future.result()
-    except Exception:  # a worker lost or failed: its files are parsed here
-        entries = None
-    if entries is None or len(entries) != len(group):
+    if not isinstance(entries, list) or len(entries) != len(group):  # the worker's parse failed
         return [here(path, data) for path, data in group]
     return [received(path, data, entry) for (path, data), entry in zip(group, entries, strict=True)]

@@ -19,6 +19,7 @@ from hpcsec.detector.engine.ruleset import BUNDLED, RuleSet
 
 if TYPE_CHECKING:  # the config parser is not imported by `rules list`, which has no config
     from hpcsec.detector.config.site import SiteConfig
+    from hpcsec.detector.engine.coldpool import Workers
 
 RULE_SUFFIXES = (".yml", ".yaml")
 TESTS_DIR = "tests"  # beside the rule files: their test events, not rules
@@ -161,65 +162,96 @@ def _load_through_cache(
             return False
         name = rulecache.pack_name(roots)
         pack = cache.read_pack(name)
-        keys: dict[Path, str | None] = {}
-        datas: dict[Path, bytes | None] = {}
-        found: dict[Path, rulecache.FileEntry | None] = {}
-        stored: dict[str, bytes | memoryview] = {}  # the entries the pack will hold
-        added = 0  # of them, entries made by this load
-        for path in sources:
-            data = datas[path] = rulecache.read_file(path)
-            key = keys[path] = (
-                None
-                if data is None
-                else rulecache.file_key(fingerprint, path, data, threshold_values)
+        if pack:
+            found, datas = _read_through_pack(
+                cache, name, pack, sources, fingerprint, threshold_values, None
             )
-            entry = pack.get(key) if key is not None else None
-            found[path] = rulecache.decode_stored(entry) if entry is not None else None
-            if found[path] is not None and key is not None and entry is not None:
-                stored[key] = entry
-        missing = [path for path in sources if found[path] is None]
-        if missing:
-            # on a miss only (see the module's docstring), the workers first (as above)
+        else:
+            # an empty pack: every file is a miss, so the workers (if so many files call for
+            # them) start now, before the files are read and keyed (a tenth of a second of
+            # SigmaHQ's cold load)
             from hpcsec.detector.engine.coldpool import start_workers, stopped_on_error
 
-            workers = start_workers(len(missing))
-            with stopped_on_error(workers):  # from here on, in_parallel owns the workers
-                from hpcsec.detector.engine.coldload import in_parallel, parse_entry_here
-
-            def store(
-                path: Path, entry: bytes | None, decoded: rulecache.FileEntry | None
-            ) -> rulecache.FileEntry | None:
-                nonlocal added
-                key = keys[path]
-                if entry is not None and key is not None:
-                    stored[key] = entry
-                    added += 1
-                return decoded
-
-            parsed = in_parallel(
-                [(p, datas[p]) for p in missing],
-                threshold_values,
-                lambda path, data: store(path, *parse_entry_here(path, data, threshold_values)),
-                lambda path, _, entry: store(
-                    path, entry, rulecache.decode_entry(entry) if entry is not None else None
-                ),
-                workers,
-            )
-            found.update(zip(missing, parsed, strict=True))
-        # entries of files changed or no longer loaded, the latest first: a few are kept, as
-        # a change may be undone. A file that gives no entry (unreadable, or a rule that
-        # cannot be pickled) is parsed at every load, without writing the pack every time.
-        gone = [key for key in pack if key not in stored]
-        if added or len(gone) > rulecache.SPARE_ENTRIES:
-            stored.update((key, pack[key]) for key in gone[: rulecache.SPARE_ENTRIES])
-            cache.write_pack(name, stored)
-            cache.prune(name)
-        else:
-            cache.touch(name)
+            workers = start_workers(len(sources))
+            with stopped_on_error(workers):  # until in_parallel owns them
+                found, datas = _read_through_pack(
+                    cache, name, pack, sources, fingerprint, threshold_values, workers
+                )
     references = _assemble(ruleset, sources, found, datas, threshold_values)
     crossfile.drop_duplicate_ids(ruleset, references)
     crossfile.check_references(ruleset, references)
     return True
+
+
+def _read_through_pack(
+    cache: rulecache.CacheDir,
+    name: str,
+    pack: Mapping[str, bytes | memoryview],
+    sources: Mapping[Path, str],
+    fingerprint: bytes,
+    threshold_values: Mapping[str, Any] | None,
+    workers: Workers | None,
+) -> tuple[dict[Path, rulecache.FileEntry | None], dict[Path, bytes | None]]:
+    """Each file's entry (None where it has none, to parse as it is) and bytes: read from
+    `pack` where its key is there, else parsed (in `workers` when given, else in workers
+    started when enough files are missing); the pack rewritten when anything was added."""
+    keys: dict[Path, str | None] = {}
+    datas: dict[Path, bytes | None] = {}
+    found: dict[Path, rulecache.FileEntry | None] = {}
+    stored: dict[str, bytes | memoryview] = {}  # the entries the pack will hold
+    added = 0  # of them, entries made by this load
+    for path in sources:
+        data = datas[path] = rulecache.read_file(path)
+        key = keys[path] = (
+            None if data is None else rulecache.file_key(fingerprint, path, data, threshold_values)
+        )
+        entry = pack.get(key) if key is not None else None
+        found[path] = rulecache.decode_stored(entry) if entry is not None else None
+        if found[path] is not None and key is not None and entry is not None:
+            stored[key] = entry
+    missing = [path for path in sources if found[path] is None]
+    if missing:
+        # on a miss only (see the module's docstring), the workers first (as above)
+        from hpcsec.detector.engine.coldpool import start_workers, stopped_on_error
+
+        if workers is None:
+            workers = start_workers(len(missing))
+        with stopped_on_error(workers):  # from here on, in_parallel owns the workers
+            from hpcsec.detector.engine.coldload import in_parallel, parse_entry_here
+
+        def store(
+            path: Path, entry: bytes | None, decoded: rulecache.FileEntry | None
+        ) -> rulecache.FileEntry | None:
+            nonlocal added
+            key = keys[path]
+            if entry is not None and key is not None:
+                stored[key] = entry
+                added += 1
+            return decoded
+
+        parsed = in_parallel(
+            [(p, datas[p]) for p in missing],
+            threshold_values,
+            lambda path, data: store(path, *parse_entry_here(path, data, threshold_values)),
+            lambda path, _, entry: store(
+                path, entry, rulecache.decode_entry(entry) if entry is not None else None
+            ),
+            workers,
+        )
+        found.update(zip(missing, parsed, strict=True))
+    elif workers is not None:
+        workers.stop()
+    # entries of files changed or no longer loaded, the latest first: a few are kept, as a
+    # change may be undone. A file that gives no entry (unreadable, or a rule that cannot be
+    # pickled) is parsed at every load, without writing the pack every time.
+    gone = [key for key in pack if key not in stored]
+    if added or len(gone) > rulecache.SPARE_ENTRIES:
+        stored.update((key, pack[key]) for key in gone[: rulecache.SPARE_ENTRIES])
+        cache.write_pack(name, stored)
+        cache.prune(name)
+    else:
+        cache.touch(name)
+    return found, datas
 
 
 def _assemble(

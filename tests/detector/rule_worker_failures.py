@@ -20,3 +20,32 @@ class FailsInWorkers(dict):
             self.marker.touch()
             raise RuntimeError("read in a worker")
         return 0
+
+
+class SeenInWorkers(dict):
+    """No thresholds, and `marker` created when a worker process first reads them (so that a
+    test knows a worker is parsing)."""
+
+    def __init__(self, marker: Path) -> None:
+        super().__init__()
+        self.parent, self.marker = os.getpid(), marker
+
+    def __len__(self) -> int:
+        if os.getpid() != self.parent:
+            self.marker.touch()
+        return 0
+
+
+class KillsWorkers(dict):
+    """Thresholds whose read ends a worker process at once, in the middle of a group it has
+    claimed, after creating `marker`; read in the caller they are no thresholds."""
+
+    def __init__(self, marker: Path) -> None:
+        super().__init__()
+        self.parent, self.marker = os.getpid(), marker
+
+    def __len__(self) -> int:
+        if os.getpid() != self.parent:
+            self.marker.touch()
+            os._exit(3)
+        return 0

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rule_worker_failures import FailsInWorkers
+from rule_worker_failures import FailsInWorkers, KillsWorkers, SeenInWorkers
 
 from hpcsec.detector.core.errors import RuleError
 from hpcsec.detector.engine import coldload, coldpool, rulecache
@@ -70,11 +70,16 @@ def parsed(monkeypatch) -> list[str]:
 
     def spy(path, ruleset, threshold_values=None, origin="", data=None):
         seen.append(path.name)
-        time.sleep(0.02)  # lets the pool's thread hand the first groups to the worker
         return real(path, ruleset, threshold_values, origin, data)
 
     monkeypatch.setattr(coldload, "load_file", spy)
     return seen
+
+
+def wait_for(marker: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def errors_of(ruleset) -> list[str]:
@@ -234,13 +239,25 @@ def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
     monkeypatch.setattr(coldpool, "PARALLEL_MIN_FILES", 2)
     monkeypatch.setattr(coldload, "GROUP_FILES", 2)
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    marker = tmp_path / "worker-parsing"
+    spy = coldload.load_file
+
+    def after_a_worker_began(*args, **kwargs):
+        spy(*args, **kwargs)
+        wait_for(marker)  # the caller's first group waits until the worker parses one
+
+    monkeypatch.setattr(coldload, "load_file", after_a_worker_began)
     parsed.clear()
     encoded: list[int] = []
     real_encode = rulecache.encode
     monkeypatch.setattr(rulecache, "encode", lambda *a: encoded.append(1) or real_encode(*a))
-    parallel = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    parallel = load_rules(
+        [tmp_path], with_tests=False, collect_errors=True, threshold_values=SeenInWorkers(marker)
+    )
     monkeypatch.setattr(rulecache, "encode", real_encode)
-    assert 0 < len(parsed) < 9  # the caller parsed groups from the end, a worker the others
+    assert marker.exists()
+    assert 0 < len(parsed) <= 7  # the caller parsed groups from the end, a worker the others
+    assert parsed[0] == "r8.yml"  # the last group (of one file) is the caller's first
     assert errors_of(parallel) == errors_of(serial) and len(serial.errors) == 3
     assert summary(parallel) == summary(serial) and parallel.rules == serial.rules
     assert all(r.sigma_loaded for r in parallel.rules)  # parsed rules keep their objects
@@ -264,6 +281,51 @@ def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch)
     finally:
         multiprocessing.spawn.set_executable(python)
     assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_groups_of_a_worker_killed_while_parsing_them_are_parsed_by_the_caller(
+    tmp_path, monkeypatch, cached
+):
+    for n in range(6):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 2)
+    marker = tmp_path / "worker-killed"
+    real = coldload.load_file
+
+    def after_the_worker_died(*args, **kwargs):
+        wait_for(marker)  # the worker has claimed the first group and died in it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(coldload, "load_file", after_the_worker_died)
+    loaded = load_rules(
+        [tmp_path],
+        with_tests=False,
+        threshold_values=KillsWorkers(marker),
+        cache=tmp_path / "c" if cached else None,
+    )
+    assert marker.exists()
+    assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+
+
+def test_an_empty_cache_starts_the_workers_before_reading_the_files(tmp_path, monkeypatch):
+    for n in range(4):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    steps: list[str] = []
+    real_start, real_read = coldpool.start_workers, rulecache.read_file
+    monkeypatch.setattr(coldpool, "start_workers", lambda n: steps.append("start") or real_start(n))
+    monkeypatch.setattr(rulecache, "read_file", lambda p: steps.append("read") or real_read(p))
+    cache = tmp_path / "c"
+    first = load_rules([tmp_path], with_tests=False, cache=cache)
+    assert steps == ["start"] + ["read"] * 4
+    steps.clear()
+    write(tmp_path / "r0.yml", 0, value="changed")
+    again = load_rules([tmp_path], with_tests=False, cache=cache)
+    assert steps == ["read"] * 4 + ["start"]  # a pack to read: workers only for a miss
+    assert len(again.rules) == len(first.rules) == 4
 
 
 def test_an_entry_holds_the_bytes_its_key_was_made_of_when_the_file_changes_meanwhile(
@@ -370,9 +432,7 @@ def test_groups_whose_worker_raises_are_parsed_by_the_caller(tmp_path, monkeypat
         parsed.clear()
 
         def spy(path, ruleset, threshold_values=None, origin="", data=None, *, marker=marker):
-            deadline = time.monotonic() + 60
-            while not marker.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)  # until a worker has failed on a group
+            wait_for(marker)  # until a worker has failed on a group
             parsed.append(path.name)
             return real(path, ruleset, threshold_values, origin, data)
 
@@ -396,10 +456,17 @@ def test_workers_are_stopped_when_the_parser_cannot_be_imported(monkeypatch) -> 
     assert workers is not None
     with pytest.raises(ImportError), coldpool.stopped_on_error(workers):
         raise ImportError("the parser is broken")
-    with pytest.raises(RuntimeError, match="shutdown"):
-        workers.pool.submit(int)
+    assert_stopped(workers)
     with coldpool.stopped_on_error(None):  # no workers: nothing to stop, the block runs
         pass
+
+
+def assert_stopped(workers: coldpool.Workers) -> None:
+    """No group left to claim, and each worker process ends (it waited for a task)."""
+    assert workers.claims.front() is None and workers.claims.end() is None
+    for process in workers.processes:
+        process.join(60)
+        assert process.exitcode == 0
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -419,33 +486,33 @@ def test_a_load_whose_parser_cannot_be_imported_stops_its_workers(
     with pytest.raises(ImportError):
         load_rules([tmp_path], with_tests=False, collect_errors=True, cache=cache)
     assert len(started) == 1 and started[0] is not None
-    with pytest.raises(RuntimeError, match="shutdown"):
-        started[0].pool.submit(int)
+    assert_stopped(started[0])
 
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_load_stops_its_workers_without_waiting_for_their_exit(tmp_path, monkeypatch, cached):
     """With every result in, a worker's exit (its interpreter's teardown) is no work of the
-    load's: the caller goes on while the pool reaps it."""
+    load's: the caller goes on while the worker ends."""
     for n in range(4):
         write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
     serial = load_rules([tmp_path], with_tests=False)
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
-    shutdowns: list[dict[str, bool]] = []
+    joins: list[float | None] = []
     started: list[coldpool.Workers | None] = []
     real_start = coldpool.start_workers
 
     def start(files: int) -> coldpool.Workers | None:
         workers = real_start(files)
         assert workers is not None
-        real_shutdown = workers.pool.shutdown
+        for process in workers.processes:
+            real_join = process.join
 
-        def shutdown(wait: bool = True, *, cancel_futures: bool = False) -> None:
-            shutdowns.append({"wait": wait, "cancel_futures": cancel_futures})
-            real_shutdown(wait=wait, cancel_futures=cancel_futures)
+            def join(timeout: float | None = None, real_join=real_join) -> None:
+                joins.append(timeout)
+                real_join(timeout)
 
-        monkeypatch.setattr(workers.pool, "shutdown", shutdown)
+            monkeypatch.setattr(process, "join", join)
         started.append(workers)
         return workers
 
@@ -453,27 +520,5 @@ def test_a_load_stops_its_workers_without_waiting_for_their_exit(tmp_path, monke
     cache = tmp_path / "c" if cached else None
     loaded = load_rules([tmp_path], with_tests=False, cache=cache)
     assert summary(loaded) == summary(serial)
-    assert len(started) == 1 and shutdowns == [{"wait": False, "cancel_futures": True}]
-    with pytest.raises(RuntimeError, match="shutdown"):
-        started[0].pool.submit(int)  # stopped all the same
-
-
-def test_a_file_without_an_entry_is_parsed_at_every_load_without_rewriting_the_pack(
-    tmp_path, monkeypatch, parsed
-):
-    files = [write(tmp_path / f"r{n}.yml", n) for n in range(3)]
-    cache = tmp_path / "hpcsec"
-    real_read = rulecache.read_file
-    # unreadable when its key is made (no bytes, no key), read by its parse
-    monkeypatch.setattr(
-        rulecache, "read_file", lambda path: None if path == files[1] else real_read(path)
-    )
-    first = load_rules([tmp_path], with_tests=False, cache=cache)
-    pack = cache / rulecache.pack_name([tmp_path])
-    written = pack.stat().st_ino
-    assert stored(cache, [tmp_path]) == {key_of(files[0]), key_of(files[2])}
-    parsed.clear()
-    again = load_rules([tmp_path], with_tests=False, cache=cache)
-    assert parsed == ["r1.yml"]  # parsed again, as it has no entry
-    assert pack.stat().st_ino == written  # and the pack is not written again for it
-    assert summary(again) == summary(first)
+    assert len(started) == 1 and joins == [0]  # reaped if it has ended, never waited for
+    assert_stopped(started[0])  # stopped all the same

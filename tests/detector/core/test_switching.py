@@ -11,8 +11,7 @@ import pytest
 
 from hpcsec.detector.core import switching
 from hpcsec.detector.core.switching import QUICK_SWITCH_S, quick_thread_switches
-from hpcsec.detector.engine import coldload, coldpool, flush_parts
-from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine import flush_parts
 from hpcsec.detector.runtime import chunked
 
 
@@ -61,30 +60,6 @@ def test_users_in_two_threads_leave_it_as_it_was_whatever_order_they_leave_in():
         assert sys.getswitchinterval() == pytest.approx(QUICK_SWITCH_S)
     assert sys.getswitchinterval() == pytest.approx(0.005)
     assert switching._INTERVAL.users == 0
-
-
-def test_a_parallel_rule_load_parses_with_quick_switches(tmp_path, monkeypatch):
-    for n in range(8):
-        (tmp_path / f"r{n}.yml").write_text(
-            f"title: r{n}\nid: 0c0c0c0c-0000-4000-8000-{n:012d}\n"
-            "logsource: {product: hpc, category: process}\n"
-            "detection:\n  sel:\n    process.name: nc\n  condition: sel\n"
-        )
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
-    monkeypatch.setattr(coldload, "GROUP_FILES", 1)  # the worker takes two: the caller parses
-    seen: list[float] = []
-    real = coldload.load_file
-
-    def spy(*args, **kwargs):
-        seen.append(sys.getswitchinterval())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(coldload, "load_file", spy)
-    for cache in (None, tmp_path / "cache"):
-        seen.clear()
-        assert len(load_rules([tmp_path], with_tests=False, cache=cache).rules) == 8
-        assert seen and all(s == pytest.approx(QUICK_SWITCH_S) for s in seen)
-        assert sys.getswitchinterval() == pytest.approx(0.005)
 
 
 def test_a_scans_chunks_are_taken_with_quick_switches(tmp_path):
