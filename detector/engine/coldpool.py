@@ -4,9 +4,10 @@ imports as the caller spends on the same imports, so starting it first lets both
 parse at about the same time. Imports nothing of the parser itself (loader.py uses it on a
 miss, before coldload.py).
 
-The caller and its workers share nothing but two numbers, the next group from the front and
-the end of what is left (`Claims`): each worker takes groups from the front, the caller from
-the end, until they meet; a worker sends all its results at once when none is left. No thread
+Each worker reads the parse's files from an unlinked file (`Workers.send`); then the caller
+and its workers share nothing but two numbers, the next group from the front and the end of
+what is left (`Claims`): each worker takes groups from the front, the caller from the end,
+until they meet; a worker sends all its results at once when none is left. No thread
 of the caller passes tasks or results meanwhile. A process pool's threads did: each needed the
 GIL several times per task, and a caller that let them have it at once (a 0.5 ms switch
 interval) parsed its own files 40% slower than its worker did (bench/rule_load.py).
@@ -17,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
+import tempfile
 from collections.abc import Iterator, Sequence
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -90,16 +94,27 @@ class Workers:
 
     def send(self, items: Sequence[Item], threshold_values: Any, group_files: int) -> int:
         """The parse's files to every worker (each takes groups of `group_files` by the
-        claims); how many workers took it."""
-        task = (list(items), threshold_values, group_files)
-        taken = 0
-        for connection in self.connections:
-            try:
-                connection.send(task)  # read first thing by the worker: never waits long
-                taken += 1
-            except (OSError, ValueError):  # a worker gone already: its groups fall back
-                pass
-        return taken
+        claims); how many workers took it. The task is written once to an unlinked temporary
+        file whose descriptor each worker receives: a send never waits for a worker still
+        importing the parser, as a send of SigmaHQ's 6 MB of rule files down a pipe would."""
+        try:
+            with tempfile.TemporaryFile() as task:
+                pickle.dump(
+                    (list(items), threshold_values, group_files),
+                    task,
+                    protocol=pickle.HIGHEST_PROTOCOL,
+                )
+                task.flush()
+                taken = 0
+                for connection, process in zip(self.connections, self.processes, strict=True):
+                    try:
+                        reduction.send_handle(connection, task.fileno(), process.pid)
+                        taken += 1
+                    except (OSError, ValueError):  # a worker gone already: its groups fall back
+                        pass
+                return taken
+        except OSError:  # no temporary file: the caller parses every file
+            return 0
 
     def results(self) -> Results:
         """What every worker parsed (waits for each to send it); a worker lost sends none."""
@@ -163,15 +178,21 @@ def stopped_on_error(workers: Workers | None) -> Iterator[None]:
 
 
 def serve(connection: Connection, claims: Claims) -> None:
-    """A worker: its task (read first, so that the caller's send never waits on this one's
-    imports), the parser's imports, then groups from the front until none is left, and all
-    their entries sent back at once."""
-    try:
-        items, threshold_values, group_files = connection.recv()
-    except (EOFError, OSError):  # the caller stopped before sending any
-        return
+    """A worker: the parser's imports (while the caller does its own), its task, then groups
+    from the front until none is left, and all their entries sent back at once."""
     from hpcsec.detector.engine.coldload import parse_group
 
+    try:
+        task = reduction.recv_handle(connection)
+    except (EOFError, OSError, RuntimeError):  # the caller stopped before sending any
+        return
+    try:
+        # pread: the workers share the file's offset
+        items, threshold_values, group_files = pickle.loads(
+            os.pread(task, os.fstat(task).st_size, 0)
+        )
+    finally:
+        os.close(task)
     results: Results = {}
     while (index := claims.front()) is not None:
         group = items[index * group_files : (index + 1) * group_files]
