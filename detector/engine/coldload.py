@@ -6,13 +6,13 @@ A file parses alone into what the rule cache keeps of it (`parse_entry`: its rul
 and its errors; rulecache.py), so many files parse in worker processes (`in_parallel`) and
 come back in file order: the errors are those of one process reading the files in turn. The
 caller parses a share of the files itself, into rules (or the entries to write), and takes in
-the workers' entries when no file is left.
+the workers' entries as they come.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -195,23 +195,29 @@ def in_parallel(
     parses, `received(path, data, entry)` for the parse_entry a worker sent back.
 
     With enough files, worker processes (spawned: the caller may hold threads) take groups
-    from the front while the caller parses groups from the end, until they meet; then the
-    caller takes in the workers' entries (coldpool.py). A group a worker did not send back
-    (it failed, or died) is parsed here. `workers`: those coldpool.start_workers started for
-    these files (else started here), stopped here."""
+    from the front while the caller parses groups from the end, until they meet; before each
+    of its groups the caller takes in the entries the workers sent meanwhile, so that this
+    work counts in its share and the two finish together (coldpool.py). A group a worker
+    did not send back (it failed, or died) is parsed here. `workers`: those
+    coldpool.start_workers started for these files (else started here), stopped here."""
     workers = workers if workers is not None else start_workers(len(items))
     if workers is None:
         return [here(path, data) for path, data in items]
     groups = [items[i : i + GROUP_FILES] for i in range(0, len(items), GROUP_FILES)]
     results: list[list[T] | None] = [None] * len(groups)
+
+    def take_in(ready: Iterable[tuple[int, list[bytes | None] | None]]) -> None:
+        for index, entries in ready:
+            if 0 <= index < len(groups) and results[index] is None:
+                results[index] = _take_in(groups[index], entries, here, received)
+
     try:
         workers.claims.reset(len(groups))
         if workers.send(items, threshold_values, GROUP_FILES):
             while (index := workers.claims.end()) is not None:
+                take_in(workers.ready())  # what they sent so far: part of this one's share
                 results[index] = [here(path, data) for path, data in groups[index]]
-            for index, entries in workers.results().items():
-                if 0 <= index < len(groups) and results[index] is None:
-                    results[index] = _take_in(groups[index], entries, here, received)
+            take_in(workers.ready(wait=True))
     finally:
         workers.stop()
     return [

@@ -19,6 +19,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from multiprocessing import reduction
@@ -32,9 +33,6 @@ from typing import Any
 PARALLEL_MIN_FILES = 1000
 
 Item = tuple[Path, bytes | None]  # a rule file, and its bytes when read already
-# what a worker sends back: group index -> one entry per file (None: the caller parses the
-# file), or None for a group whose parse raised (the caller parses all of it)
-Results = dict[int, list[bytes | None] | None]
 
 
 def workers_for(files: int) -> int:
@@ -91,12 +89,18 @@ class Workers:
         self.claims = claims
         self.processes: list[Any] = []
         self.connections: list[Connection] = []
+        self.outputs: dict[Connection, int] = {}  # per worker given a task: its entries' file
+        self.pending: list[Connection] = []  # connections whose worker may send more
 
     def send(self, items: Sequence[Item], threshold_values: Any, group_files: int) -> int:
         """The parse's files to every worker (each takes groups of `group_files` by the
-        claims); how many workers took it. The task is written once to an unlinked temporary
-        file whose descriptor each worker receives: a send never waits for a worker still
-        importing the parser, as a send of SigmaHQ's 6 MB of rule files down a pipe would."""
+        claims); how many workers took it.
+
+        The task is written once to an unlinked temporary file, and each worker is sent its
+        descriptor and that of an unlinked file of its own for its entries: a send never
+        waits for a worker still importing the parser (as a send of SigmaHQ's 6 MB of rule
+        files down a pipe would), and a worker never waits for the caller to read what it
+        parsed (it writes the entries to its file and sends where they lie, a few bytes)."""
         try:
             with tempfile.TemporaryFile() as task:
                 pickle.dump(
@@ -105,25 +109,37 @@ class Workers:
                     protocol=pickle.HIGHEST_PROTOCOL,
                 )
                 task.flush()
-                taken = 0
-                for connection, process in zip(self.connections, self.processes, strict=True):
-                    try:
-                        reduction.send_handle(connection, task.fileno(), process.pid)
-                        taken += 1
-                    except (OSError, ValueError):  # a worker gone already: its groups fall back
-                        pass
-                return taken
+                for connection in self.connections:
+                    self._send_to(connection, task.fileno())
         except OSError:  # no temporary file: the caller parses every file
-            return 0
+            pass
+        return len(self.pending)
 
-    def results(self) -> Results:
-        """What every worker parsed (waits for each to send it); a worker lost sends none."""
-        results: Results = {}
-        for connection in self.connections:
-            # a worker that died sends nothing: its groups fall back to the caller
-            with contextlib.suppress(EOFError, OSError, ValueError):
-                results.update(connection.recv())
-        return results
+    def _send_to(self, connection: Connection, task: int) -> None:
+        with tempfile.TemporaryFile(buffering=0) as output:
+            try:
+                with socket.socket(fileno=os.dup(connection.fileno())) as channel:
+                    reduction.sendfds(channel, [task, output.fileno()])
+            except OSError:  # a worker gone already: its groups fall back to the caller
+                return
+            self.outputs[connection] = os.dup(output.fileno())  # read until stop()
+        self.pending.append(connection)
+
+    def ready(self, wait: bool = False) -> Iterator[tuple[int, list[bytes | None] | None]]:
+        """(group, its entries, or None when its parse raised) for each group a worker has
+        parsed since the last call; with `wait`, every group until each worker is done or
+        gone (a worker that died sends no more: its groups fall back to the caller)."""
+        for connection in list(self.pending):
+            output = self.outputs[connection]
+            while wait or connection.poll(0):
+                try:
+                    note = connection.recv()
+                except (EOFError, OSError, ValueError):
+                    note = None
+                if note is None:  # done, or gone
+                    self.pending.remove(connection)
+                    break
+                yield _entries(output, note)
 
     def stop(self) -> None:
         """Stop giving out groups and let the workers go. Not waited for: a worker's exit (its
@@ -132,9 +148,32 @@ class Workers:
         self.claims.close()
         for connection in self.connections:
             connection.close()  # a worker waiting for its task or to send results: it ends
+        for output in self.outputs.values():
+            with contextlib.suppress(OSError):
+                os.close(output)
+        self.outputs, self.pending = {}, []
         for process in self.processes:
             with contextlib.suppress(Exception):
                 process.join(0)  # reaped now if it has ended
+
+
+def _entries(output: int, note: Any) -> tuple[int, list[bytes | None] | None]:
+    """The entries of a worker's note (group, offset, length) read from its file."""
+    index, offset, length = note
+    if offset < 0:
+        return index, None
+    return index, pickle.loads(_read_at(output, offset, length))
+
+
+def _read_at(fd: int, offset: int, length: int) -> bytes:
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            raise EOFError("a worker's entries end early")
+        chunks.append(chunk)
+        offset, length = offset + len(chunk), length - len(chunk)
+    return b"".join(chunks)
 
 
 def start_workers(files: int) -> Workers | None:
@@ -179,26 +218,35 @@ def stopped_on_error(workers: Workers | None) -> Iterator[None]:
 
 def serve(connection: Connection, claims: Claims) -> None:
     """A worker: the parser's imports (while the caller does its own), its task, then groups
-    from the front until none is left, and all their entries sent back at once."""
+    from the front until none is left, each group's entries written to its output file and
+    where they lie sent to the caller; None when done."""
     from hpcsec.detector.engine.coldload import parse_group
 
     try:
-        task = reduction.recv_handle(connection)
+        with socket.socket(fileno=os.dup(connection.fileno())) as channel:
+            task, output = reduction.recvfds(channel, 2)
     except (EOFError, OSError, RuntimeError):  # the caller stopped before sending any
         return
     try:
-        # pread: the workers share the file's offset
         items, threshold_values, group_files = pickle.loads(
-            os.pread(task, os.fstat(task).st_size, 0)
+            _read_at(task, 0, os.fstat(task).st_size)  # pread: the workers share the offset
         )
-    finally:
         os.close(task)
-    results: Results = {}
-    while (index := claims.front()) is not None:
-        group = items[index * group_files : (index + 1) * group_files]
-        try:
-            results[index] = parse_group(group, threshold_values)
-        except Exception:  # the caller parses this group, and says what is wrong with it
-            results[index] = None
-    with contextlib.suppress(OSError):  # the caller gone: nobody left to tell
-        connection.send(results)
+        offset = 0
+        while (index := claims.front()) is not None:
+            group = items[index * group_files : (index + 1) * group_files]
+            try:
+                entries = pickle.dumps(
+                    parse_group(group, threshold_values), protocol=pickle.HIGHEST_PROTOCOL
+                )
+            except Exception:  # the caller parses this group, and says what is wrong with it
+                connection.send((index, -1, 0))
+                continue
+            written = 0
+            while written < len(entries):
+                written += os.pwrite(output, entries[written:], offset + written)
+            connection.send((index, offset, len(entries)))
+            offset += len(entries)
+        connection.send(None)
+    except OSError:  # the caller gone: nobody left to tell
+        pass

@@ -4,6 +4,7 @@ from the test module, whose imports would make each spawned worker slow to start
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -23,16 +24,17 @@ class FailsInWorkers(dict):
 
 
 class SeenInWorkers(dict):
-    """No thresholds, and `marker` created when a worker process first reads them (so that a
-    test knows a worker is parsing)."""
+    """No thresholds, and `marker` created when a worker process reads them (so that a test
+    knows a worker is parsing); each read there takes `seconds`."""
 
-    def __init__(self, marker: Path) -> None:
+    def __init__(self, marker: Path, seconds: float = 0.0) -> None:
         super().__init__()
-        self.parent, self.marker = os.getpid(), marker
+        self.parent, self.marker, self.seconds = os.getpid(), marker, seconds
 
     def __len__(self) -> int:
         if os.getpid() != self.parent:
             self.marker.touch()
+            time.sleep(self.seconds)
         return 0
 
 

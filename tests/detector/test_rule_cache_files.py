@@ -310,6 +310,39 @@ def test_groups_of_a_worker_killed_while_parsing_them_are_parsed_by_the_caller(
     assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
 
 
+def test_the_caller_takes_in_a_workers_entries_between_its_own_files(tmp_path, monkeypatch):
+    """What a worker parsed is taken in (unpickled) while files are left, as part of the
+    caller's share, not all after the last one (which would leave the worker idle)."""
+    for n in range(8):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    marker = tmp_path / "worker-parsing"
+    steps: list[str] = []
+    real_here, real_received = coldload._parsed_part, coldload._received_part
+
+    def here(path, threshold_values):
+        if not steps:
+            wait_for(marker)
+            time.sleep(1.0)  # the worker, at 0.2 s a file, has sent a few meanwhile
+        steps.append("here")
+        return real_here(path, threshold_values)
+
+    def received(path, entry, threshold_values):
+        steps.append("received")
+        return real_received(path, entry, threshold_values)
+
+    monkeypatch.setattr(coldload, "_parsed_part", here)
+    monkeypatch.setattr(coldload, "_received_part", received)
+    loaded = load_rules(
+        [tmp_path], with_tests=False, threshold_values=SeenInWorkers(marker, seconds=0.2)
+    )
+    assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+    assert steps.count("here") >= 2 and "received" in steps
+    assert steps.index("received") < len(steps) - 1 - steps[::-1].index("here")
+
+
 def test_an_empty_cache_starts_the_workers_before_reading_the_files(tmp_path, monkeypatch):
     for n in range(4):
         write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
