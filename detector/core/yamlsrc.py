@@ -21,6 +21,9 @@ from hpcsec.detector.core.yamldoc import YamlDocument as YamlDocument  # its pub
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 200_000
+# Collections nested deeper than this are an error (no rule or config comes near): the
+# pure-Python path recurses, and both paths must refuse the same documents.
+MAX_DEPTH = 100
 
 PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 
@@ -54,7 +57,7 @@ class _Builder:
             # the constructor's dispatch: most of the nodes of a rule file
             if node.tag == STR_TAG:
                 return node.value
-            return self.constructor.construct_object(node, deep=True)
+            return self._construct(node, line)
         if node.tag not in PLAIN_COLLECTION_TAGS:
             # mappings and lists are built here, not by PyYAML's constructor: refuse the tags
             # (`!!set`, `!!python/object/apply:…`) rather than silently read a plain list
@@ -63,39 +66,59 @@ class _Builder:
             return self._mapping(node, at)
         return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
 
+    def _construct(self, node: yaml.Node, line: int) -> Any:
+        """A scalar of another type than string (a number, a date…), or the error at its
+        line: PyYAML's constructors raise what they meet (`!!bool maybe`: KeyError)."""
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except yaml.YAMLError:
+            raise  # placed by python_documents
+        except Exception:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise SourceError(
+                f"YAML value is not a valid {tag}", location(self.source, line)
+            ) from None
+
     def _mapping(self, node: yaml.MappingNode, at: Path_) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
+            key_line = key_node.start_mark.line + 1
             if key_node.tag == MERGE_TAG:
                 raise SourceError(
-                    "YAML merge keys (<<) are not supported",
-                    location(self.source, key_node.start_mark.line + 1),
+                    "YAML merge keys (<<) are not supported", location(self.source, key_line)
                 )
-            if type(key_node) is yaml.ScalarNode and key_node.tag == STR_TAG:
-                key_line = self._visit(key_node)
-                key: Any = key_node.value
-            else:
-                key = self.build(key_node, (*at, "<key>"))
-                key_line = key_node.start_mark.line + 1
-            if isinstance(key, (list, dict)):
+            if type(key_node) is not yaml.ScalarNode:
                 raise SourceError("a mapping key must be a scalar", location(self.source, key_line))
+            self._visit(key_node)
+            key: Any = (
+                key_node.value if key_node.tag == STR_TAG else self._construct(key_node, key_line)
+            )
             if key in out:
                 raise SourceError(f"duplicate key {key!r}", location(self.source, key_line))
             out[key] = self.build(value_node, (*at, key))
             self.lines[(*at, key)] = key_line
-        self.lines.pop((*at, "<key>"), None)
         return out
 
 
 class _NoAliasComposer(yaml.SafeLoader):
+    depth = 0  # of the node being composed (the document's root: 1)
+
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
             raise SourceError(
                 "YAML aliases (*name) are not allowed",
                 location(self.name, event.start_mark.line + 1),
             )
-        return super().compose_node(parent, index)
+        if self.depth > MAX_DEPTH:  # refused here, where the composer would recurse on
+            raise SourceError(
+                "YAML nesting is too deep", location(self.name, event.start_mark.line + 1)
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def decode_source(raw: bytes, source: str) -> str:
@@ -127,7 +150,9 @@ def _fast_documents(text: str, source: str) -> list[YamlDocument] | None:
     loader = loader_class(text)
     try:
         return _EventBuilder(loader).documents(source)
-    except (yaml.YAMLError, _NotPlain, RecursionError, ValueError, TypeError):
+    except Exception:  # _NotPlain, libyaml's errors, or a value its constructor refuses
+        # (`!!bool maybe`): met before a syntax error later in the text, which the Python
+        # path (composing the whole document first) reports first, as it should
         return None
     finally:
         loader.dispose()
@@ -135,7 +160,7 @@ def _fast_documents(text: str, source: str) -> list[YamlDocument] | None:
 
 class _NotPlain(Exception):
     """What the event builder leaves to the pure-Python path: an alias, a repeated anchor or
-    key, a merge key, a collection key, an unsupported tag, too many nodes."""
+    key, a merge key, a collection key, an unsupported tag, too many nodes, too deep."""
 
 
 _MAPPING_START, _SCALAR = yaml.MappingStartEvent, yaml.ScalarEvent
@@ -223,6 +248,8 @@ class _EventBuilder:
                     raise _NotPlain
                 top[3], top[4] = key, line
                 continue
+            if len(stack) > MAX_DEPTH:
+                raise _NotPlain
             if top is None:
                 at: Path_ = ()
             elif top[2]:

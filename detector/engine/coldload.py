@@ -212,8 +212,7 @@ def in_parallel(
                 results[index] = _take_in(groups[index], entries, here, received)
 
     try:
-        workers.claims.reset(len(groups))
-        if workers.send(items, threshold_values, GROUP_FILES):
+        if workers.claims.reset(len(groups)) and workers.send(items, threshold_values, GROUP_FILES):
             while (index := workers.claims.end()) is not None:
                 take_in(workers.ready())  # what they sent so far: part of this one's share
                 results[index] = [here(path, data) for path, data in groups[index]]

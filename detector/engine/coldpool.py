@@ -31,6 +31,9 @@ from typing import Any
 # interpreter and pySigma's imports) before its first file, and a SigmaHQ file about 1 ms to
 # parse: below a second of parsing the caller would mostly wait for it (bench/rule_load.py).
 PARALLEL_MIN_FILES = 1000
+# How long a claim waits for the claims' lock, held for microseconds at a time: past it, the
+# holder is taken to have died holding it (a lock between processes outlives its holder).
+CLAIM_TIMEOUT_S = 5.0
 
 Item = tuple[Path, bytes | None]  # a rule file, and its bytes when read already
 
@@ -48,19 +51,35 @@ def workers_for(files: int) -> int:
 
 
 class Claims:
-    """Which groups are left: [front, end) of a shared array, under its lock."""
+    """Which groups are left: [front, end) of a shared array, under its lock. A process that
+    cannot take the lock within `timeout_s` (one died holding it: the OOM killer) claims
+    nothing more; what nobody sent back is parsed by the caller."""
 
-    def __init__(self, shared: Any):
+    def __init__(self, shared: Any, timeout_s: float):
         self.shared = shared  # multiprocessing Array("q", 2): front, end
+        self.timeout_s = timeout_s
 
-    def reset(self, groups: int) -> None:
-        with self.shared.get_lock():
-            self.shared[0], self.shared[1] = 0, groups
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[bool]:
+        lock = self.shared.get_lock()
+        held = lock.acquire(timeout=self.timeout_s)
+        try:
+            yield held
+        finally:
+            if held:
+                lock.release()
+
+    def reset(self, groups: int) -> bool:
+        """All `groups` left; False when the lock cannot be had."""
+        with self._held() as held:
+            if held:
+                self.shared[0], self.shared[1] = 0, groups
+            return held
 
     def front(self) -> int | None:
         """The next group from the front (a worker's), None when none is left."""
-        with self.shared.get_lock():
-            first, end = self.shared[0], self.shared[1]
+        with self._held() as held:
+            first, end = (self.shared[0], self.shared[1]) if held else (0, 0)
             if first >= end:
                 return None
             self.shared[0] = first + 1
@@ -68,8 +87,8 @@ class Claims:
 
     def end(self) -> int | None:
         """The last group left (the caller's), None when none is left."""
-        with self.shared.get_lock():
-            first, end = self.shared[0], self.shared[1]
+        with self._held() as held:
+            first, end = (self.shared[0], self.shared[1]) if held else (0, 0)
             if first >= end:
                 return None
             self.shared[1] = end - 1
@@ -77,8 +96,9 @@ class Claims:
 
     def close(self) -> None:
         """No group left for anyone: a worker stops after the group it is parsing."""
-        with self.shared.get_lock():
-            self.shared[1] = self.shared[0]
+        with self._held() as held:
+            if held:
+                self.shared[1] = self.shared[0]
 
 
 class Workers:
@@ -186,7 +206,7 @@ def start_workers(files: int) -> Workers | None:
     # interpreter's exit stops one that is still running rather than waiting for it
     context = multiprocessing.get_context("spawn")
     try:
-        workers = Workers(Claims(context.Array("q", 2)))
+        workers = Workers(Claims(context.Array("q", 2), CLAIM_TIMEOUT_S))
     except OSError:  # no semaphore for the claims' lock (a /dev/shm that is full, say)
         return None
     for _ in range(count):

@@ -9,9 +9,9 @@ away (the compiler parses the condition again when it builds the rule).
 `parses_cleanly` reads the same cached tree without copying or changing it and answers True
 only where pySigma's parse cannot fail: every place its parse raises is a case answered False
 here (a pipe, a syntax error, an operand pyparsing left wrapped, a detection not defined, a
-selector that names none, a keyword list with no value), as is any node or detection of a kind
-not named below. False means only "parse it to see": the caller then runs pySigma's parse,
-whose error is the one reported.
+selector that names none, a keyword list with no value, operators nested too deep for its
+recursion), as is any node or detection of a kind not named below. False means only "parse
+it to see": the caller then runs pySigma's parse, whose error is the one reported.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from sigma.conditions import (
 from sigma.rule.detection import SigmaDetection, SigmaDetectionItem, SigmaDetections
 
 OPERATORS = (ConditionAND, ConditionOR, ConditionNOT)
+# pySigma's parse copies and rewrites the tree recursively: about 170 nested operators exhaust
+# Python's stack there. A tree deeper than this is left to it (SigmaHQ's deepest has 5).
+MAX_DEPTH = 32
 # pySigma's parse of a condition text, before its rewriting against detections (pySigma
 # >= 1.0); without it, every condition is parsed by pySigma itself. pySigma caches 256 texts;
 # SigmaHQ's rules have about 400, so this keeps its own cache, as large as a rule set's.
@@ -51,14 +54,14 @@ def parses_cleanly(condition: SigmaCondition) -> bool:
     if not isinstance(detections, SigmaDetections):
         return False
     named: set[str] = set()
-    stack: list[Any] = [tree]
+    stack: list[tuple[Any, int]] = [(tree, 1)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         kind = type(node)
         if kind in OPERATORS:
-            if not isinstance(node.args, list):
+            if not isinstance(node.args, list) or depth >= MAX_DEPTH:
                 return False
-            stack.extend(arg for arg in node.args if arg is not None)
+            stack.extend((arg, depth + 1) for arg in node.args if arg is not None)
         elif kind is ConditionIdentifier:
             named.add(node.identifier)
         elif kind is ConditionSelector:

@@ -114,3 +114,24 @@ def test_a_load_does_not_parse_a_clean_condition(
     assert "Detection 'nope' not defined" in error.message
     assert error.location is not None
     assert (Path(error.location.path).name, error.location.line) == ("bad.yml", 5)
+
+
+@pytest.mark.parametrize("condition", ["not " * 200 + "sel", "(sel and " * 200 + "sel" + ")" * 200])
+def test_a_condition_nested_past_pysigmas_recursion_is_left_to_it(
+    condition: str, tmp_path: Path
+) -> None:
+    """pySigma's parse recurses; the check does not: a tree that deep is not vouched for, and
+    the load reports it at the condition's line as before."""
+    (one,) = conditions_of({"sel": {"a": "x"}}, condition)
+    assert not parses_cleanly(one)
+    with pytest.raises(RecursionError):
+        one.parse()
+    (tmp_path / "deep.yml").write_text(
+        "title: deep\nlogsource: {category: process}\n"
+        f"detection:\n  sel: {{a: x}}\n  condition: {condition}\n"
+    )
+    ruleset = load_rules([tmp_path], with_tests=False, collect_errors=True)
+    assert ruleset.rules == []
+    (error,) = ruleset.errors
+    assert error.message == "condition is nested too deeply"
+    assert error.location is not None and error.location.line == 5

@@ -9,13 +9,16 @@ import gc
 import multiprocessing
 import multiprocessing.resource_tracker
 import multiprocessing.spawn
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from rule_worker_failures import FailsInWorkers, KillsWorkers, SeenInWorkers
+from rule_worker_failures import FailsInWorkers, KillsWorkers, SeenInWorkers, die_holding
 
 from hpcsec.detector.core.errors import RuleError
 from hpcsec.detector.engine import coldload, coldpool, rulecache
@@ -341,6 +344,72 @@ def test_the_caller_takes_in_a_workers_entries_between_its_own_files(tmp_path, m
     assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
     assert steps.count("here") >= 2 and "received" in steps
     assert steps.index("received") < len(steps) - 1 - steps[::-1].index("here")
+
+
+def test_a_lock_left_held_by_a_killed_process_does_not_hang_the_load(tmp_path, monkeypatch):
+    for n in range(6):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldpool, "CLAIM_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    real_start = coldpool.start_workers
+
+    def start(files: int) -> coldpool.Workers | None:
+        workers = real_start(files)
+        assert workers is not None
+        real_send = workers.send
+
+        def send(*args):
+            taken = real_send(*args)
+            # after the claims were set: a process dies holding their lock
+            context = multiprocessing.get_context("spawn")
+            holder = context.Process(target=die_holding, args=(workers.claims,))
+            holder.start()
+            holder.join(60)
+            assert holder.exitcode == -signal.SIGKILL
+            return taken
+
+        monkeypatch.setattr(workers, "send", send)
+        return workers
+
+    monkeypatch.setattr(coldpool, "start_workers", start)
+    done: list[Any] = []
+    loading = threading.Thread(
+        target=lambda: done.append(load_rules([tmp_path], with_tests=False)), daemon=True
+    )
+    loading.start()
+    loading.join(60)
+    assert done, "the load hangs on a lock its holder died with"
+    assert summary(done[0]) == summary(serial) and done[0].rules == serial.rules
+
+
+def test_a_failing_caller_stops_its_workers_after_their_group(tmp_path, monkeypatch):
+    for n in range(20):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    started: list[coldpool.Workers | None] = []
+    real_start = coldpool.start_workers
+    monkeypatch.setattr(
+        coldpool, "start_workers", lambda n: started.append(real_start(n)) or started[-1]
+    )
+    marker = tmp_path / "worker-reads"
+
+    def interrupted(*args, **kwargs):
+        wait_for(marker)  # the worker is parsing (a file every 0.2 s)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(coldload, "load_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        load_rules([tmp_path], with_tests=False, threshold_values=SeenInWorkers(marker, 0.2))
+    (workers,) = started
+    assert workers is not None
+    for process in workers.processes:
+        process.join(60)
+        assert process.exitcode == 0
+    # the group it was parsing, perhaps the next: not the 19 left
+    assert len(marker.read_text().splitlines()) <= 3
 
 
 def test_an_empty_cache_starts_the_workers_before_reading_the_files(tmp_path, monkeypatch):

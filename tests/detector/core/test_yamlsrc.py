@@ -202,3 +202,42 @@ def test_the_event_builder_reads_plain_rule_texts_itself() -> None:
         assert yamlsrc._fast_documents(text, "f.yml") is not None, text
     for text in (ODD[7], ODD[8], ODD[9], ODD[10], ODD[11], ODD[12], ODD[15]):
         assert yamlsrc._fast_documents(text, "f.yml") is None, text
+
+
+def test_a_value_its_type_refuses_is_an_error_at_its_line_after_any_syntax_error() -> None:
+    for value in ("!!bool maybe", "!!timestamp x", "!!int ''"):
+        with pytest.raises(SourceError) as info:
+            load_text_documents(f"a: 1\nb: {value}\n", "f.yml")
+        tag = value.split()[0]
+        assert str(info.value) == f"f.yml:2: YAML value is not a valid {tag}"
+        # a syntax error after it is the one reported (the whole document is read first)
+        with pytest.raises(SourceError, match="syntax error") as info:
+            load_text_documents(f"a: 1\nb: {value}\nc: [unclosed\nd: 2\n", "f.yml")
+        assert info.value.location is not None and info.value.location.line == 4
+
+
+def test_a_key_named_like_the_builders_scratch_path_keeps_its_line() -> None:
+    from hpcsec.detector.core import yamlsrc
+
+    text = "<key>: 1\n5: a\n"
+    fast = yamlsrc._fast_documents(text, "f.yml")
+    (slow,) = yamlsrc.python_documents(text, "f.yml")
+    assert fast is not None and (fast[0].data, fast[0].lines) == (slow.data, slow.lines)
+    assert slow.lines[("<key>",)] == 1 and slow.lines[(5,)] == 2
+
+
+@pytest.mark.parametrize("depth", [50, 100, 101, 400, 990])
+def test_both_paths_refuse_the_same_nesting(depth: int) -> None:
+    from hpcsec.detector.core import yamlsrc
+
+    text = "a:\n  " + "[" * depth + "x" + "]" * depth + "\n"
+    fast = yamlsrc._fast_documents(text, "f.yml")
+    if depth <= yamlsrc.MAX_DEPTH - 1:  # the list at depth 1, its innermost value at depth+1
+        assert fast is not None
+        (slow,) = yamlsrc.python_documents(text, "f.yml")
+        assert (fast[0].data, fast[0].lines) == (slow.data, slow.lines)
+        return
+    assert fast is None
+    with pytest.raises(SourceError, match="YAML nesting is too deep") as info:
+        load_text_documents(text, "f.yml")
+    assert info.value.location is not None and info.value.location.line == 2
