@@ -18,7 +18,12 @@ from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import capture_view
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.slurm.jobs import STATE_KEY, JobContext, SlurmCommands
+from hpcsec.detector.slurm.jobs import (
+    CONTROLLER_TTL_FACTOR,
+    STATE_KEY,
+    JobContext,
+    SlurmCommands,
+)
 from hpcsec.detector.slurm.sensor import SlurmJobsSensor
 from hpcsec.sensors.base import run_sensor
 
@@ -530,3 +535,55 @@ def _comm(pid: int) -> str | None:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:  # exited between listpids and now
         return None
+
+
+def test_the_controller_is_asked_again_when_this_nodes_jobs_change(slurm_cluster, two_jobs):
+    """Against slurmctld: a node whose jobs all run, as listpids lists them, reuses the
+    controller's last answer for up to CONTROLLER_TTL_FACTOR TTLs; a job starting or ending
+    here is asked about (docs/slurm.md, Controller load)."""
+    asked: list[float] = []
+    now = [1000.0]
+
+    class Counted(SlurmCommands):
+        def jobs_json(self) -> str:
+            asked.append(now[0])
+            return super().jobs_json()
+
+    jc = JobContext(
+        Counted(env={"SLURM_CONF": str(slurm_cluster.conf)}), ttl_s=30, clock=lambda: now[0]
+    )
+    ctx = context(slurm_cluster)
+
+    def after_ttls(count: int) -> int:
+        """Refresh once per TTL, `count` times: how many times the controller was asked."""
+        before = len(asked)
+        for _ in range(count):
+            now[0] += jc.ttl_s
+            jc.refresh(ctx)
+        return len(asked) - before
+
+    job = slurm_cluster.sbatch("bob", "-J", "steady", "--wrap", "sleep 120")
+    try:
+        slurm_cluster.wait_state(job, ("RUNNING",))
+        slurm_cluster.wait_pids(job)
+        assert after_ttls(1) == 1 and jc.job(job).state == "RUNNING"
+        # every job here running and listed: not asked at each of 5 TTLs (at most twice:
+        # the other tests' two jobs may end meanwhile)
+        assert after_ttls(5) <= 2
+        # the answer's age is bounded: asked again within CONTROLLER_TTL_FACTOR TTLs
+        assert after_ttls(CONTROLLER_TTL_FACTOR) >= 1
+        started = slurm_cluster.sbatch("alice", "-J", "new", "--wrap", "sleep 120")
+        try:
+            slurm_cluster.wait_state(started, ("RUNNING",))
+            slurm_cluster.wait_pids(started)
+            assert after_ttls(1) == 1  # listpids names a job the last answer did not place here
+            assert jc.job(started).state == "RUNNING"
+        finally:
+            slurm_cluster.run(["scancel", started], check=False)
+        deadline = time.monotonic() + 30
+        while slurm_cluster.pids(started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert after_ttls(1) == 1  # its processes are gone from listpids: asked
+        assert jc.job(started).state != "RUNNING"
+    finally:
+        slurm_cluster.run(["scancel", job], check=False)
