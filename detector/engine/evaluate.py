@@ -60,6 +60,20 @@ from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.detector.engine.values import UnsupportedValue
 
 logger = get_logger(__name__)
+# The compile errors this process logged: each once, whichever of its engines met it (a scan
+# builds a category in its own engines and in its workers', which send theirs to it).
+_LOGGED_ERRORS: set[str] = set()
+MAX_LOGGED_ERRORS = 10_000
+
+
+def log_compile_error(message: str) -> None:
+    """Log a lazy engine's compile error, unless this process logged it already."""
+    if message in _LOGGED_ERRORS:
+        return
+    if len(_LOGGED_ERRORS) < MAX_LOGGED_ERRORS:
+        _LOGGED_ERRORS.add(message)
+    logger.error("%s", message)
+
 
 MERGED_FEEDS = 1024  # (category, rules matched together) whose ordered feeds are remembered
 MAX_GROUPS = 20_000  # open groups per correlation at most, by default (least recently touched out)
@@ -118,6 +132,7 @@ class Engine:
         index_min: int = INDEX_MIN_RULES,
         lazy: bool = False,
         code_cache: Path | None = None,
+        quiet: bool = False,
     ):
         """`max_groups` open groups per correlation (least recently touched evicted first),
         each keeping at most `sample_size` events as evidence: that bounds the memory.
@@ -135,7 +150,9 @@ class Engine:
         here, so categories that never see an event cost nothing (nor do their rules' pySigma
         objects, when the rule set came from the cache). A rule that cannot be compiled then
         is left out of its category with an error logged at its file:line, where the eager
-        engine raises that error here.
+        engine raises that error here. Each such error is kept in `compile_errors`; `quiet`:
+        kept only, not logged (a scan's worker sends them to its caller, which logs them:
+        `log_compile_error`).
 
         `code_cache`: a private directory where the compiled code of each category is kept
         by the hash of its source (codecache.py), so that a start with the same rules skips
@@ -174,7 +191,8 @@ class Engine:
             for c in self.correlations
         }
         self._filters, self._feeds, self._silenced = filters, feeds, silenced
-        self.lazy = lazy
+        self.lazy, self.quiet = lazy, quiet
+        self.compile_errors: list[str] = []  # a lazy engine's rules left out, and why
         self._build_lock = threading.Lock()
         # the rules of each category whose match function is not built yet
         self._unbuilt: dict[str | None, list[LoadedRule]] = {}
@@ -249,7 +267,10 @@ class Engine:
         except RuleError as e:
             if not self.lazy:
                 raise
-            logger.error("%s (the rule is not evaluated)", e)
+            message = f"{e} (the rule is not evaluated)"
+            self.compile_errors.append(message)
+            if not self.quiet:
+                log_compile_error(message)
             return False
         return True
 

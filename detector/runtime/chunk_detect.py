@@ -40,7 +40,7 @@ import orjson
 
 from hpcsec.detector.core.eventio import InputReport
 from hpcsec.detector.core.schema import Event
-from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.evaluate import Engine, log_compile_error
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.runtime import chunked
 
@@ -84,8 +84,9 @@ class Detect:
             return None
         return cls(payload, hashlib.sha256(payload).digest())
 
-    def engine(self) -> Engine:
-        """An engine of these rules; its categories compile at their first event."""
+    def engine(self, quiet: bool = False) -> Engine:
+        """An engine of these rules; its categories compile at their first event (`quiet`:
+        a worker's, whose compile errors go back to the caller with its chunks)."""
         rules, placeholders, index_min, code_cache = pickle.loads(self.payload)
         return Engine(
             RuleSet(rules=rules),
@@ -93,6 +94,7 @@ class Detect:
             index_min=index_min,
             lazy=True,
             code_cache=code_cache,
+            quiet=quiet,
         )
 
 
@@ -108,6 +110,9 @@ class DetectedChunk:
     events: int
     malformed: int
     malformed_lines: list[tuple[int, str]]
+    # rules a worker's engine could not compile while detecting this chunk (the caller logs
+    # them, once: evaluate.log_compile_error)
+    compile_errors: tuple[str, ...] = ()
 
 
 _engines: dict[bytes, Engine] = {}  # a worker's engine, by the digest of its Detect
@@ -117,7 +122,7 @@ def worker_engine(detect: Detect) -> Engine:
     engine = _engines.get(detect.digest)
     if engine is None:
         _engines.clear()
-        engine = _engines[detect.digest] = detect.engine()
+        engine = _engines[detect.digest] = detect.engine(quiet=True)
     return engine
 
 
@@ -133,7 +138,9 @@ def detect_chunk(
     detection rules run on them; what the caller needs of them (see the module's doc), as
     JSON to send back, or as they are when the caller does the chunk with its `engine`."""
     report = InputReport(path)
-    evaluate = (engine or worker_engine(detect)).evaluate
+    detecting = engine or worker_engine(detect)
+    errors_before = len(detecting.compile_errors)
+    evaluate = detecting.evaluate
     kept: list[Event] = []
     positions: list[int] = []
     context: list[int] = []
@@ -159,6 +166,7 @@ def detect_chunk(
         report.events,
         report.malformed,
         report.malformed_lines,
+        tuple(detecting.compile_errors[errors_before:]),
     )
 
 
@@ -172,6 +180,8 @@ def kept_of(chunk: DetectedChunk | chunked.ParsedChunk) -> tuple[int, Iterable[K
             for e in (orjson.loads(array) if isinstance(array, bytes) else array)
         ]
         return chunk.events, ((n, e, False) for n, e in enumerate(events))
+    for message in chunk.compile_errors:
+        log_compile_error(message)
     context = set(chunk.context)
     events = orjson.loads(chunk.kept) if isinstance(chunk.kept, bytes) else chunk.kept
     return chunk.events, (

@@ -319,3 +319,34 @@ def test_an_entry_made_here_is_the_one_its_bytes_read_back_with_objects_unread(t
     assert [tuple(r.header) for r in here.ruleset.rules] == [
         tuple(r.header) for r in back.ruleset.rules
     ]
+
+
+def test_a_scans_worker_sends_its_compile_errors_and_the_caller_logs_each_once(
+    rules_file, tmp_path, caplog
+):
+    """A rule a lazy engine cannot compile is logged once by the scan, however many of its
+    engines (its own, its workers') meet it: a worker's engine keeps the error quiet and
+    sends it with the chunk."""
+    from hpcsec.detector.runtime import chunk_detect
+
+    broken = forged(load_rules([rules_file], with_tests=False), 0)
+    engine = Engine(broken, lazy=True, lateness=None)
+    detect = chunk_detect.Detect.of(broken, engine)
+    assert detect is not None
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b"".join(json.dumps(e).encode() + b"\n" for e in EVENTS))
+    size = events.stat().st_size
+    chunk_detect._engines.clear()
+    with caplog.at_level(logging.ERROR):
+        chunk = chunk_detect.detect_chunk(str(events), 0, size, None, detect)  # as a worker
+        assert "not evaluated" not in caplog.text  # the worker's engine logs nothing
+        (message,) = chunk.compile_errors
+        assert f"{rules_file}:1" in message and message.endswith("(the rule is not evaluated)")
+        again = chunk_detect.detect_chunk(str(events), 0, size, None, detect)
+        assert again.compile_errors == ()  # sent with the chunk that built the category
+        chunk_detect.kept_of(chunk)  # the caller takes the chunk in: logged
+        assert caplog.text.count("not evaluated") == 1
+        chunk_detect.kept_of(chunk)
+        matched(engine)  # the caller's own engine meets the same rule
+    assert caplog.text.count("not evaluated") == 1
+    assert engine.compile_errors == [message]
