@@ -145,9 +145,14 @@ def _fast_documents(text: str, source: str) -> list[YamlDocument] | None:
     for each, were half of a SigmaHQ file's YAML time.
     """
     loader_class = getattr(yaml, "CSafeLoader", None)
-    if loader_class is None:  # PyYAML built without libyaml
+    # libyaml takes a tab as a space in places PyYAML's scanner refuses it: such a text is
+    # the Python path's to accept or refuse, whichever PyYAML is installed
+    if loader_class is None or "\t" in text:  # (None: PyYAML built without libyaml)
         return None
-    loader = loader_class(text)
+    try:
+        loader = loader_class(text)  # (a lone surrogate cannot be encoded for libyaml)
+    except Exception:
+        return None
     try:
         return _EventBuilder(loader).documents(source)
     except Exception:  # _NotPlain, libyaml's errors, or a value its constructor refuses
@@ -216,7 +221,8 @@ class _EventBuilder:
         get_event = self.loader.get_event
         anchors: set[str] = set()
         count = 0
-        # open collections: [value, path, is_mapping, key waiting for its value, its line]
+        # open collections: [value, path, is_mapping, key waiting for its value, its line,
+        # whether it is a flow collection ([…], {…}) or in one]
         stack: list[list[Any]] = []
         root: Any = None
         while True:
@@ -238,6 +244,14 @@ class _EventBuilder:
                 raise _NotPlain
             line = event.start_mark.line + 1
             top = stack[-1] if stack else None
+            if (
+                kind is _SCALAR
+                and top is not None
+                and top[5]
+                and not event.style  # plain
+                and "?" in event.value
+            ):
+                raise _NotPlain  # PyYAML ends a plain scalar at `?` in a flow collection
             if top is not None and top[2] and top[3] is _NO_KEY:
                 # a mapping's key
                 if kind is not _SCALAR:
@@ -278,7 +292,8 @@ class _EventBuilder:
             else:
                 top[0].append(value)
             if kind is not _SCALAR:
-                stack.append([value, at, kind is _MAPPING_START, _NO_KEY, 0])
+                flow = bool(event.flow_style) or (top is not None and top[5])
+                stack.append([value, at, kind is _MAPPING_START, _NO_KEY, 0, flow])
             elif top is None:
                 return root
 

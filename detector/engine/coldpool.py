@@ -58,11 +58,13 @@ class Claims:
     def __init__(self, shared: Any, timeout_s: float):
         self.shared = shared  # multiprocessing Array("q", 2): front, end
         self.timeout_s = timeout_s
+        self.broken = False  # this process waited for the lock in vain: it waits no more
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[bool]:
         lock = self.shared.get_lock()
-        held = lock.acquire(timeout=self.timeout_s)
+        held = not self.broken and lock.acquire(timeout=self.timeout_s)
+        self.broken = not held
         try:
             yield held
         finally:
@@ -138,7 +140,7 @@ class Workers:
     def _send_to(self, connection: Connection, task: int) -> None:
         with tempfile.TemporaryFile(buffering=0) as output:
             try:
-                with socket.socket(fileno=os.dup(connection.fileno())) as channel:
+                with _channel(connection) as channel:
                     reduction.sendfds(channel, [task, output.fileno()])
             except OSError:  # a worker gone already: its groups fall back to the caller
                 return
@@ -171,10 +173,24 @@ class Workers:
         for output in self.outputs.values():
             with contextlib.suppress(OSError):
                 os.close(output)
-        self.outputs, self.pending = {}, []
-        for process in self.processes:
+        for process, connection in zip(self.processes, self.connections, strict=True):
             with contextlib.suppress(Exception):
+                if connection not in self.outputs:
+                    # never given a task (the parser's import failed, an early Ctrl-C): it
+                    # may still be starting, and its arguments' lock be gone when it reads
+                    # them; stopped rather than left to print a traceback about it
+                    process.terminate()
                 process.join(0)  # reaped now if it has ended
+        self.outputs, self.pending = {}, []
+
+
+def _channel(connection: Connection) -> socket.socket:
+    """The connection's socket, to pass descriptors on: blocking whatever the process's
+    default socket timeout (a timeout would make the connection's descriptor, which it
+    shares, non-blocking, and its next wait for a note fail)."""
+    channel = socket.socket(fileno=os.dup(connection.fileno()))
+    channel.setblocking(True)
+    return channel
 
 
 def _entries(output: int, note: Any) -> tuple[int, list[bytes | None] | None]:
@@ -214,7 +230,8 @@ def start_workers(files: int) -> Workers | None:
         process = context.Process(target=serve, args=(theirs, workers.claims), daemon=True)
         try:
             process.start()
-        except OSError:  # no process can start: the groups are the caller's
+        except Exception:  # no process can start (out of them; a daemonic caller): the
+            # groups are the caller's
             mine.close()
             break
         finally:
@@ -240,10 +257,15 @@ def serve(connection: Connection, claims: Claims) -> None:
     """A worker: the parser's imports (while the caller does its own), its task, then groups
     from the front until none is left, each group's entries written to its output file and
     where they lie sent to the caller; None when done."""
+    with contextlib.suppress(KeyboardInterrupt):  # a Ctrl-C reaches the caller, which says so
+        _serve(connection, claims)
+
+
+def _serve(connection: Connection, claims: Claims) -> None:
     from hpcsec.detector.engine.coldload import parse_group
 
     try:
-        with socket.socket(fileno=os.dup(connection.fileno())) as channel:
+        with _channel(connection) as channel:
             task, output = reduction.recvfds(channel, 2)
     except (EOFError, OSError, RuntimeError):  # the caller stopped before sending any
         return

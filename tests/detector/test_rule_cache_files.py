@@ -9,7 +9,9 @@ import gc
 import multiprocessing
 import multiprocessing.resource_tracker
 import multiprocessing.spawn
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -407,9 +409,111 @@ def test_a_failing_caller_stops_its_workers_after_their_group(tmp_path, monkeypa
     assert workers is not None
     for process in workers.processes:
         process.join(60)
-        assert process.exitcode == 0
+        assert process.exitcode in (0, -signal.SIGTERM)  # ended, or stopped before its task
     # the group it was parsing, perhaps the next: not the 19 left
     assert len(marker.read_text().splitlines()) <= 3
+
+
+def test_claims_wait_for_a_lock_left_held_once_then_claim_nothing():
+    class NeverFree:
+        calls = 0
+
+        def acquire(self, timeout: float | None = None) -> bool:
+            self.calls += 1
+            return False
+
+        def release(self) -> None:
+            raise AssertionError("released a lock it never held")
+
+    class Shared:
+        lock = NeverFree()
+
+        def get_lock(self) -> NeverFree:
+            return self.lock
+
+    claims = coldpool.Claims(Shared(), 0.01)
+    assert claims.end() is None and claims.front() is None
+    assert not claims.reset(3)
+    claims.close()
+    assert Shared.lock.calls == 1  # one timeout, not one per call (stop() would wait again)
+
+
+def test_two_workers_one_dead_before_its_task_the_other_parses(tmp_path, monkeypatch):
+    for n in range(12):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 2)
+    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    real_start = coldpool.start_workers
+    received: list[str] = []
+    real_received = coldload._received_part
+
+    def start(files: int) -> coldpool.Workers | None:
+        workers = real_start(files)
+        assert workers is not None and len(workers.processes) == 2
+        real_send = workers.send
+
+        def send(*args):
+            workers.processes[0].kill()  # the first dies before its task is sent
+            workers.processes[0].join(60)
+            return real_send(*args)
+
+        monkeypatch.setattr(workers, "send", send)
+        return workers
+
+    real_here = coldload._parsed_part
+
+    def slow_here(path, threshold_values):
+        time.sleep(0.3)  # the live worker has time to send some
+        return real_here(path, threshold_values)
+
+    monkeypatch.setattr(coldpool, "start_workers", start)
+    monkeypatch.setattr(coldload, "_parsed_part", slow_here)
+    monkeypatch.setattr(
+        coldload,
+        "_received_part",
+        lambda path, entry, thresholds: (
+            received.append(path.name) or real_received(path, entry, thresholds)
+        ),
+    )
+    loaded = load_rules([tmp_path], with_tests=False)
+    assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+    assert received  # the second worker was sent the task and parsed
+
+
+def test_a_default_socket_timeout_leaves_the_workers_connection_blocking(tmp_path, monkeypatch):
+    for n in range(4):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    real_send_to = coldpool.Workers._send_to
+    blocking: list[bool] = []
+
+    def send_to(self, connection, task):
+        real_send_to(self, connection, task)
+        blocking.append(os.get_blocking(connection.fileno()))
+
+    monkeypatch.setattr(coldpool.Workers, "_send_to", send_to)
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(30)
+    try:
+        load_rules([tmp_path], with_tests=False)
+    finally:
+        socket.setdefaulttimeout(previous)
+    assert blocking == [True]
+
+
+def test_workers_stopped_before_their_task_end_without_a_traceback(monkeypatch, capfd):
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    workers = coldpool.start_workers(5000)
+    assert workers is not None
+    processes = list(workers.processes)
+    workers.stop()
+    del workers
+    gc.collect()  # the claims' lock goes: a worker still starting could not read it
+    for process in processes:
+        process.join(60)
+        assert process.exitcode is not None
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_an_empty_cache_starts_the_workers_before_reading_the_files(tmp_path, monkeypatch):
@@ -568,7 +672,7 @@ def assert_stopped(workers: coldpool.Workers) -> None:
     assert workers.claims.front() is None and workers.claims.end() is None
     for process in workers.processes:
         process.join(60)
-        assert process.exitcode == 0
+        assert process.exitcode in (0, -signal.SIGTERM)  # ended, or stopped before its task
 
 
 @pytest.mark.parametrize("cached", [False, True])

@@ -175,6 +175,12 @@ ODD = [
     "tabs:\n\t- x\n",
     "- a\n- b: c\n  d: e\n- - f\n",
     "yes: no\nNULL: Null\n.inf: -.INF\n0o17: 0x1f\n017: 1_000\n",
+    "a: b\t\n",  # a tab libyaml takes as a space, PyYAML's scanner refuses
+    "a: [\t1]\n",
+    "a: [x?y]\n",  # a `?` PyYAML ends a plain scalar at, in a flow collection
+    "a: {x?y: 1}\n",
+    "a: [{b: [c?]}]\n",
+    "a: x?y\nb: ['x?y']\n",  # outside a flow collection, or quoted: a plain string
 ]
 
 
@@ -241,3 +247,18 @@ def test_both_paths_refuse_the_same_nesting(depth: int) -> None:
     with pytest.raises(SourceError, match="YAML nesting is too deep") as info:
         load_text_documents(text, "f.yml")
     assert info.value.location is not None and info.value.location.line == 2
+
+
+def test_texts_libyaml_reads_more_leniently_are_left_to_the_python_path() -> None:
+    from hpcsec.detector.core import yamlsrc
+
+    for text in ("a: b\t\n", "a: [\t1]\n", "a: [x?y]\n", "a: {x?y: 1}\n", "a: [{b: [c?]}]\n"):
+        assert yamlsrc._fast_documents(text, "f.yml") is None, text
+        with pytest.raises(SourceError, match="syntax error"):
+            load_text_documents(text, "f.yml")
+    assert yamlsrc._fast_documents("a: x?y\nb: ['x?y']\n", "f.yml") is not None
+
+
+def test_a_lone_surrogate_is_a_source_error() -> None:
+    with pytest.raises(SourceError, match="U\\+D800"):
+        load_text_documents("a: \ud800\n", "f.yml")
