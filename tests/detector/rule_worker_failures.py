@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 
-class FailsInWorkers(dict):
-    """Thresholds that a worker process cannot read: its parse of a group raises there, after
-    creating `marker` (so that a test knows a worker got that far)."""
+class InWorkers(dict):
+    """Thresholds that are none, read in the caller; read in a worker process, `in_worker`
+    runs first (pickled to the workers with the parse's files)."""
 
     def __init__(self, marker: Path) -> None:
         super().__init__()
@@ -19,40 +19,43 @@ class FailsInWorkers(dict):
 
     def __len__(self) -> int:
         if os.getpid() != self.parent:
-            self.marker.touch()
-            raise RuntimeError("read in a worker")
+            self.in_worker()
         return 0
 
+    def in_worker(self) -> None:
+        raise NotImplementedError
 
-class SeenInWorkers(dict):
-    """No thresholds, and `marker` created when a worker process reads them (so that a test
-    knows a worker is parsing); each read there takes `seconds`."""
+
+class FailsInWorkers(InWorkers):
+    """A worker's parse of a group raises, after creating `marker` (so that a test knows a
+    worker got that far)."""
+
+    def in_worker(self) -> None:
+        self.marker.touch()
+        raise RuntimeError("read in a worker")
+
+
+class SeenInWorkers(InWorkers):
+    """`marker` gets a line each time a worker reads them (so that a test knows a worker is
+    parsing, and how many documents it parsed); each read there takes `seconds`."""
 
     def __init__(self, marker: Path, seconds: float = 0.0) -> None:
-        super().__init__()
-        self.parent, self.marker, self.seconds = os.getpid(), marker, seconds
+        super().__init__(marker)
+        self.seconds = seconds
 
-    def __len__(self) -> int:
-        if os.getpid() != self.parent:
-            with self.marker.open("a") as marker:
-                marker.write("read\n")  # a line per read: how many documents it parsed
-            time.sleep(self.seconds)
-        return 0
+    def in_worker(self) -> None:
+        with self.marker.open("a") as marker:
+            marker.write("read\n")
+        time.sleep(self.seconds)
 
 
-class KillsWorkers(dict):
-    """Thresholds whose read ends a worker process at once, in the middle of a group it has
-    claimed, after creating `marker`; read in the caller they are no thresholds."""
+class KillsWorkers(InWorkers):
+    """A worker process ends at once, in the middle of a group it has claimed, after
+    creating `marker`."""
 
-    def __init__(self, marker: Path) -> None:
-        super().__init__()
-        self.parent, self.marker = os.getpid(), marker
-
-    def __len__(self) -> int:
-        if os.getpid() != self.parent:
-            self.marker.touch()
-            os._exit(3)
-        return 0
+    def in_worker(self) -> None:
+        self.marker.touch()
+        os._exit(3)
 
 
 def die_holding(claims: object) -> None:
