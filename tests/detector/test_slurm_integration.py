@@ -24,6 +24,7 @@ from hpcsec.detector.slurm.jobs import (
     JobContext,
     SlurmCommands,
 )
+from hpcsec.detector.slurm.parse import parse_listpids
 from hpcsec.detector.slurm.sensor import SlurmJobsSensor
 from hpcsec.sensors.base import run_sensor
 
@@ -537,6 +538,11 @@ def _comm(pid: int) -> str | None:
         return None
 
 
+def listed_here(jc: JobContext) -> set[str]:
+    """The jobs `scontrol listpids` names on this node."""
+    return {pid.job_id for pid in parse_listpids(jc.commands.listpids()).pids.values()}
+
+
 def test_the_controller_is_asked_again_when_this_nodes_jobs_change(slurm_cluster, two_jobs):
     """Against slurmctld: a node whose jobs all run, as listpids lists them, reuses the
     controller's last answer for up to CONTROLLER_TTL_FACTOR TTLs; a job starting or ending
@@ -576,13 +582,19 @@ def test_the_controller_is_asked_again_when_this_nodes_jobs_change(slurm_cluster
         try:
             slurm_cluster.wait_state(started, ("RUNNING",))
             slurm_cluster.wait_pids(started)
+            deadline = time.monotonic() + 30
+            while started not in listed_here(jc) and time.monotonic() < deadline:
+                time.sleep(0.2)
             assert after_ttls(1) == 1  # listpids names a job the last answer did not place here
             assert jc.job(started).state == "RUNNING"
         finally:
             slurm_cluster.run(["scancel", started], check=False)
+        # until the node's listpids (what the refresh reads) no longer names it: its
+        # processes are gone (`scontrol listpids JOB` may stop answering before that)
         deadline = time.monotonic() + 30
-        while slurm_cluster.pids(started) and time.monotonic() < deadline:
+        while started in listed_here(jc) and time.monotonic() < deadline:
             time.sleep(0.2)
+        assert started not in listed_here(jc)
         assert after_ttls(1) == 1  # its processes are gone from listpids: asked
         assert jc.job(started).state != "RUNNING"
     finally:
