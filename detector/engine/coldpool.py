@@ -27,6 +27,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from hpcsec.detector.core.log import get_logger
+
+logger = get_logger(__name__)
+
 # Fewer files than this parse in the caller. A spawned worker costs about 0.3 s of CPU (its
 # interpreter and pySigma's imports) before its first file, and a SigmaHQ file about 1 ms to
 # parse: below a second of parsing the caller would mostly wait for it (bench/rule_load.py).
@@ -133,8 +137,13 @@ class Workers:
                 task.flush()
                 for connection in self.connections:
                     self._send_to(connection, task.fileno())
-        except OSError:  # no temporary file: the caller parses every file
-            pass
+        except OSError as exc:  # no temporary file: the caller parses every file, and says so
+            logger.warning(
+                "rule load: no temporary file for its worker processes (%s): parsing %d "
+                "files in one process",
+                exc.strerror or exc,
+                len(items),
+            )
         return len(self.pending)
 
     def _send_to(self, connection: Connection, task: int) -> None:

@@ -5,7 +5,9 @@ pile up."""
 
 from __future__ import annotations
 
+import errno
 import gc
+import logging
 import multiprocessing
 import multiprocessing.resource_tracker
 import multiprocessing.spawn
@@ -514,6 +516,24 @@ def test_workers_stopped_before_their_task_end_without_a_traceback(monkeypatch, 
         process.join(60)
         assert process.exitcode is not None
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_no_temporary_file_for_the_workers_is_said_and_the_caller_parses_alone(
+    tmp_path, monkeypatch, caplog
+):
+    for n in range(4):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(coldpool.tempfile, "TemporaryFile", full)
+    with caplog.at_level(logging.WARNING):
+        loaded = load_rules([tmp_path], with_tests=False)
+    assert summary(loaded) == summary(serial) and loaded.rules == serial.rules
+    assert "No space left on device): parsing 4 files in one process" in caplog.text
 
 
 def test_an_empty_cache_starts_the_workers_before_reading_the_files(tmp_path, monkeypatch):
