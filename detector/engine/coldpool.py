@@ -7,8 +7,9 @@ miss, before coldload.py).
 Each worker reads the parse's files from an unlinked file (`Workers.send`); then the caller
 and its workers share nothing but two numbers, the next group from the front and the end of
 what is left (`Claims`): each worker takes groups from the front, the caller from the end,
-until they meet; a worker sends all its results at once when none is left. No thread
-of the caller passes tasks or results meanwhile. A process pool's threads did: each needed the
+until they meet. A worker writes each group's entries to a file of its own and sends
+where they lie; the caller takes them in between its own groups. No thread of the caller
+passes tasks or results meanwhile. A process pool's threads did: each needed the
 GIL several times per task, and a caller that let them have it at once (a 0.5 ms switch
 interval) parsed its own files 40% slower than its worker did (bench/rule_load.py).
 """

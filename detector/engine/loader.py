@@ -7,6 +7,7 @@ cost more start-up than `hpcsec rules list` or `config check` may take with a wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -162,21 +163,20 @@ def _load_through_cache(
             return False
         name = rulecache.pack_name(roots)
         pack = cache.read_pack(name)
-        if pack:
-            found, datas = _read_through_pack(
-                cache, name, pack, sources, fingerprint, threshold_values, None
-            )
-        else:
+        workers: Workers | None = None
+        guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if not pack:
             # an empty pack: every file is a miss, so the workers (if so many files call for
             # them) start now, before the files are read and keyed (a tenth of a second of
             # SigmaHQ's cold load)
             from hpcsec.detector.engine.coldpool import start_workers, stopped_on_error
 
             workers = start_workers(len(sources))
-            with stopped_on_error(workers):  # until in_parallel owns them
-                found, datas = _read_through_pack(
-                    cache, name, pack, sources, fingerprint, threshold_values, workers
-                )
+            guard = stopped_on_error(workers)
+        with guard:  # until in_parallel owns the workers
+            found, datas = _read_through_pack(
+                cache, name, pack, sources, fingerprint, threshold_values, workers
+            )
     references = _assemble(ruleset, sources, found, datas, threshold_values)
     crossfile.drop_duplicate_ids(ruleset, references)
     crossfile.check_references(ruleset, references)
@@ -193,8 +193,9 @@ def _read_through_pack(
     workers: Workers | None,
 ) -> tuple[dict[Path, rulecache.FileEntry | None], dict[Path, bytes | None]]:
     """Each file's entry (None where it has none, to parse as it is) and bytes: read from
-    `pack` where its key is there, else parsed (in `workers` when given, else in workers
-    started when enough files are missing); the pack rewritten when anything was added."""
+    `pack` where its key is there, else parsed (in `workers` when given: started for an
+    empty pack, whose files are all missing; else in workers started when enough files are
+    missing); the pack rewritten when anything was added."""
     keys: dict[Path, str | None] = {}
     datas: dict[Path, bytes | None] = {}
     found: dict[Path, rulecache.FileEntry | None] = {}
@@ -239,8 +240,6 @@ def _read_through_pack(
             workers,
         )
         found.update(zip(missing, parsed, strict=True))
-    elif workers is not None:
-        workers.stop()
     # entries of files changed or no longer loaded, the latest first: a few are kept, as a
     # change may be undone. A file that gives no entry (unreadable, or a rule that cannot be
     # pickled) is parsed at every load, without writing the pack every time.
