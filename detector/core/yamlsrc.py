@@ -56,7 +56,7 @@ class _Builder:
             # a plain string is the node's text (what SafeConstructor would return), without
             # the constructor's dispatch: most of the nodes of a rule file
             if node.tag == STR_TAG:
-                return node.value
+                return self._text(node.value, line)
             return self._construct(node, line)
         if node.tag not in PLAIN_COLLECTION_TAGS:
             # mappings and lists are built here, not by PyYAML's constructor: refuse the tags
@@ -65,6 +65,20 @@ class _Builder:
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, at)
         return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
+
+    def _text(self, value: str, line: int) -> str:
+        """A string, refused when an escape (`"\\ud800"`) made it hold a lone surrogate: no
+        event text holds one, and no query or output can carry one (it is not UTF-8)."""
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                code = ord(value[exc.start])
+                raise SourceError(
+                    f"YAML text holds a lone surrogate (\\u{code:04x}), which is not Unicode text",
+                    location(self.source, line),
+                ) from None
+        return value
 
     def _construct(self, node: yaml.Node, line: int) -> Any:
         """A scalar of another type than string (a number, a date…), or the error at its
@@ -91,7 +105,9 @@ class _Builder:
                 raise SourceError("a mapping key must be a scalar", location(self.source, key_line))
             self._visit(key_node)
             key: Any = (
-                key_node.value if key_node.tag == STR_TAG else self._construct(key_node, key_line)
+                self._text(key_node.value, key_line)
+                if key_node.tag == STR_TAG
+                else self._construct(key_node, key_line)
             )
             if key in out:
                 raise SourceError(f"duplicate key {key!r}", location(self.source, key_line))

@@ -60,6 +60,7 @@ def parse_files(
             ruleset.errors += part.errors
     crossfile.drop_duplicate_ids(ruleset)
     correlation_rules.resolve_correlations(ruleset)
+    crossfile.drop_cycles(ruleset, [correlation_rules.references_of(r) for r in ruleset.rules])
     for path in sources if with_tests else ():
         ruletests.load_tests_for(path, ruleset)
 

@@ -91,3 +91,31 @@ def _bound(detection: object) -> bool:
         else:
             return False
     return True
+
+
+def unnamed_selectors(condition: SigmaCondition) -> list[str]:
+    """The selectors of a condition (`1 of filter_*`) that name no detection of its rule.
+
+    pySigma takes them as an empty `or` (never true) or `and`, and a backend converts the
+    rule without them: `selection and 1 of nothing_*` became a query of its logsource alone,
+    matching every event of the category, while the engine never matched it. Such a
+    condition is the rule author's slip (a renamed selection), so the load refuses it."""
+    text = condition.condition
+    detections = condition.detections
+    if _parsed_text is None or not isinstance(text, str) or "|" in text:
+        return []
+    if not isinstance(detections, SigmaDetections):
+        return []
+    try:
+        tree = _parsed_text(text)
+    except Exception:  # a syntax error: reported by pySigma's parse
+        return []
+    unnamed: list[str] = []
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        if type(node) in OPERATORS and isinstance(node.args, list):
+            stack.extend(arg for arg in node.args if arg is not None)
+        elif type(node) is ConditionSelector and not node.resolve_referenced_detections(detections):
+            unnamed.append(f"{node.args[0]} of {node.pattern}")
+    return unnamed

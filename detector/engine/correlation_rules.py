@@ -59,6 +59,8 @@ def document_errors(doc: YamlDocument) -> list[RuleError]:
     if kind is not None and str(kind).upper() not in SigmaCorrelationType.__members__:
         known = ", ".join(t.name.lower() for t in SigmaCorrelationType)
         return [error(f"unknown correlation type {kind!r} (known: {known})", "type")]
+    if section.get("rules") == []:  # pySigma takes it: a correlation that counts nothing
+        return [error("correlation names no rules: list the rules it correlates", "rules")]
     condition = section.get("condition")
     if condition is None or isinstance(condition, str):  # str: extended temporal condition
         return []

@@ -98,15 +98,18 @@ class Referable:
 
 
 def check_references(ruleset: RuleSet, references: list[References]) -> None:
-    """Drop each correlation that names a rule not loaded, with an error at that name."""
+    """Drop each correlation that names a rule not loaded, with an error at that name.
+    `references` (one per rule) is kept in step with the rules."""
     referable = Referable([r for r in ruleset.rules if r.kind != "filter"])
-    kept = []
+    kept, kept_refs = [], []
     for rule, refs in zip(ruleset.rules, references, strict=True):
         if rule.kind == "correlation" and not all(referable.known(ref) for ref in refs):
             ruleset.errors.extend(_reference_errors(rule, referable))
             continue
         kept.append(rule)
+        kept_refs.append(refs)
     ruleset.rules = kept
+    references[:] = kept_refs
 
 
 def _reference_errors(rule: LoadedRule, referable: Referable) -> list[RuleError]:
@@ -115,3 +118,84 @@ def _reference_errors(rule: LoadedRule, referable: Referable) -> list[RuleError]
     from hpcsec.detector.engine import correlation_rules  # pySigma: on this error only
 
     return correlation_rules.unknown_reference_errors(rule, referable.known)
+
+
+def drop_cycles(ruleset: RuleSet, references: list[References]) -> None:
+    """Drop each correlation that refers to itself, directly or through other correlations,
+    with an error at its `rules`: it would feed itself (the engine refuses such a set, and
+    pySigma's conversion recurses without end on it), so the load says so, for every command
+    alike. `references` (one per rule) is kept in step with the rules."""
+    correlations = [r for r in ruleset.rules if r.kind == "correlation"]
+    if not correlations:  # most rule sets: nothing to walk
+        return
+    referable = [r for r in ruleset.rules if r.kind != "filter"]
+    by_key: dict[str, LoadedRule] = {}
+    # only correlations can be in a cycle (ids and names are unique here: drop_duplicate_ids)
+    for rule in correlations:  # as Referable looks names up: an id by its UUID, else a name
+        header = rule.header
+        if header.name is not None:
+            by_key.setdefault(f"name:{header.name}", rule)
+        key = uuid_key(header.sigma_id) if header.sigma_id else None
+        if key is not None:
+            by_key.setdefault(f"id:{key}", rule)
+
+    def named(ref: Any) -> LoadedRule | None:
+        if isinstance(ref, str):
+            key = uuid_key(ref)
+            return by_key.get(f"id:{key}" if key is not None else f"name:{ref}")
+        if isinstance(ref, int) and -len(referable) <= ref < len(referable):
+            return referable[ref]
+        return None
+
+    refers: dict[int, list[LoadedRule]] = {}
+    for rule, refs in zip(ruleset.rules, references, strict=True):
+        if rule.kind == "correlation":
+            found = [named(ref) for ref in refs]
+            refers[id(rule)] = [r for r in found if r is not None and r.kind == "correlation"]
+    in_cycle: dict[int, list[LoadedRule]] = {}  # a rule of a cycle -> the cycle from it
+    for rule in ruleset.rules:
+        if rule.kind == "correlation" and id(rule) not in in_cycle:
+            cycle = _cycle_from(rule, refers)
+            if cycle is not None:
+                in_cycle[id(rule)] = cycle
+    if not in_cycle:
+        return
+    kept, kept_refs = [], []
+    for rule, refs in zip(ruleset.rules, references, strict=True):
+        cycle = in_cycle.get(id(rule))
+        if cycle is None:
+            kept.append(rule)
+            kept_refs.append(refs)
+            continue
+        chain = " -> ".join(r.header.name or r.id for r in (*cycle, cycle[0]))
+        ruleset.errors.append(
+            RuleError(
+                f"rule {rule.id}: correlation refers to itself through its rules ({chain}): "
+                "it would count its own alerts",
+                location(rule.path, rule.line_of("correlation", "rules")),
+            )
+        )
+    ruleset.rules = kept
+    references[:] = kept_refs
+
+
+def _cycle_from(start: LoadedRule, refers: dict[int, list[LoadedRule]]) -> list[LoadedRule] | None:
+    """The correlations of a cycle through `start` (from it, in reference order), if any:
+    a walk that keeps its path, each rule expanded once."""
+    path: list[LoadedRule] = [start]
+    stack = [iter(refers.get(id(start), ()))]
+    seen = {id(start)}
+    while stack:
+        nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            path.pop()
+            continue
+        if nxt is start:
+            return list(path)
+        if id(nxt) in seen:
+            continue
+        seen.add(id(nxt))
+        path.append(nxt)
+        stack.append(iter(refers.get(id(nxt), ())))
+    return None

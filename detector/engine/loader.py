@@ -180,6 +180,7 @@ def _load_through_cache(
     references = _assemble(ruleset, sources, found, datas, threshold_values)
     crossfile.drop_duplicate_ids(ruleset, references)
     crossfile.check_references(ruleset, references)
+    crossfile.drop_cycles(ruleset, references)
     return True
 
 

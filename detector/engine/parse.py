@@ -26,7 +26,7 @@ from sigma.types import SigmaRegularExpression
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.yamlsrc import YamlDocument
 from hpcsec.detector.engine import correlation_rules
-from hpcsec.detector.engine.condition_check import parses_cleanly
+from hpcsec.detector.engine.condition_check import parses_cleanly, unnamed_selectors
 from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex
 from hpcsec.detector.engine.ruleset import SigmaItem
 
@@ -180,6 +180,32 @@ def _regex_problem(key: str, value: Any) -> str | None:
     return None
 
 
+def empty_detection_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
+    """Detections with nothing under them (`selection:` alone, `[]`, `{}`): pySigma takes
+    them, but they test nothing the engine can evaluate (nor a query express), so the rule
+    is refused at the detection's line rather than when it is compiled."""
+    section = doc.data.get(section_name)
+    if not isinstance(section, dict):
+        return []
+    skip = (*DETECTION_META_KEYS, "rules") if section_name == "filter" else DETECTION_META_KEYS
+    errors = []
+    for ident, definition in section.items():
+        if ident in skip:
+            continue
+        if definition in (None, [], {}):
+            message = (
+                f"detection {ident!r} is empty: give it field: value pairs or a list of values"
+            )
+            errors.append(RuleError(message, location(doc.path, doc.line_of(section_name, ident))))
+        elif isinstance(definition, list) and None in definition:  # a keyword that is null
+            i = definition.index(None)
+            message = f"detection {ident!r} lists null: a value without a field cannot be null"
+            errors.append(
+                RuleError(message, location(doc.path, doc.line_of(section_name, ident, i)))
+            )
+    return errors
+
+
 def regex_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
     """`|re` values RE2 cannot run, each at its value: the rule must not load, rather than
     load and never match or fall back to a matcher that backtracks."""
@@ -196,7 +222,11 @@ def regex_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
                 continue
             listed = isinstance(value, list)
             for i, one in enumerate(value if listed else [value]):
-                problem = _regex_problem(key, one)
+                if isinstance(one, str):
+                    problem = _regex_problem(key, one)
+                else:  # `|re: 5`: pySigma keeps the number as the "pattern"
+                    kind = correlation_rules.yaml_kind(one) if one is not None else "null"
+                    problem = f"|re needs a regular expression (text), not {kind}"
                 if problem is not None:
                     line = doc.line_of(*at, i) if listed else doc.line_of(*at)
                     message = f"{key}: {problem}; the rule is not loaded"
@@ -220,11 +250,18 @@ def condition_errors(item: SigmaItem, doc: YamlDocument) -> list[RuleError]:
     listed = isinstance(doc.data.get(section, {}).get("condition"), list)
     for i, condition in enumerate(detections.parsed_condition):
         if parses_cleanly(condition):  # known without parsing it again (condition_check.py)
-            continue
+            continue  # (which it is not with a selector that names no detection)
+        at = (section, "condition", i) if listed else (section, "condition")
+        errors += [
+            RuleError(
+                f"condition selector '{selector}' names no detection of the rule",
+                location(doc.path, doc.line_of(*at)),
+            )
+            for selector in unnamed_selectors(condition)
+        ]
         try:
             condition.parse()
         except SigmaError as exc:
-            at = (section, "condition", i) if listed else (section, "condition")
             message = condition_syntax_message(error_message(exc), condition.condition)
             errors.append(RuleError(message, location(doc.path, doc.line_of(*at))))
         except RecursionError:  # thousands of nested parentheses
@@ -284,7 +321,7 @@ def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]
     if not item.errors:
         errors = logsource_errors(item, doc) + condition_errors(item, doc)
         if section != "correlation":
-            errors += regex_errors(doc, section)
+            errors += empty_detection_errors(doc, section) + regex_errors(doc, section)
         return (None, errors) if errors else (item, [])
     located = detection_errors(data.get(section), section)
     messages = {error_message(e) for e, _ in located}

@@ -1,0 +1,177 @@
+"""Rules that pySigma takes but that cannot work as written are refused at load, at their
+line, alike in every command (`rules check`, `scan`, `rules convert`), with and without the
+rule cache: before, some crashed every command, passed `rules check` and failed `scan`, or
+converted into a query that means something else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcsec.detector.cli.main import main
+from hpcsec.detector.engine.loader import load_rules
+
+HEAD = "title: {name}\nname: {name}\nid: {uid}\nstatus: experimental\nlevel: high\n"
+PROCESS = "logsource: {product: hpc, category: process}\n"
+
+
+def rule(name: str, n: int, body: str) -> str:
+    return HEAD.format(name=name, uid=f"00000000-0000-4000-8000-{n:012d}") + body
+
+
+def correlation(name: str, n: int, refers: str) -> str:
+    return rule(
+        name,
+        n,
+        f"correlation:\n  type: event_count\n  rules: {refers}\n  group-by: [host.name]\n"
+        "  timespan: 1m\n  condition: {gte: 3}\n",
+    )
+
+
+def errors_of(tmp_path: Path, text: str, cache: bool = False) -> list[tuple[int | None, str]]:
+    path = tmp_path / "r.yml"
+    path.write_text(text)
+    ruleset = load_rules(
+        [path], collect_errors=True, with_tests=False, cache=tmp_path / "c" if cache else None
+    )
+    return [(e.location.line if e.location else None, e.message) for e in ruleset.errors]
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [("5", "a number"), ("true", "true/false"), ("null", "null")]
+)
+def test_a_regex_that_is_not_text_is_an_error_at_its_line(tmp_path, value, kind):
+    # `|re: 5` crashed every command (AttributeError in the RE2 check)
+    body = PROCESS + f"detection:\n  sel:\n    process.pid|re: {value}\n  condition: sel\n"
+    assert errors_of(tmp_path, rule("r", 1, body)) == [
+        (
+            9,
+            f"process.pid|re: |re needs a regular expression (text), not {kind}; "
+            "the rule is not loaded",
+        )
+    ]
+
+
+def test_each_regex_of_a_list_that_is_not_text_is_an_error_at_its_line(tmp_path):
+    body = (
+        PROCESS
+        + "detection:\n  sel:\n    process.name|re:\n      - a.*\n      - [1, a]\n      - 7\n"
+        "  condition: sel\n"
+    )
+    assert [line for line, _ in errors_of(tmp_path, rule("r", 1, body))] == [11, 12]
+
+
+EMPTY = "detection 'selection' is empty: give it field: value pairs or a list of values"
+
+
+@pytest.mark.parametrize(
+    ("definition", "expected"),
+    [("", (8, EMPTY)), (" []", (8, EMPTY)), (" {}", (7, "Detection is empty"))],  # pySigma's
+)
+def test_an_empty_detection_is_an_error_at_its_line(tmp_path, definition, expected):
+    # `selection:` alone passed `rules check` and then stopped `scan` (SigmaNull, at line 1)
+    body = PROCESS + f"detection:\n  selection:{definition}\n  condition: selection\n"
+    assert expected in errors_of(tmp_path, rule("r", 1, body))
+
+
+def test_a_null_keyword_is_an_error_at_its_line(tmp_path):
+    body = PROCESS + "detection:\n  keywords: [a, null]\n  condition: keywords\n"
+    assert errors_of(tmp_path, rule("r", 1, body)) == [
+        (8, "detection 'keywords' lists null: a value without a field cannot be null")
+    ]
+
+
+def test_a_null_field_value_is_still_a_test_that_the_field_is_null(tmp_path):
+    body = (
+        PROCESS + "detection:\n  sel:\n    - process.name: null\n    - process.args: [null]\n"
+        "  condition: sel\n"
+    )
+    assert errors_of(tmp_path, rule("r", 1, body)) == []
+
+
+def test_a_correlation_of_no_rules_is_an_error_at_its_rules(tmp_path):
+    assert errors_of(tmp_path, correlation("c", 1, "[]")) == [
+        (8, "correlation names no rules: list the rules it correlates")
+    ]
+
+
+def test_a_lone_surrogate_escape_is_an_error_at_its_line(tmp_path):
+    # `rules convert` crashed printing it (no UTF-8 output carries one); no event holds one
+    body = PROCESS + 'detection:\n  sel:\n    process.name: "xm\\ud800rig"\n  condition: sel\n'
+    assert errors_of(tmp_path, rule("r", 1, body)) == [
+        (9, "YAML text holds a lone surrogate (\\ud800), which is not Unicode text")
+    ]
+
+
+CYCLE = (
+    correlation("ca", 1, "[cb]")
+    + "---\n"
+    + correlation("cb", 2, "[ca]")
+    + "---\n"
+    + correlation("self", 3, "[self]")
+    + "---\n"
+    + rule("miner", 4, PROCESS + "detection:\n  sel:\n    process.name: xmrig\n  condition: sel\n")
+    + "---\n"
+    + correlation("fine", 5, "[miner]")
+)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_correlation_that_refers_to_itself_is_an_error_at_its_rules(tmp_path, cache):
+    # `rules check` passed such a set, `scan` refused it, `rules convert` recursed to a crash
+    for _ in range(2 if cache else 1):  # with the cache: written, then read
+        found = errors_of(tmp_path, CYCLE, cache)
+        assert found == [
+            (
+                8,
+                "rule 00000000-0000-4000-8000-000000000001: correlation refers to itself "
+                "through its rules (ca -> cb -> ca): it would count its own alerts",
+            ),
+            (
+                20,
+                "rule 00000000-0000-4000-8000-000000000002: correlation refers to itself "
+                "through its rules (cb -> ca -> cb): it would count its own alerts",
+            ),
+            (
+                32,
+                "rule 00000000-0000-4000-8000-000000000003: correlation refers to itself "
+                "through its rules (self -> self): it would count its own alerts",
+            ),
+        ]
+    ruleset = load_rules([tmp_path / "r.yml"], collect_errors=True, with_tests=False)
+    assert [r.name for r in ruleset.rules] == ["miner", "fine"]
+
+
+@pytest.mark.parametrize("command", [["rules", "check"], ["rules", "convert", "-t", "sqlite"]])
+def test_every_command_refuses_a_correlation_cycle_with_exit_2(tmp_path, capsys, command):
+    path = tmp_path / "r.yml"
+    path.write_text(CYCLE)
+    assert main([*command, str(path)]) == 2
+    err = capsys.readouterr().err + capsys.readouterr().out
+    assert "internal error" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("quantifier", ["1", "all"])
+def test_a_selector_that_names_no_detection_is_an_error_at_the_condition(tmp_path, quantifier):
+    # `rules check` said so (pySigma's validator) while `scan` loaded the rule, which never
+    # matched, and `rules convert` dropped the selector: a query matching every process event
+    body = (
+        PROCESS
+        + "detection:\n  selection:\n    process.name: xmrig\n  filter_a:\n    user.name: root\n"
+        + f"  condition: selection and not {quantifier} of filter_* and {quantifier} of fitler_*\n"
+    )
+    assert errors_of(tmp_path, rule("r", 1, body)) == [
+        (12, f"condition selector '{quantifier} of fitler_*' names no detection of the rule")
+    ]
+    path = tmp_path / "r.yml"
+    assert main(["rules", "convert", "-t", "sqlite", str(path)]) == 2
+
+
+def test_selectors_that_name_detections_load(tmp_path):
+    body = (
+        PROCESS
+        + "detection:\n  sel_a:\n    process.name: a\n  sel_b:\n    process.name: b\n"
+        + "  condition: 1 of sel_* and all of them\n"
+    )
+    assert errors_of(tmp_path, rule("r", 1, body)) == []
