@@ -43,6 +43,10 @@ def alert_id(rule_id: str, key: tuple, window: int | str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+FACT_CHARS = 160  # a value of the event in the generic summary line
+SUMMARY_CHARS = 1024  # the whole line, template or generic
+
+
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -93,18 +97,27 @@ _FORMATTER = _Formatter()
 
 
 def summarize(title: str, event: Event, template: str | None = None) -> str:
-    """One line an analyst reads without opening the JSON."""
+    """One line an analyst reads without opening the JSON: each value from the event cut to
+    FACT_CHARS, the line to SUMMARY_CHARS (a node's megabyte path would otherwise be the
+    line, and a table wrapping it takes seconds per alert; the event keeps it whole)."""
     if template:
         try:
-            return _FORMATTER.vformat(template, (), event)
+            return _shorten(_FORMATTER.vformat(template, (), event), SUMMARY_CHARS)
         except (ValueError, IndexError):
             pass  # a broken template must not lose the alert: fall back to the generic line
+    return _shorten(_generic_summary(title, event), SUMMARY_CHARS)
+
+
+def _generic_summary(title: str, event: Event) -> str:
+    def cut(value: Any) -> str:
+        return _shorten(str(value), FACT_CHARS)
+
     facts = []
     if event.get("user.name"):
-        facts.append(f"user {event['user.name']}")
-    facts.append(f"job {event['slurm.job.id']}" if event.get("slurm.job.id") else "no job")
+        facts.append(f"user {cut(event['user.name'])}")
+    facts.append(f"job {cut(event['slurm.job.id'])}" if event.get("slurm.job.id") else "no job")
     if event.get("process.name"):
-        facts.append(f"{event['process.name']}[{event.get('process.pid', '?')}]")
+        facts.append(f"{cut(event['process.name'])}[{cut(event.get('process.pid', '?'))}]")
         command = event.get("process.command_line")
         if command and command != event["process.name"]:
             facts.append(f"`{_shorten(str(command), 80)}`")
@@ -118,12 +131,12 @@ def summarize(title: str, event: Event, template: str | None = None) -> str:
             value = event[key]
             if key == "destination.ip" and event.get("destination.port") is not None:
                 value = f"{value}:{event['destination.port']}"
-            facts.append(f"{label}{value}")
+            facts.append(f"{label}{cut(value)}")
     if event.get("firmware.component"):
         fw = f"{event['firmware.component']} {event.get('firmware.version')}"
         if event.get("firmware.baseline_version"):
             fw += f" (baseline {event['firmware.baseline_version']})"
-        facts.append(fw)
+        facts.append(cut(fw))
     return f"{title}: " + ", ".join(facts)
 
 

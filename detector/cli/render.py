@@ -20,7 +20,7 @@ import orjson
 from hpcsec.detector.core.display import visible, visible_json
 from hpcsec.detector.core.jsonenc import dumps  # file names from the kernel may not be valid UTF-8
 from hpcsec.detector.core.schema import LEVELS
-from hpcsec.detector.core.timefmt import parse_time
+from hpcsec.detector.core.timefmt import parse_time, year_first
 
 LEVEL_STYLE = {
     "critical": "bold white on red",
@@ -42,7 +42,7 @@ def display_time(value: Any) -> str:
     """An event time as `YYYY-MM-DD HH:MM:SSZ` (UTC, and says so); text that is not a time,
     as it is."""
     try:
-        return parse_time(value).strftime("%Y-%m-%d %H:%M:%SZ")
+        return year_first(parse_time(value)) + "Z"
     except ValueError:
         return visible(value or "")
 

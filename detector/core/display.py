@@ -30,6 +30,7 @@ _INVISIBLE_IN_JSON = (
     "\x7f-\x9f"  # DEL, C1
     "\xad"  # soft hyphen
     "\u034f"  # combining grapheme joiner
+    "\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2"  # Arabic/Syriac marks: format characters
     "\u061c"  # Arabic letter mark (bidi)
     "\u115f\u1160\u3164\uffa0"  # Hangul fillers: blank glyphs
     "\u180e"  # Mongolian vowel separator
@@ -40,6 +41,9 @@ _INVISIBLE_IN_JSON = (
     "\ufeff"  # byte order mark / zero width no-break space
     "\ufff9-\ufffb"  # interlinear annotation
     "\ud800-\udfff"  # lone surrogates (surrogateescape bytes and broken UTF-16)
+    "\U000110bd\U000110cd"  # Kaithi number signs: format characters
+    "\U00013430-\U0001343f"  # Egyptian hieroglyph format controls: invisible joiners
+    "\U0001bca0-\U0001bca3"  # shorthand format controls: invisible
     "\U0001d173-\U0001d17a"  # musical formatting
     "\U000e0000-\U000e007f"  # tag characters: invisible ASCII look-alikes
     "\U000e0100-\U000e01ef"  # variation selectors supplement

@@ -15,7 +15,16 @@ def rfc3339(moment: datetime | None = None) -> str:
     """UTC time (now when not given) as RFC 3339, microseconds trimmed to milliseconds.
     A naive `moment` is read as UTC, never as the local time of the machine."""
     moment = as_utc(moment or datetime.now(UTC))
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return year_first(moment, "T") + f".{moment.microsecond // 1000:03d}Z"
+
+
+def year_first(moment: datetime, between: str = " ") -> str:
+    """`YYYY-MM-DD<between>HH:MM:SS` with four year digits whatever the year: glibc's
+    strftime writes year 1 as `1`, text no RFC 3339 reader (ours included) takes back."""
+    return (
+        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}{between}"
+        f"{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}"
+    )
 
 
 def parse_time(value: str) -> datetime:

@@ -14,7 +14,7 @@ from typing import Any
 from hpcsec.detector.alerts.incidents import IncidentSummary, summarize_incidents
 from hpcsec.detector.alerts.model import highest_level, level_rank
 from hpcsec.detector.core.schema import LEVELS
-from hpcsec.detector.core.timefmt import parse_time
+from hpcsec.detector.core.timefmt import parse_time, year_first
 from hpcsec.detector.report.gather import ReportInput
 from hpcsec.detector.report.svg import (
     alerts_over_time,
@@ -55,7 +55,7 @@ def _level(level: Any) -> str:
 
 def _time(value: Any) -> str:
     try:
-        return parse_time(str(value)).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return year_first(parse_time(str(value))) + " UTC"
     except ValueError:
         return esc(value or "-")
 

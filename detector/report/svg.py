@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hpcsec.detector.core.display import visible
-from hpcsec.detector.core.timefmt import parse_time
+from hpcsec.detector.core.timefmt import parse_time, year_first
 
 # colour-blind friendly (Okabe-Ito), then greys for rulesets beyond the bundled six
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#d55e00", "#56b4e9", "#f0e442")
@@ -46,10 +46,24 @@ def _epoch(alert: Mapping[str, Any]) -> float | None:
 
 
 def _label(epoch: float, step: int) -> str:
-    when = datetime.fromtimestamp(epoch, UTC)
+    # a bucket's start may fall before year 1 (event times are node data): the earliest day
+    when = datetime.fromtimestamp(min(max(epoch, _FIRST_S), _LAST_S), UTC)
     if step >= 86400:
-        return when.strftime("%Y-%m-%d")
+        return year_first(when)[:10]
     return when.strftime("%H:%M:%S" if step < 60 else "%m-%d %H:%M")
+
+
+_FIRST_S = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_LAST_S = datetime(9999, 12, 31, tzinfo=UTC).timestamp()
+
+
+def _step(span: float) -> int:
+    """The smallest of STEPS_S that gives at most MAX_BUCKETS bars; past the largest (times
+    years apart, as a node may write them), whole multiples of it."""
+    for step in STEPS_S:
+        if span / step < MAX_BUCKETS:
+            return step
+    return STEPS_S[-1] * (int(span // (STEPS_S[-1] * (MAX_BUCKETS - 1))) + 1)
 
 
 def alerts_over_time(
@@ -60,7 +74,7 @@ def alerts_over_time(
     if not stamped:
         return '<p class="empty">No alert has a time to plot.</p>'
     start, end = min(t for t, _ in stamped), max(t for t, _ in stamped)
-    step = next((s for s in STEPS_S if (end - start) / s < MAX_BUCKETS), STEPS_S[-1])
+    step = _step(end - start)
     first = int(start // step)
     buckets = int(end // step) - first + 1
     counts: list[Counter[str]] = [Counter() for _ in range(buckets)]

@@ -211,3 +211,24 @@ def test_first_and_last_seen_follow_event_time_not_arrival_order(tmp_path):
     assert alert["alert.first_seen"] == "2026-11-30T01:01:00Z"
     assert alert["alert.last_seen"] == "2026-11-30T01:04:00Z"
     assert alert["count"] == 2
+
+
+def test_a_huge_value_from_the_node_is_cut_in_the_summary_not_in_the_event():
+    # the table wraps the summary: a 3 MB `rdma.device` took 19 s and 15 MB of terminal
+    from hpcsec.detector.alerts.builder import FACT_CHARS, SUMMARY_CHARS
+
+    huge = "a" * 3_000_000
+    event = {"rdma.device": huge, "file.path": "/p" + "x" * 500, "user.name": "u" * 500}
+    line = summarize("RDMA probe", event)
+    assert len(line) <= 4 * FACT_CHARS
+    every = {
+        **event,
+        **{k: "v" * 500 for k in ("slurm.job.id", "process.name", "process.command_line")},
+        **{k: "v" * 500 for k in ("destination.ip", "gpu.index", "firmware.component")},
+    }
+    assert len(summarize("t", every)) == SUMMARY_CHARS  # nine facts: the line is cut too
+    assert f"user {'u' * (FACT_CHARS - 1)}…," in line
+    assert "/p" + "x" * (FACT_CHARS - 3) + "…" in line
+    templated = summarize("t", event, "{rdma.device} on {user.name}")
+    assert len(templated) == SUMMARY_CHARS and templated.endswith("…")
+    assert event["rdma.device"] is huge

@@ -69,3 +69,18 @@ def test_the_ascii_shortcut_escapes_what_the_class_escapes() -> None:
             assert visible(text) == full.sub(display._escape, text)
     assert visible("plain ascii ~!") == "plain ascii ~!"
     assert visible("caf\u00e9\u200b") == "caf\u00e9\\u200b"  # not ASCII: the class decides
+
+
+def test_every_control_format_and_separator_character_of_this_unicode_is_escaped():
+    # the explicit ranges of display.py against this Python's Unicode database: a format
+    # character left out (U+1BCA0, an invisible shorthand control) reaches a terminal raw
+    import sys
+    import unicodedata
+
+    shown = [
+        hex(code)
+        for code in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(code)) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+        and visible(chr(code)) == chr(code)
+    ]
+    assert shown == []

@@ -80,3 +80,14 @@ def test_a_time_out_of_range_once_made_utc_is_not_a_time(text):
         timefmt.parse_time(text)
     assert timefmt.is_event_time(text) is False
     assert timefmt.epoch_seconds(text) is None
+
+
+@pytest.mark.parametrize("year", [1, 9, 99, 999, 1000, 9999])
+def test_every_year_is_written_with_four_digits_and_read_back(year):
+    # glibc's strftime writes year 1 as `1`: an alert or a syslog header of an event a node
+    # stamped so would carry a time that no RFC 3339 reader (ours included) takes back
+    moment = datetime(year, 6, 1, 2, 3, 4, 5000, tzinfo=UTC)
+    text = timefmt.rfc3339(moment)
+    assert text == f"{year:04d}-06-01T02:03:04.005Z"
+    assert timefmt.parse_time(text) == moment
+    assert timefmt.year_first(moment) == f"{year:04d}-06-01 02:03:04"

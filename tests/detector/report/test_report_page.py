@@ -101,3 +101,39 @@ def test_a_flood_of_incidents_is_cut_to_the_most_severe(tmp_path):
     page = render(ReportInput(alerts=alerts, source="test"), generated="now")
     assert "2 less severe incident(s) not shown" in page
     assert f"inc-{MAX_SHOWN + 1}" in page  # the critical one is first, so shown
+
+
+def test_event_times_years_apart_plot_in_a_bounded_chart(tmp_path):
+    # year 1 and 2026: the first bucket began before year 1 (a crash), and 7-day bars would
+    # have been 105,000 of them
+    from hpcsec.detector.report.svg import MAX_BUCKETS, alerts_over_time
+
+    alerts = [
+        {"@timestamp": t, "rule.vector": "gpu_hijack"}
+        for t in ("0001-01-01T00:00:00Z", "2026-01-01T00:00:00Z", "9999-12-31T23:59:59Z")
+    ]
+    svg = alerts_over_time(alerts, {"gpu_hijack": "#000"})
+    assert 0 < svg.count("<rect") <= 3
+    (step,) = re.findall(r"one bar per (\d+) s", svg)
+    span = 9999 * 365.25 * 86400
+    assert int(step) * (MAX_BUCKETS + 1) >= span  # at most about MAX_BUCKETS bars
+    labels = re.findall(r'font-size="11">(\d{4}-\d\d-\d\d)</text>', svg)
+    assert labels and labels[0] == "0001-01-01" and len(labels) <= MAX_BUCKETS
+    events = tmp_path / "e.jsonl"
+    events.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "event.category": "process",
+                    "@timestamp": t,
+                    "host.name": "h",
+                    "process.pid": n,
+                    "process.name": "xmrig",
+                    "user.name": "u",
+                }
+            )
+            + "\n"
+            for n, t in enumerate(("0001-01-01T00:00:00Z", "2026-01-01T00:00:00Z"))
+        )
+    )
+    assert main(["report", "--events", str(events), "-o", str(tmp_path / "r.html")]) == 0
