@@ -180,6 +180,38 @@ def _regex_problem(key: str, value: Any) -> str | None:
     return None
 
 
+def shape_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
+    """Keys pySigma reads as text that YAML read as something else (`id: 12345`, a field
+    named `5:`): pySigma fails on them with a Python error about the whole rule (`'int'
+    object has no attribute 'split'`), so each is said here, at its line."""
+    errors = []
+    rule_id = doc.data.get("id")
+    if rule_id is not None and not isinstance(rule_id, str):
+        message = f"id must be text (a UUID), not {correlation_rules.yaml_kind(rule_id)}"
+        errors.append(RuleError(message, location(doc.path, doc.line_of("id"))))
+    section = doc.data.get(section_name) if section_name != "correlation" else None
+    if not isinstance(section, dict):
+        return errors
+    for ident, definition in section.items():
+        if not isinstance(ident, str):
+            message = f"detection name must be text, not {correlation_rules.yaml_kind(ident)}"
+            errors.append(RuleError(message, location(doc.path, doc.line_of(section_name, ident))))
+            continue
+        maps: list[tuple[dict[Any, Any], tuple[int, ...]]] = (
+            [(definition, ())] if isinstance(definition, dict) else []
+        )
+        if isinstance(definition, list):
+            maps = [(one, (i,)) for i, one in enumerate(definition) if isinstance(one, dict)]
+        for mapping, at in maps:
+            for key in mapping:
+                if not isinstance(key, str):
+                    kind = correlation_rules.yaml_kind(key)
+                    line = doc.line_of(section_name, ident, *at, key)
+                    message = f"field name must be text, not {kind} ({key!r})"
+                    errors.append(RuleError(message, location(doc.path, line)))
+    return errors
+
+
 def empty_detection_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
     """Detections with nothing under them (`selection:` alone, `[]`, `{}`): pySigma takes
     them, but they test nothing the engine can evaluate (nor a query express), so the rule
@@ -307,6 +339,8 @@ def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]
     source = SigmaRuleLocation(Path(doc.path), doc.line)
     where = location(doc.path, doc.line)
     if section == "correlation" and (errors := correlation_rules.document_errors(doc)):
+        return None, errors
+    if errors := shape_errors(doc, section):
         return None, errors
     try:
         item = cls.from_dict(data, collect_errors=True, source=source)

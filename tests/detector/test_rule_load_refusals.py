@@ -175,3 +175,18 @@ def test_selectors_that_name_detections_load(tmp_path):
         + "  condition: 1 of sel_* and all of them\n"
     )
     assert errors_of(tmp_path, rule("r", 1, body)) == []
+
+
+def test_keys_yaml_reads_as_numbers_are_errors_at_their_lines(tmp_path):
+    # pySigma failed on them with "'int' object has no attribute 'split'", at line 1
+    text = (
+        "title: t\nname: t\nid: 12345\n"
+        + PROCESS
+        + "detection:\n  sel:\n    5: xmrig\n    process.name: a\n  sel2:\n    - 7: b\n"
+        + "  condition: sel or sel2\n"
+    )
+    assert errors_of(tmp_path, text) == [
+        (3, "id must be text (a UUID), not a number"),
+        (7, "field name must be text, not a number (5)"),
+        (10, "field name must be text, not a number (7)"),
+    ]
