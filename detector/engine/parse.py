@@ -72,8 +72,20 @@ ERROR_KEYS: tuple[tuple[type[SigmaError], Key], ...] = (
 
 
 def error_message(exc: BaseException) -> str:
-    """pySigma's message without the " in <path>" it appends when it has a source."""
-    return str(exc.args[0]) if exc.args else type(exc).__name__
+    """pySigma's message without the " in <path>" it appends when it has a source, and with
+    the objects it names by their repr (`<sigma.types.SigmaNull object at 0x7f…>`) named by
+    their kind: an address says nothing to a rule author, and differs from one report of
+    the same error to the next (which are then not known to be the same)."""
+    message = str(exc.args[0]) if exc.args else type(exc).__name__
+    return _OBJECT_REPR.sub(_kind_of_repr, message) if " object at 0x" in message else message
+
+
+_OBJECT_REPR = re.compile(r"<sigma\.[\w.]*?\.?(Sigma\w+) object at 0x[0-9a-fA-F]+>")
+_KINDS = {"SigmaNull": "null", "SigmaString": "text", "SigmaNumber": "a number"}
+
+
+def _kind_of_repr(found: re.Match[str]) -> str:
+    return _KINDS.get(found[1], found[1])
 
 
 def condition_syntax_message(message: str, condition: str) -> str:
@@ -235,6 +247,14 @@ def empty_detection_errors(doc: YamlDocument, section_name: str) -> list[RuleErr
             errors.append(
                 RuleError(message, location(doc.path, doc.line_of(section_name, ident, i)))
             )
+        else:  # `field: []`: pySigma reads "no value" as a test that the field is absent
+            for key, value, at in _field_items(definition, (section_name, ident)):
+                if key is not None and value == []:
+                    message = (
+                        f"{key}: an empty list of values; list one or more (null tests that "
+                        "the field is absent)"
+                    )
+                    errors.append(RuleError(message, location(doc.path, doc.line_of(*at))))
     return errors
 
 

@@ -190,3 +190,30 @@ def test_keys_yaml_reads_as_numbers_are_errors_at_their_lines(tmp_path):
         (7, "field name must be text, not a number (5)"),
         (10, "field name must be text, not a number (7)"),
     ]
+
+
+def test_an_empty_list_of_values_is_an_error_at_its_line(tmp_path):
+    # pySigma read it as a test that the field is absent, which no author means by `[]`
+    body = (
+        PROCESS
+        + "detection:\n  sel:\n    process.name: []\n  sel2:\n    - user.name: []\n"
+        + "  condition: sel or sel2\n"
+    )
+    message = ": an empty list of values; list one or more (null tests that the field is absent)"
+    assert errors_of(tmp_path, rule("r", 1, body)) == [
+        (9, "process.name" + message),
+        (11, "user.name" + message),
+    ]
+
+
+def test_a_value_pysigma_refuses_is_named_by_its_kind_once_at_its_line(tmp_path):
+    # pySigma names the value by its repr (`<sigma.types.SigmaNull object at 0x7f…>`): the
+    # same error read as two (line 1 and the value's) and said nothing to the author
+    body = PROCESS + "detection:\n  sel:\n    process.command_line|base64: null\n  condition: sel\n"
+    assert errors_of(tmp_path, rule("r", 1, body)) == [
+        (
+            9,
+            "process.command_line|base64: Modifier SigmaBase64Modifier incompatible to value "
+            "type of 'null'",
+        )
+    ]
