@@ -1,5 +1,6 @@
 """Which Slurm job a process belongs to: cgroup, then listpids (the process or its nearest
-listed ancestor), then (marked as forgeable) the environment, accepted only for the job's owner.
+listed ancestor, while that pid runs as the job's owner or root), then (marked as forgeable)
+the environment, accepted only for the job's owner.
 
 The decision is pure: it asks a `ProcessReader` for what /proc says about a pid. Where the
 sensors ran, `ProcReader` reads the node and remembers every answer; enrichment later asks the
@@ -129,7 +130,11 @@ def attribute(
         text = procs.cgroup(pid)
     found = job_from_cgroup(text) if text else None
     if found is None:
-        found = table.listpids.get(pid) or _listed_ancestor(pid, table, procs, seen)
+        listed = table.listpids.get(pid)
+        if listed is not None and _runs_as_owner(listed, _uid_of(pid, procs, seen), table):
+            found = listed
+        elif listed is None:
+            found = _listed_ancestor(pid, table, procs, seen)
     if found is None and use_environ:
         found = _from_environ(pid, table, procs, seen)
     return found
@@ -156,9 +161,30 @@ def _listed_ancestor(
             return None
         found = table.listpids.get(parent)
         if found is not None:
-            return found
+            return found if _runs_as_owner(found, procs.uid(parent), table) else None
         parent = procs.parent(parent)
     return None
+
+
+def _uid_of(pid: int, procs: ProcessReader, seen: Mapping[str, Any]) -> int | None:
+    """The process's uid as the sensor saw it, else as /proc says now."""
+    uid = seen.get("user.id")
+    if isinstance(uid, int) and not isinstance(uid, bool):
+        return uid
+    return procs.uid(pid)
+
+
+def _runs_as_owner(listed: PidJob, uid: int | None, table: JobTable) -> bool:
+    """Whether a pid listpids listed may still be the job's process: it runs as the job's
+    owner or root (a setuid program keeps its real uid). listpids is cached between
+    refreshes (jobs.py), and a pid freed since may be taken by anyone's process: another
+    user cycling through pids could otherwise put theirs in a victim's job (and on the
+    victim's GPUs). Unknown uids (the process gone, no owner listed) are not held against
+    it."""
+    job = table.jobs.get(listed.job_id)
+    if uid is None or job is None or job.user_id is None:
+        return True
+    return uid in (0, job.user_id)
 
 
 def _environ_claim(

@@ -327,3 +327,29 @@ def test_gpu_process_outside_jobs_decided_only_with_a_job_list(tmp_path):
     jobs = JobContext(StartingJobCommands(), ttl_s=30, clock=lambda: now[0])
     [event] = enrich([gpu_event(4242, 0)], ctx, jobs)
     assert "slurm.job.id" not in event and event["gpu.allocated_to_job"] is False
+
+
+def test_a_listed_pid_taken_by_another_users_process_is_not_in_the_job(tmp_path):
+    """listpids is cached between refreshes: a job's pid that exited may be taken by another
+    user's process (cycling through pids), which must not join the victim's job, GPUs and
+    all. The listed pid, or the listed ancestor, must run as the job's owner (or root)."""
+    ctx = ctx_for(tmp_path)
+
+    def status(pid: int, uid: int, ppid: int = 1) -> None:
+        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+        (tmp_path / "proc" / str(pid) / "status").write_text(
+            f"Name:\tx\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+        )
+
+    status(30001, 1003)  # job 3 (bob, 1002) listed it; carol's process has it now
+    status(19315, 1001)  # job 1 (alice, 1001): still alice's
+    status(19211, 1003)  # job 1's batch step pid, taken by carol ...
+    status(4343, 1003, ppid=19211)  # ... whose child would inherit the job through it
+    status(19212, 0)  # root in alice's job (a setuid-root helper keeps its real uid; sudo)
+
+    def read(pid: int, **seen) -> dict:
+        return new_event("process", "sample", "process", "vm", TS, {"process.pid": pid, **seen})
+
+    events = [read(30001), read(19315), read(4343), read(19212), read(30001, **{"user.id": 1002})]
+    enrich(events, ctx)
+    assert [e.get("slurm.job.id") for e in events] == [None, "1", None, "1", "3"]
