@@ -78,6 +78,8 @@ DEFAULT_LISTS: dict[str, tuple[str, ...]] = {
         "code-server",
     ),
     "slurm_daemons": ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "slurmrestd"),
+    # the accounts Slurm's daemons run as besides system ones (Debian's `slurm` is uid 64030)
+    "slurm_users": ("slurm",),
     "ld_preload_allowed": (
         "libtcmalloc",
         "libjemalloc",

@@ -5,9 +5,10 @@ otherwise be accepted and change nothing: the rule keeps its default and the sit
 it is tuned. So a list or threshold that no loaded rule uses (and, for lists, that the
 enrichment does not read) is an error at its line, naming the closest known name.
 
-A list used only against `process.name` can never match an entry longer than 15 characters:
-that field is the kernel's `comm`, cut at 15. Such an entry is an error too; the fix is to
-match `process.executable_name` as well (the bundled rules do) or to shorten the entry.
+A list a rule compares with `process.name` alone can never match an entry longer than 15
+characters there: that field is the kernel's `comm`, cut at 15. Such an entry is an error too;
+the fix is to match `process.executable_name` as well in that rule (the bundled rules do) or
+to shorten the entry.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ def _error(config: SiteConfig, key: str, message: str) -> ConfigError:
 def config_name_errors(config: SiteConfig, rules: Sequence[LoadedRule]) -> list[ConfigError]:
     """Unknown `lists:`/`thresholds:` names and list entries that can never match."""
     fields: dict[str, set[str]] = {}
+    comm_only: dict[str, set[str]] = {}  # lists some rule compares with comm fields alone
     for rule in rules:  # from the headers: a cached rule set is checked without pySigma
         for name, used_on in rule.header.placeholder_fields.items():
             fields.setdefault(name, set()).update(used_on)
+            if used_on and set(used_on) <= COMM_FIELDS:
+                comm_only.setdefault(name, set()).update(used_on)
     errors: list[ConfigError] = []
     known_lists = set(fields) | POLICY_LISTS
     for name in config.lists:
@@ -53,8 +57,8 @@ def config_name_errors(config: SiteConfig, rules: Sequence[LoadedRule]) -> list[
                     f"lists.{name} is not used by any loaded rule{_closest(name, known_lists)}",
                 )
             )
-        elif fields.get(name) and fields[name] <= COMM_FIELDS:
-            errors.extend(_comm_errors(config, name, fields[name]))
+        elif name in comm_only:
+            errors.extend(_comm_errors(config, name, comm_only[name]))
     unused = thresholds.unused(config.thresholds, rules)
     known_thresholds = _threshold_names(rules)
     for name in unused:
@@ -75,8 +79,8 @@ def _comm_errors(config: SiteConfig, name: str, used_on: set[str]) -> Iterator[C
             yield _error(
                 config,
                 f"lists.{name}",
-                f"lists.{name}: {entry!r} can never match: the rules compare this list with "
-                f"{', '.join(sorted(used_on))}, the kernel's name cut at {COMM_MAX} "
+                f"lists.{name}: {entry!r} can never match: a rule compares this list with "
+                f"{', '.join(sorted(used_on))} alone, the kernel's name cut at {COMM_MAX} "
                 f"characters ({entry[:COMM_MAX]!r})",
             )
 

@@ -211,7 +211,8 @@ def test_rules_show_prints_one_rules_card(capsys):
         "false positives:\n  - Security research on miners",
         "references:\n  - https://attack.mitre.org/techniques/T1496/",
         "response:\n  Confirm the binary",
-        "detection:\n  name:\n    process.name|expand: '%miner_names%'",
+        "detection:\n  name:\n  - process.name|expand: '%miner_names%'\n"
+        "  - process.executable_name|expand",
         "test events: ",
     ):
         assert part in out, part

@@ -9,6 +9,9 @@ import pytest
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.config.site import load_config
 from hpcsec.detector.core.errors import ConfigError
+from hpcsec.detector.engine.loader import bundled_rules_dir
+
+BUNDLED = bundled_rules_dir()
 
 
 @pytest.mark.parametrize(
@@ -74,10 +77,24 @@ def test_a_list_the_enrichment_reads_is_known(tmp_path, capsys):
 def test_an_entry_longer_than_comm_in_a_list_compared_with_process_name_is_an_error(
     tmp_path, capsys
 ):
-    code, err = check(tmp_path, capsys, "lists:\n  slurm_daemons: [slurmd, my-long-slurm-daemon]\n")
+    # a local rule that reads a list against `process.name` alone (the bundled rules read
+    # `process.executable_name` as well)
+    local = tmp_path / "local.yml"
+    local.write_text(
+        "title: t\nid: 00000000-0000-4000-8000-000000000001\nstatus: experimental\n"
+        "level: low\nlogsource: {product: hpc, category: process}\ndetection:\n"
+        "  sel:\n    process.name|expand: '%slurm_daemons%'\n  condition: sel\n"
+    )
+    site = tmp_path / "site.yml"
+    site.write_text("lists:\n  slurm_daemons: [slurmd, my-long-slurm-daemon]\n")
+    code = main(["config", "check", "--rules", str(local), "--rules", str(BUNDLED), str(site)])
+    err = capsys.readouterr().err
     assert code == 2
     assert "lists.slurm_daemons: 'my-long-slurm-daemon' can never match" in err
     assert "('my-long-slurm-d')" in err
+    # the bundled rules alone read it against the executable's name: a long one is fine
+    text = "lists:\n  slurm_daemons: [slurmd, my-long-slurm-daemon]\n"
+    assert check(tmp_path, capsys, text)[0] == 0
 
 
 def test_a_long_name_in_a_list_also_matched_on_the_executable_is_fine(tmp_path, capsys):
