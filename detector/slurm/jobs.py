@@ -26,6 +26,7 @@ Raw inputs go through `ctx.raw_input` under their snapshot names, so a snapshot 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -66,7 +67,17 @@ CONTROLLER_INPUTS = ("slurm-jobs.json", "slurm-jobs-detail.txt")
 
 
 class SlurmUnreachable(Exception):
-    """A Slurm command is missing, timed out or failed."""
+    """A Slurm command is missing, timed out or failed (`stdout`, `stderr`: what a failed
+    one wrote)."""
+
+    def __init__(self, message: str, stdout: str = "", stderr: str = ""):
+        super().__init__(message)
+        self.stdout, self.stderr = stdout, stderr
+
+
+# `scontrol listpids` lists each step in turn: a step that ends meanwhile (its stepd gone)
+# is said so on stderr and the exit code is 1, the other steps' pids listed all the same
+_STEP_GONE = re.compile(r"^\S+ does not exist on this node\.$")
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,9 @@ class SlurmCommands:
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip().splitlines()
             raise SlurmUnreachable(
-                f"{' '.join(argv)} exited {proc.returncode}: {err[-1] if err else 'no output'}"
+                f"{' '.join(argv)} exited {proc.returncode}: {err[-1] if err else 'no output'}",
+                proc.stdout,
+                proc.stderr,
             )
         return proc.stdout
 
@@ -117,6 +130,15 @@ class SlurmCommands:
         except SlurmUnreachable as exc:
             if "No job steps exist" in str(exc):
                 return ""
+            complaints = exc.stderr.strip().splitlines()
+            if (
+                exc.stdout.startswith("PID")
+                and complaints
+                and all(map(_STEP_GONE.match, complaints))
+            ):
+                # a job's step ended while it listed (every job end, on a busy node): what it
+                # listed of the others holds, as a refresh a moment later would
+                return exc.stdout
             raise
 
     def jobs_detail(self) -> str:
@@ -211,8 +233,8 @@ class JobContext:
         self._raw = raw
         self.table = build_table(raw)
         self._settle_claims()
-        if self.table.errors:
-            errors = list(self.table.errors)
+        if self.table.errors or self.table.gpu_errors:
+            errors = [*self.table.errors, *self.table.gpu_errors]
             self._pending_status.append(
                 ctx.status(
                     SENSOR,

@@ -265,6 +265,9 @@ class ShowJobDetail(NamedTuple):
     gpus: dict[str, tuple[tuple[str, tuple[int, ...]], ...]]  # job id -> (node, GPU indices)
     errors: tuple[str, ...]
     tampered: frozenset[str]  # jobs whose own text broke the listing's lines
+    # a block whose first line is broken -> the job listed just before it: if no job has
+    # the block's id, that job's text wrote the line, and its own block was cut short by it
+    cut_short: dict[str, str]
 
 
 def parse_show_job_detail(text: str) -> ShowJobDetail:
@@ -286,19 +289,25 @@ def parse_show_job_detail(text: str) -> ShowJobDetail:
     listed = Counter(m.group(1) for m in starts)
     doubled: set[str] = set()
     tampered: set[str] = set()
+    cut_short: dict[str, str] = {}
     for i, start in enumerate(starts):
         job = start.group(1)
         if listed[job] > 1:
             if job not in doubled:  # said once
                 doubled.add(job)
-                errors.append(f"job {job}: listed {listed[job]} times: {_UNTRUSTED}")
+                errors.append(f"job {job}: listed {listed[job]} times: {UNTRUSTED}")
             continue  # which of the jobs wrote the other block is not known: none is named
         block = text[start.start() : starts[i + 1].start() if i + 1 < len(starts) else len(text)]
         lines = block.split("\n")
         problem = _ambiguous(lines)
         if problem:
-            errors.append(f"job {job}: {problem}: {_UNTRUSTED}")
+            errors.append(f"job {job}: {problem}: {UNTRUSTED}")
             tampered.add(job)
+            if problem == _BROKEN_FIRST_LINE and i > 0 and listed[starts[i - 1].group(1)] == 1:
+                # either this job's own name broke its first line, or this is no job's line
+                # at all, written by the text of the job listed before (whose block it cut
+                # short): the job list tells (table.build_table)
+                cut_short[job] = starts[i - 1].group(1)
             continue
         pairs: list[tuple[str, tuple[int, ...]]] = []
         try:
@@ -311,10 +320,11 @@ def parse_show_job_detail(text: str) -> ShowJobDetail:
             errors.append(f"job {job}: {exc}")
             continue
         out[job] = tuple(pairs)
-    return ShowJobDetail(out, tuple(errors), frozenset(tampered))
+    return ShowJobDetail(out, tuple(errors), frozenset(tampered), cut_short)
 
 
-_UNTRUSTED = "a name or path of a job holds a line break; its GPUs are not taken from this listing"
+UNTRUSTED = "a name or path of a job holds a line break; its GPUs are not taken from this listing"
+_BROKEN_FIRST_LINE = "its first line is broken"
 
 
 def _ambiguous(lines: list[str]) -> str | None:
@@ -322,7 +332,7 @@ def _ambiguous(lines: list[str]) -> str | None:
     while second < len(lines) and lines[second].startswith(_BEFORE_USER):
         second += 1
     if second >= len(lines) or not lines[second].startswith("   UserId="):
-        return "its first line is broken"
+        return _BROKEN_FIRST_LINE
     for key in _ONCE:
         if sum(1 for line in lines if line.startswith(key)) > 1:
             return f"{key.strip()} printed twice"

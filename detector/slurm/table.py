@@ -28,7 +28,10 @@ INPUTS = ("slurm-jobs.json", "slurm-listpids.txt", "slurm-jobs-detail.txt")
 class JobTable:
     jobs: dict[str, JobRecord]
     listpids: dict[int, PidJob]
-    errors: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()  # of the job list or listpids: the list is not known whole
+    # of `scontrol show job -d`, read for GPU indices alone: the jobs it names have their GPUs
+    # unknown, the list stays known (a user's text in that listing must not blind the node)
+    gpu_errors: tuple[str, ...] = ()
 
     def jobs_on(self, host: str, states: tuple[str, ...] = ON_NODE_STATES) -> list[JobRecord]:
         """Jobs holding resources on `host`, by job id."""
@@ -44,6 +47,7 @@ EMPTY_TABLE = JobTable({}, {})
 def build_table(raw: dict[str, str | None]) -> JobTable:
     """Parse the raw inputs into one table; problems are collected, not raised."""
     errors: list[str] = []
+    gpu_errors: tuple[str, ...] = ()
     jobs: dict[str, JobRecord] = {}
     if raw.get("slurm-jobs.json"):
         parsed = slurm.parse_jobs_json(raw["slurm-jobs.json"] or "")
@@ -51,15 +55,25 @@ def build_table(raw: dict[str, str | None]) -> JobTable:
         jobs = {j.job_id: j for j in parsed.jobs}
     if raw.get("slurm-jobs-detail.txt"):
         detail = slurm.parse_show_job_detail(raw["slurm-jobs-detail.txt"] or "")
-        errors.extend(detail.errors)
+        # a broken first line of no job's id: the text of the job listed before wrote it
+        cut = {
+            before: broken
+            for broken, before in detail.cut_short.items()
+            if broken not in jobs and before in jobs
+        }
+        gpu_errors = detail.errors + tuple(
+            f"job {before}: its text wrote the first line of job {broken}, which is not a "
+            f"job: {slurm.UNTRUSTED}"
+            for before, broken in cut.items()
+        )
         for job_id, pairs in detail.gpus.items():
-            if job_id in jobs and jobs[job_id].gpus_by_node is None:
+            if job_id in jobs and jobs[job_id].gpus_by_node is None and job_id not in cut:
                 jobs[job_id] = replace(jobs[job_id], gpus_by_node=tuple(pairs))
-        for job_id in detail.tampered & jobs.keys():
+        for job_id in (detail.tampered | cut.keys()) & jobs.keys():
             jobs[job_id] = replace(jobs[job_id], listing_tampered=True)
     pids: dict[int, PidJob] = {}
     if raw.get("slurm-listpids.txt"):
         listed = slurm.parse_listpids(raw["slurm-listpids.txt"] or "")
         errors.extend(listed.errors)
         pids = listed.pids
-    return JobTable(jobs, pids, tuple(errors))
+    return JobTable(jobs, pids, tuple(errors), gpu_errors)

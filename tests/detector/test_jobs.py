@@ -432,3 +432,45 @@ def test_real_commands_fail_fast():
         cmds._run(["sleep", "5"])
     with pytest.raises(SlurmUnreachable, match=r"^false exited 1: no output$"):
         cmds._run(["false"])
+
+
+def fake_scontrol(tmp_path, monkeypatch, stdout: str, stderr: str, code: int) -> SlurmCommands:
+    """`scontrol` that writes what it is given (as a real one run by SlurmCommands would)."""
+    (tmp_path / "out").write_text(stdout)
+    (tmp_path / "err").write_text(stderr)
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path}/out\ncat {tmp_path}/err >&2\nexit {code}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    return SlurmCommands()
+
+
+LISTED = "PID      JOBID    STEPID   LOCALID GLOBALID\n19315    1        0        0       0\n"
+
+
+def test_listpids_keeps_what_it_listed_when_a_step_ended_meanwhile(tmp_path, monkeypatch):
+    # every job that ends during a refresh did this: exit 1 and "StepId=11.batch does not
+    # exist on this node." (its stepd gone), which made the whole table unreachable (and
+    # a user ending tiny jobs in a loop could keep the node's view of Slurm down)
+    gone = (
+        "StepId=11.batch does not exist on this node.\nStepId=12.0 does not exist on this node.\n"
+    )
+    commands = fake_scontrol(tmp_path, monkeypatch, LISTED, gone, 1)
+    assert commands.listpids() == LISTED
+    commands = fake_scontrol(tmp_path, monkeypatch, "", "No job steps exist on this node.\n", 1)
+    assert commands.listpids() == ""
+
+
+@pytest.mark.parametrize(
+    ("stdout", "stderr"),
+    [
+        (LISTED, "slurm_load_ctl_conf error: Unable to contact slurm controller\n"),
+        (LISTED, "StepId=11.batch does not exist on this node.\nsomething else failed\n"),
+        ("", "StepId=11.batch does not exist on this node.\n"),
+        (LISTED, ""),
+    ],
+)
+def test_listpids_failing_otherwise_is_still_unreachable(tmp_path, monkeypatch, stdout, stderr):
+    commands = fake_scontrol(tmp_path, monkeypatch, stdout, stderr, 1)
+    with pytest.raises(SlurmUnreachable):
+        commands.listpids()

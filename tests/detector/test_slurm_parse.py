@@ -1,9 +1,11 @@
+import json
 from pathlib import Path
 
 import pytest
 
 from hpcsec.detector.slurm import parse as slurm
 from hpcsec.detector.slurm.parse import JobRecord, PidJob
+from hpcsec.detector.slurm.table import build_table
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 
@@ -155,7 +157,7 @@ def test_gres_gpu_indices_malformed(gres):
 
 
 def test_show_job_detail_all_jobs():
-    detail, errors, tampered = slurm.parse_show_job_detail(read("show-job-d-all.txt"))
+    detail, errors, tampered, _ = slurm.parse_show_job_detail(read("show-job-d-all.txt"))
     assert errors == () and tampered == frozenset()
     assert detail == {"1": (("vm", (0, 1)),), "3": (("vm", (2, 3)),), "4": ()}
 
@@ -187,7 +189,7 @@ def test_show_job_detail_multi_node_lines():
         "     Nodes=gpu[001-002] CPU_IDs=0-3 Mem=0 GRES=gpu:4(IDX:0-3)\n"
         "     Nodes=gpu003 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:4,6)\n",
     ) + show_job("78", gres="   JOB_GRES=gpu:1\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:zz)\n")
-    detail, errors, tampered = slurm.parse_show_job_detail(text)
+    detail, errors, tampered, _ = slurm.parse_show_job_detail(text)
     assert tampered == frozenset()
     assert detail == {
         "77": (("gpu001", (0, 1, 2, 3)), ("gpu002", (0, 1, 2, 3)), ("gpu003", (4, 6)))
@@ -202,7 +204,7 @@ def test_show_job_detail_of_heterogeneous_job_parts_and_sluids():
     text = show_job("50 HetJobId=50 HetJobOffset=0", head="   HetJobIdSet=50-51\n", gres=gres)
     text += show_job("51 HetJobId=50 HetJobOffset=1", head="   HetJobIdSet=50-51\n")
     text += show_job("52", head="   SLUID=s1a2b3c4\n", gres=gres)
-    detail, errors, tampered = slurm.parse_show_job_detail(text)
+    detail, errors, tampered, _ = slurm.parse_show_job_detail(text)
     assert errors == () and tampered == frozenset()
     assert detail == {"50": (("n1", (0, 1)),), "51": (), "52": (("n1", (0, 1)),)}
 
@@ -232,7 +234,7 @@ FORGED = "   JOB_GRES=gpu:8\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:8(IDX:0-7)\n
 def test_a_line_break_in_a_users_text_forges_no_gpu_allocation(job):
     """Slurm prints a job's name, wckey and paths raw: a user who puts `JOB_GRES=` and
     `Nodes=` lines in them gets an error for the job and unknown GPUs, never GPUs 0-7."""
-    detail, errors, tampered = slurm.parse_show_job_detail(job + show_job("43"))
+    detail, errors, tampered, _ = slurm.parse_show_job_detail(job + show_job("43"))
     assert detail.get("42") in (None, ())
     assert detail["43"] == ()
     if "42" not in detail:
@@ -330,3 +332,42 @@ def test_environ():
 )
 def test_state_word_is_the_same_in_both_shapes(state, word):
     assert slurm._state(state) == word
+
+
+def jobs_json(*ids: str) -> str:
+    return json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": int(i),
+                    "user_name": "alice",
+                    "user_id": 1001,
+                    "nodes": "n1",
+                    "job_state": "RUNNING",
+                }
+                for i in ids
+            ]
+        }
+    )
+
+
+def test_a_users_text_that_starts_a_fake_job_names_its_own_job_and_blinds_no_other():
+    """A work directory (or comment) of job 42 that starts a line `JobId=777`: the block of
+    no job cuts 42's own block short. 777 is no job, so 42's text wrote it: 42 is the
+    tamperer and its GPUs unknown, while job 43's stay known and the job list stays whole
+    (its `no job` decisions for every other process of the node still hold)."""
+    gpu1 = "   JOB_GRES=gpu:1\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:{})\n"
+    text = show_job("43", gres=gpu1.format(3)) + show_job(
+        "42", gres=gpu1.format(0), tail="\nJobId=777 JobName=y\n" + FORGED
+    )
+    table = build_table({"slurm-jobs.json": jobs_json("42", "43"), "slurm-jobs-detail.txt": text})
+    assert table.errors == ()  # the list is known whole
+    assert [e.split(":")[0] for e in table.gpu_errors] == ["job 777", "job 42"]
+    assert table.jobs["42"].listing_tampered and table.jobs["42"].gpus_by_node is None
+    assert not table.jobs["43"].listing_tampered
+    assert table.jobs["43"].gpus_by_node == (("n1", (3,)),)
+    # a job whose own name breaks its first line: it alone is named, not the job before it
+    text = show_job("43", gres=gpu1.format(3)) + show_job("42", name="x\ny", gres=gpu1.format(0))
+    table = build_table({"slurm-jobs.json": jobs_json("42", "43"), "slurm-jobs-detail.txt": text})
+    assert table.jobs["42"].listing_tampered and not table.jobs["43"].listing_tampered
+    assert table.jobs["43"].gpus_by_node == (("n1", (3,)),)
