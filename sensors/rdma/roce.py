@@ -25,7 +25,8 @@ from typing import Any
 
 from scapy.contrib.roce import AETH, BTH
 from scapy.error import Scapy_Exception
-from scapy.layers.inet import UDP
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
 from scapy.packet import Packet
 from scapy.utils import PcapReader
 
@@ -95,6 +96,11 @@ def _add_rkey(counts: FlowCounts, rkey: int) -> None:
         counts.rkeys.add(rkey)
 
 
+# capture times an event can carry (RFC 3339 years 1970..9999)
+FIRST_S = 0.0
+LAST_S = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
+
+
 class FlowAggregator:
     """Folds packets into per-flow, per-interval counts."""
 
@@ -109,19 +115,39 @@ class FlowAggregator:
         self.unattributed_count = 0
 
     def add(self, packet: Packet) -> None:
-        """One captured frame; frames that are not RoCE v2 are ignored."""
+        """One captured frame; frames that are not RoCE v2 are ignored. A frame that cannot
+        be read is counted and named (`unattributed`), and the capture goes on: any user can
+        send the port a datagram (one IPv6 fragment of it ended a whole capture)."""
         self.packets_seen += 1
+        try:
+            self._add(packet)
+        except Exception as exc:  # scapy dissects what a sender made: anything may be odd
+            self._unreadable(f"cannot be read ({type(exc).__name__})")
+
+    def _unreadable(self, why: str) -> None:
+        self.unattributed_count += 1
+        if len(self.unattributed) < MAX_REPORTED_ERRORS:
+            self.unattributed.append(f"packet {self.packets_seen}: {why}")
+
+    def _add(self, packet: Packet) -> None:
         udp = packet.getlayer(UDP)
         if udp is None or udp.dport != ROCE_V2_PORT or udp.underlayer is None:
             return
         bth = udp.getlayer(BTH)
         if bth is None:
-            self.unattributed_count += 1
-            if len(self.unattributed) < MAX_REPORTED_ERRORS:
-                self.unattributed.append(f"packet {self.packets_seen}: too short for a BTH")
+            self._unreadable("too short for a BTH")
             return
-        ip = udp.underlayer
-        start = math.floor(float(packet.time) / self.interval_s) * self.interval_s
+        ip: Packet | None = udp.underlayer
+        while ip is not None and not isinstance(ip, IP | IPv6):  # IPv6 extension headers
+            ip = ip.underlayer
+        if ip is None:
+            self._unreadable("UDP to the RoCE port without an IP header")
+            return
+        moment = float(packet.time)
+        if not FIRST_S <= moment < LAST_S:  # the capture tool's (pcapng's: any 64 bits)
+            self._unreadable(f"capture time {moment!r} out of range")
+            return
+        start = math.floor(moment / self.interval_s) * self.interval_s
         key = (start, str(ip.src), str(ip.dst), int(bth.dqpn))
         counts = self.flows.get(key)
         if counts is None:
@@ -314,7 +340,8 @@ class RoceSensor:
                 ctx.status(
                     NAME,
                     "dropped",
-                    f"{aggregator.unattributed_count} RoCE packets too short for a BTH",
+                    f"{aggregator.unattributed_count} RoCE packets not read (too short for a "
+                    "BTH, no IP header or time, or malformed)",
                     **{"hpcsec.parse_errors": list(aggregator.unattributed)},
                 )
             )

@@ -241,7 +241,9 @@ def test_truncated_and_short_packets_are_counted_not_fatal(tmp_path):
     ]
     assert status["event.category"] == "sensor_status"
     assert status["event.action"] == "dropped"
-    assert status["message"] == "1 RoCE packets too short for a BTH"
+    assert status["message"] == (
+        "1 RoCE packets not read (too short for a BTH, no IP header or time, or malformed)"
+    )
     assert status["hpcsec.parse_errors"] == ["packet 3: too short for a BTH"]
 
 
@@ -440,3 +442,50 @@ def test_flows_and_rkeys_are_bounded_and_the_rest_counted(tmp_path, monkeypatch)
     assert {e["network.packets"] for e in flows.values()} == {3}
     (dropped,) = [e for e in events if e["event.action"] == "dropped"]
     assert dropped["hpcsec.dropped"] == 6 and "past the 3 flows" in dropped["message"]
+
+
+def test_ipv6_extension_headers_before_udp_neither_end_the_capture_nor_lose_the_flow(tmp_path):
+    """Any user can send the RoCE port an IPv6 datagram larger than the MTU: the kernel's
+    first fragment carries a fragment header between IPv6 and UDP, and reading the addresses
+    from that header ended the whole capture (every flow lost; a live sniff stopped)."""
+    from scapy.layers.inet6 import IPv6ExtHdrFragment, IPv6ExtHdrHopByHop, IPv6ExtHdrRouting
+
+    good = _frame(A, B, 0x0A, 5, RETH(rkey=1, dma_length=64), payload=b"g" * 64)
+    odd = []
+    for header in (IPv6ExtHdrFragment(m=1, id=7), IPv6ExtHdrHopByHop(), IPv6ExtHdrRouting()):
+        packet = (
+            Ether(**MACS)
+            / IPv6(src="fd00::1", dst="fd00::2")
+            / header
+            / UDP(sport=1, dport=4791)
+            / BTH(opcode=0x04, dqpn=9)
+            / Raw(b"x" * 32)
+        )
+        packet.time = T0
+        odd.append(packet)
+    events, flows = _flows(tmp_path, [good, *odd, good])
+    assert flows[(A, B, 5, "2026-11-30T01:00:00.000Z")]["network.packets"] == 2
+    assert flows[("fd00::1", "fd00::2", 9, "2026-11-30T01:00:00.000Z")]["rdma.flow.sends"] == 3
+    assert not [e for e in events if e["event.category"] == "sensor_status"]
+
+
+def test_a_packet_that_cannot_be_read_is_counted_and_the_capture_goes_on():
+    from struct import error as struct_error
+
+    class Odd:  # whatever scapy's dissection may raise on a sender's bytes
+        time = T0
+
+        def getlayer(self, _layer):
+            raise struct_error("unpack requires a buffer of 4 bytes")
+
+    aggregator = FlowAggregator()
+    # a pcapng time no event can carry (its 64 bits), one before the epoch, an odd packet
+    for packet in (_frame(A, B, 0x04, 6, t=2.0**64), _frame(A, B, 0x04, 6, t=-5.0), Odd()):
+        aggregator.add(packet)
+    aggregator.add(_frame(A, B, 0x04, 5))
+    assert aggregator.unattributed == [
+        "packet 1: capture time 1.8446744073709552e+19 out of range",
+        "packet 2: capture time -5.0 out of range",
+        "packet 3: cannot be read (error)",
+    ]
+    assert [key[1:] for key in aggregator.flows] == [(A, B, 5)]
