@@ -160,7 +160,9 @@ class FsRoot:
         """read_bytes on the live node: plain reads on a descriptor, without the file
         object `open` builds around it (a third of a small sysfs or proc file's cost)."""
         try:
-            fd = os.open(self.full_path(rel), os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO (in a tree given as the root; sysfs and /proc have none)
+            # must not hold the read for good; a regular file reads as it would without it
+            fd = os.open(self.full_path(rel), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
         try:

@@ -151,7 +151,10 @@ def read_port(root: FsRoot, device: str, port: int, device_info: dict[str, str])
     for directory, field_prefix, delta_prefix in COUNTER_DIRS:
         for name in root.listdir(f"{reader.base}/{directory}"):
             text = reader.text(f"{directory}/{name}")
-            if text is None or text.startswith(NOT_AVAILABLE):
+            if text is None:  # listed, yet not read (EIO from a failing firmware query)
+                reader.errors.append(f"{reader.base}/{directory}/{name} (unreadable)")
+                continue
+            if text.startswith(NOT_AVAILABLE):
                 continue
             value = parse_counter(text)
             if value is None:

@@ -440,3 +440,36 @@ def test_collect_cli_wrong_arguments_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:  # argparse's own errors exit 2 as well
         cli.main(["collect", "--sensor", "rdma_counters", "--format", "csv"])
     assert exit_.value.code == 2
+
+
+def test_counters_that_cannot_be_read_are_named_and_a_fifo_holds_no_read(tmp_path):
+    """A listed counter that cannot be read (EIO from a failing firmware query; here a
+    directory and a symlink loop) is named, not silently left out; a FIFO in a tree given
+    as the root (no writer: a blocking read would wait for good) reads as empty."""
+    import os
+    import threading
+
+    shutil.copytree(NODE / "sample0/class/infiniband/mlx5_0", tmp_path / "class/infiniband/mlx5_0")
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    (port / "counters/port_rcv_errors").unlink()
+    (port / "counters/port_rcv_errors").mkdir()
+    (port / "counters/loop_a").symlink_to("loop_b")
+    (port / "counters/loop_b").symlink_to("loop_a")
+    (port / "counters/symbol_error").unlink()
+    os.mkfifo(port / "counters/symbol_error")
+    found: list = []
+    reader = threading.Thread(
+        target=lambda: found.extend(RdmaCountersSensor().collect(_ctx(tmp_path))), daemon=True
+    )
+    reader.start()
+    reader.join(20)
+    assert not reader.is_alive(), "a FIFO held the read"
+    (event,) = found
+    base = "class/infiniband/mlx5_0/ports/1"
+    assert event["hpcsec.parse_errors"] == [
+        f"{base}/counters/loop_a (unreadable)",
+        f"{base}/counters/loop_b (unreadable)",
+        f"{base}/counters/port_rcv_errors (unreadable)",
+        f"{base}/counters/symbol_error",  # empty: not a number
+    ]
+    assert event["rdma.counters.port_xmit_packets"] == 2_917_455_210
