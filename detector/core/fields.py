@@ -214,6 +214,13 @@ FIELDS: tuple[Field, ...] = (
         "rdma_qp",
     ),
     _f("rdma.qp.pdn", "long", "protection domain number", "rdma_qp"),
+    _f(
+        "rdma.qp.not_listed",
+        "long",
+        "on the last QP listed of a process and device: its QPs past the 256 listed each "
+        "sample, counted only (a user may create thousands)",
+        "rdma_qp",
+    ),
     _f("rdma.qp.sq_psn", "long", "send queue packet sequence number", "rdma_qp"),
     _f("rdma.qp.rq_psn", "long", "receive queue packet sequence number", "rdma_qp"),
     _f("rdma.qp.path_mig_state", "keyword", "MIGRATED, REARM or ARMED", "rdma_qp"),

@@ -292,3 +292,48 @@ def test_collect_cli_prints_the_qps(tmp_path, monkeypatch, capsys):
     records = [json.loads(line) for line in out.splitlines()]
     assert [r["event.category"] for r in records] == ["rdma_qp"] * 22 + ["sensor_status"]
     assert sum(1 for r in records[:-1] if r["rdma.qp.kernel"]) == 11
+
+
+def _qps(*owners):
+    """`rdma -j` output: (pid or None for the kernel, device, count) per owner, in turn."""
+    out, lqpn = [], 100
+    for pid, device, count in owners:
+        for _ in range(count):
+            lqpn += 1
+            qp = {"ifname": device, "port": 1, "lqpn": lqpn, "type": "RC", "state": "RTS"}
+            qp.update({"pid": pid, "comm": f"p{pid}"} if pid else {"comm": "ko2iblnd"})
+            out.append(qp)
+    return json.dumps(out)
+
+
+def test_a_process_with_thousands_of_qps_is_listed_up_to_a_bound_and_counted(tmp_path):
+    """QPs need no privilege: 200,000 of them cost the agent 15 s of CPU and 380 MB a sample.
+    A process's QPs on a device past 256 are counted on its last listed one; kernel QPs (a
+    storage client's, one per peer) are all listed."""
+    text = _qps((7, "mlx5_0", 300), (7, "mlx5_1", 3), (8, "mlx5_0", 10), (None, "mlx5_0", 400))
+    events = RdmaQpSensor().collect(_ctx(tmp_path, {INPUT_NAME: text}))
+    by_owner: dict = {}
+    for event in events:
+        key = (event.get("process.pid"), event["rdma.device"])
+        by_owner.setdefault(key, []).append(event)
+    assert {k: len(v) for k, v in by_owner.items()} == {
+        (7, "mlx5_0"): 256,
+        (7, "mlx5_1"): 3,
+        (8, "mlx5_0"): 10,
+        (None, "mlx5_0"): 400,
+    }
+    assert by_owner[(7, "mlx5_0")][-1]["rdma.qp.not_listed"] == 44
+    assert sum("rdma.qp.not_listed" in e for e in events) == 1
+
+
+def test_users_qps_past_the_sample_bound_are_dropped_and_said(tmp_path, monkeypatch):
+    from hpcsec.sensors.rdma import qp as qp_module
+
+    monkeypatch.setattr(qp_module, "MAX_LISTED_PER_PROCESS", 5)
+    monkeypatch.setattr(qp_module, "MAX_LISTED_QPS", 12)
+    text = _qps(*((pid, "mlx5_0", 8) for pid in range(1, 5)), (None, "mlx5_0", 2))
+    events = RdmaQpSensor().collect(_ctx(tmp_path, {INPUT_NAME: text}))
+    *qps, status = events
+    assert [e.get("process.pid") for e in qps] == [1] * 5 + [2] * 5 + [3] * 2 + [None] * 2
+    assert [e.get("rdma.qp.not_listed") for e in qps if "rdma.qp.not_listed" in e] == [3, 3, 6]
+    assert (status["event.action"], status["hpcsec.dropped"]) == ("dropped", 8)
