@@ -35,7 +35,9 @@ ARG_KEEP = 4 * 1024
 CUT_MARKER = rb"\xe2\x80\xa6\[hpcsec: cut \d+ bytes\]"
 CUT = re.compile(CUT_MARKER + rb"\Z")
 _CUT_ANYWHERE = re.compile(CUT_MARKER)
-GAP = re.compile(rb"\A\xe2\x80\xa6\[hpcsec: \d+ arguments? \(\d+ bytes\) left out\]\Z")
+GAP = re.compile(
+    rb"\A\xe2\x80\xa6\[hpcsec: \d+ arguments? \(\d+ bytes\) left out(?:, \d+ with a URL)?\]\Z"
+)
 
 
 def _entries(stream: BinaryIO, keep_max: int) -> Iterator[tuple[bytes, int]]:
@@ -126,15 +128,25 @@ def _is_indicator(arg: bytes) -> bool:
 
 @dataclass
 class _Condensed:
+    """A long command line's head, tail and middle indicators (see the module's doc).
+
+    The middle keeps each indicator once, and a URL before a flag: 4,200 `-v` flags (or as
+    many distinct ones) filled it and hid the pool URL after them. A URL takes the room of
+    the oldest kept flags; only URLs past 12 KiB of other URLs are left out, and the marker
+    counts them (`…, N with a URL]`), which no padding of flags can make."""
+
     head: list[bytes]
     head_size: int = 0
     middle_size: int = 0
     tail_size: int = 0
     left_out: int = 0
     left_out_bytes: int = 0
+    left_out_urls: int = 0
 
     def __post_init__(self) -> None:
-        self.middle: list[bytes] = []
+        self.middle: list[bytes | None] = []  # None: a flag a URL took the room of
+        self.middle_seen: set[bytes] = set()
+        self.next_flag = 0  # where the oldest flag that may still be kept is, at the least
         self.tail: deque[bytes] = deque()
 
     def add(self, arg: bytes, length: int) -> None:
@@ -147,22 +159,51 @@ class _Condensed:
         while self.tail_size > TAIL_MAX:
             old = self.tail.popleft()
             self.tail_size -= len(old) + 1
-            if _is_indicator(old) and self.middle_size + len(old) + 1 <= MIDDLE_MAX:
-                self.middle.append(old)
-                self.middle_size += len(old) + 1
+            if _is_indicator(old) and old not in self.middle_seen:
+                self._to_middle(old)
             else:
-                self.left_out += 1
-                self.left_out_bytes += len(old)
+                self._leave_out(old)
+
+    def _to_middle(self, arg: bytes) -> None:
+        size = len(arg) + 1
+        url = b"://" in arg
+        while url and self.middle_size + size > MIDDLE_MAX and self._drop_oldest_flag():
+            pass
+        if self.middle_size + size > MIDDLE_MAX:
+            self._leave_out(arg)
+            self.left_out_urls += url
+            return
+        self.middle.append(arg)
+        self.middle_seen.add(arg)
+        self.middle_size += size
+
+    def _drop_oldest_flag(self) -> bool:
+        """Leave out the oldest flag kept in the middle; False when none is."""
+        while self.next_flag < len(self.middle):
+            kept = self.middle[self.next_flag]
+            if kept is not None and b"://" not in kept:
+                self.middle[self.next_flag] = None
+                self.middle_size -= len(kept) + 1
+                self._leave_out(kept)
+                return True
+            self.next_flag += 1
+        return False
+
+    def _leave_out(self, arg: bytes) -> None:
+        self.left_out += 1
+        self.left_out_bytes += len(arg)
 
     def args(self) -> list[bytes]:
         gap: list[bytes] = []
         if self.left_out:
             plural = "s" if self.left_out != 1 else ""
+            urls = f", {self.left_out_urls} with a URL" if self.left_out_urls else ""
             gap = [
                 f"\u2026[hpcsec: {self.left_out} argument{plural} "
-                f"({self.left_out_bytes} bytes) left out]".encode()
+                f"({self.left_out_bytes} bytes) left out{urls}]".encode()
             ]
-        return [*self.head, *gap, *self.middle, *self.tail]
+        middle = [arg for arg in self.middle if arg is not None]
+        return [*self.head, *gap, *middle, *self.tail]
 
 
 def cmdline(stream: BinaryIO) -> bytes:

@@ -192,3 +192,36 @@ def test_a_miner_url_behind_a_66_kb_argument_still_raises_the_alert(alice_runs):
     alerts = json.loads(scan.stdout)
     miner = [a["rule.title"] for a in alerts if a.get("process.pid") == event["process.pid"]]
     assert "Cryptocurrency miner process" in miner
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [b"-v"] * 4200,  # the same flag, 12.6 KB of it
+        [f"-a{n:05d}".encode() for n in range(3000)],  # as many distinct ones
+    ],
+)
+def test_flags_padding_the_middle_do_not_hide_the_url_after_them(flags):
+    """The middle kept flags in order until 12 KiB were full: 4,200 `-v` before the pool
+    URL left it out (and `--donate-level`). Each indicator is kept once, and a URL takes
+    the room of the oldest flags."""
+    head, tail = [b"A" * 100] * 330, [b"B" * 100] * 200
+    args = [b"./flagpad", *head, *flags, b"-o", b"stratum+tcp://pool.example:3333", *tail]
+    kept = condense(args)
+    assert b"stratum+tcp://pool.example:3333" in kept
+    assert kept.count(flags[0]) <= 1  # an indicator is kept once
+    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+    (gap,) = [arg for arg in kept if proclists.GAP.match(arg)]
+    assert b"with a URL" not in gap
+    assert condense(kept) == kept  # a snapshot replays the same event
+
+
+def test_urls_past_the_middle_are_counted_in_the_marker():
+    """Only a flood of URLs can push a URL out of the middle, and the marker then says how
+    many (a rule or an analyst can tell such a command line from a long build's)."""
+    urls = [f"s3://bucket/shard-{n:06d}".encode() for n in range(2000)]
+    kept = condense([b"./loader", *([b"A" * 100] * 330), *urls, *([b"B" * 100] * 200)])
+    (gap,) = [arg for arg in kept if proclists.GAP.match(arg)]
+    left_out = 2000 - sum(arg.startswith(b"s3://") for arg in kept)
+    assert left_out > 0 and gap.endswith(f", {left_out} with a URL]".encode())
+    assert condense(kept) == kept
