@@ -32,6 +32,9 @@ from hpcsec.detector.engine.reorder import MAX_PENDING_BYTES
 from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
 
 HORIZON_SLACK_S = 60.0  # late events of a window still find it open
+# How far past the hub's wall clock an event may be stamped (nodes keep time by NTP; a
+# flood stamped as far as this can make real matches late for as long, not for good)
+MAX_AHEAD_S = 120.0
 HUB_PREFIX = "hpcsec.cluster."
 ASSET_PREFIX = "hpcsec.asset."
 # Nodes publish on their own schedule, a node whose link was down publishes its spool later:
@@ -90,6 +93,10 @@ class HubClock:
         self._value = -math.inf
         self._idle_since: float | None = None
         self._quiet = False
+
+    def wall(self) -> float:
+        """The wall clock this hub's time never passes."""
+        return self._wall()
 
     def observe(self, t: float, source: object = None) -> None:
         if self._idle and self._quiet:
@@ -237,6 +244,22 @@ class HubEvaluation:
     def event_time(event: Event | None) -> float | None:
         return None if event is None else epoch_seconds(event.get("@timestamp"))
 
+    def timed(self, event: Event | None) -> tuple[Event | None, float | None]:
+        """The event and its time; (None, None), counted as malformed, for an event stamped
+        more than MAX_AHEAD_S past this hub's wall clock. A node's clock is kept by NTP; one
+        event stamped in the year 2100 held every later message of its partition unacked
+        (in the hub's memory, replayed at each restart), and a flood of such matches pushed
+        the engine's release time there, so that every real match was late: every cluster
+        correlation blind."""
+        t = self.event_time(event)
+        if event is not None and t is not None and t > (now := self.clock.wall()) + MAX_AHEAD_S:
+            stamp = str(event.get("@timestamp"))[:40]
+            return self._malformed(
+                f"@timestamp {stamp} is {t - now:.0f} s past this hub's clock "
+                f"(more than {MAX_AHEAD_S:g} s)"
+            ), None
+        return event, t
+
     def evaluate(
         self,
         events: list[Event],
@@ -285,6 +308,12 @@ class HubEvaluation:
         the open windows; returns the new alerts. A running hub never calls it: its open
         windows are rebuilt from the stream by the next start."""
         return [with_hosts(alert) for alert in self.pipeline.flush()]
+
+    @property
+    def evicted_groups(self) -> int:
+        """Correlation groups dropped because a correlation held its most open groups (a
+        node flooding distinct group-by values evicts others' groups: said in the report)."""
+        return self.pipeline.engine.stats.evicted_groups
 
     def ack_cutoff(self) -> float:
         """Events older than this (event time) are no longer needed by any open window: the

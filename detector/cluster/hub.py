@@ -165,7 +165,7 @@ class Hub:
         events: list[Event] = []
         sources: list[int] = []
         times: list[float | None] = []
-        decode, event_time = self.evaluator.decode, self.evaluator.event_time
+        decode, timed = self.evaluator.decode, self.evaluator.timed
         for feed, msgs in fetched:
             if msgs is None:
                 self.evaluator.clock.busy(feed.partition)
@@ -176,8 +176,7 @@ class Hub:
                 seq = feed.fresh(msg)
                 if seq is None:
                     continue
-                event = decode(msg.data, host_of_subject(msg.subject))
-                t = event_time(event)
+                event, t = timed(decode(msg.data, host_of_subject(msg.subject)))
                 feed.hold(seq, msg, t)
                 if event is not None:
                     events.append(event)
@@ -232,7 +231,9 @@ class Hub:
             f"hub: {c.events} events, {c.alerts} alerts sent, {c.replayed_alerts} replayed alerts "
             f"not resent, {c.malformed} malformed messages skipped{problem}, "
             f"{c.late} late events not correlated (later than the lateness allowance), "
-            f"{c.host_rewritten} host names taken from the subject{busy_span(c)}"
+            f"{self.evaluator.evicted_groups} correlation groups evicted (past the open groups "
+            f"a correlation keeps), {c.host_rewritten} host names taken from the subject"
+            f"{busy_span(c)}"
         )
 
 

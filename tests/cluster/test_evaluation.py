@@ -267,3 +267,26 @@ def test_a_node_behind_is_correlated_when_the_fleet_sends_long_events_meanwhile(
     assert ev.pipeline.engine.pending.forced == 0
     assert ev.counters.late == 0
     assert JOB_EXFIL in {a["rule.id"] for a in alerts}
+
+
+def test_an_event_stamped_past_the_hubs_clock_is_malformed_and_timeless() -> None:
+    """One event of the year 2100 held every later message of its partition unacked, and a
+    flood of them pushed the engine's release time there (every real match late: every
+    cluster correlation blind). Past MAX_AHEAD_S of the hub's wall clock, an event is
+    counted as malformed and has no time (the hub holds it as such: acked with the others);
+    within it, it is an event as any other."""
+    from datetime import UTC, datetime
+
+    from hpcsec.detector.cluster.evaluation import MAX_AHEAD_S
+    from hpcsec.detector.core.timefmt import rfc3339
+
+    wall = 2_000_000_000.0
+    ev = evaluator(wall=wall)
+    future = {"event.category": "process", "@timestamp": "2100-01-01T00:00:00Z"}
+    assert ev.timed(ev.decode(orjson.dumps(future), "evil")) == (None, None)
+    assert ev.counters.malformed == 1 and "past this hub's clock" in ev.counters.last_problem
+    for ahead in (MAX_AHEAD_S - 5, -3600.0):
+        stamp = rfc3339(datetime.fromtimestamp(wall + ahead, UTC))
+        event, t = ev.timed(ev.decode(orjson.dumps(dict(future, **{"@timestamp": stamp})), "n"))
+        assert event is not None and t == pytest.approx(wall + ahead, abs=0.001)
+    assert ev.counters.malformed == 1
