@@ -6,8 +6,12 @@
                ─▶ JetStream publish ─▶ ack ─▶ settled in the spool
 
 A message leaves the spool only on JetStream's ack, so NATS down (or an agent restart) loses
-nothing the spool holds; it is published again with the same `Nats-Msg-Id` (`alert.id`, or
-the event's `event.id`), so a retry after a lost ack is stored once. The spool is bounded
+nothing the spool holds; it is published again with the same `Nats-Msg-Id`, so a retry after
+a lost ack is stored once. That id is an HMAC of the alert's `alert.id` (or the event's
+`event.id`) under a key of this node's (in its private spool directory): JetStream drops a
+message whose id it has seen from anyone, and alert ids are predictable (a hash of the rule,
+its key and the time window), so a node publishing another node's alert id first had that
+node's alert dropped as a duplicate. The spool is bounded
 (`spool.max_bytes`): when full, events go before alerts and lower levels before higher ones
 (detector/outputs/spool.py), and what was evicted is reported.
 """
@@ -15,7 +19,11 @@ the event's `event.id`), so a retry after a lost ack is stored once. The spool i
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import os
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +47,7 @@ from hpcsec.detector.cluster.streams import (
     ensure_events_stream,
     require_jetstream,
 )
+from hpcsec.detector.core.cachedir import open_private_dir, read_entry_at, write_entry_at
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.outputs.alertjson import alert_bytes
@@ -80,6 +89,7 @@ class NatsTap:
     def __init__(self, urls: Sequence[str], spool_dir: Path, max_bytes: int):
         self.urls = list(urls)
         self.spool = Spool.open(spool_dir, spool_destination(urls), max_bytes=max_bytes)
+        self.message_key = message_key(self.spool.path)
         self.published = 0
         self.last_error = ""
         self._queue: queue.Queue[tuple[str, Sequence[Any]]] = queue.Queue(QUEUE_BATCHES)
@@ -223,7 +233,10 @@ class NatsTap:
             subject, body = alert_subject(record.get("host.name")), alert_bytes(record)
         try:
             await js.publish(
-                subject, body, timeout=API_TIMEOUT_S, headers={"Nats-Msg-Id": entry.alert_id}
+                subject,
+                body,
+                timeout=API_TIMEOUT_S,
+                headers={"Nats-Msg-Id": message_id(self.message_key, entry.alert_id)},
             )
         except (NatsError, APIError, TimeoutError) as exc:  # kept in the spool, sent later
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -231,3 +244,28 @@ class NatsTap:
         self.spool.remove(entry)
         self.published += 1
         return True
+
+
+MESSAGE_KEY = "nats-message-id.key"
+
+
+def message_key(directory: Path) -> bytes:
+    """This node's key for its messages' ids, kept in its private spool directory so that a
+    retry after a restart has the same id; a new one when it cannot be kept (a retry after
+    a restart may then be stored twice: nothing is lost)."""
+    fd = open_private_dir(directory, create=False)
+    if fd is None:
+        return secrets.token_bytes(32)
+    try:
+        key = read_entry_at(fd, MESSAGE_KEY)
+        if key is None or len(key) != 32:
+            key = secrets.token_bytes(32)
+            write_entry_at(fd, MESSAGE_KEY, [key])
+        return key
+    finally:
+        os.close(fd)
+
+
+def message_id(key: bytes, ident: str) -> str:
+    """The `Nats-Msg-Id` of the spooled message `ident` (see the module's doc)."""
+    return hmac.new(key, ident.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from hpcsec.detector.cli import main as cli
-from hpcsec.detector.cluster.agent_tap import NatsTap
+from hpcsec.detector.cluster.agent_tap import NatsTap, message_id, message_key
 from hpcsec.detector.cluster.forwarder import BaseRuleFilter
 from hpcsec.detector.cluster.streams import EVENTS_STREAM, NODE_ALERTS_STREAM, connect
 from hpcsec.detector.config.site import SiteConfig
@@ -85,9 +85,12 @@ def test_agent_publishes_its_alerts_and_the_events_of_cluster_base_rules(
     sent = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert sent, "the attack scenario raises node alerts"
     published = messages(nats_server.url, NODE_ALERTS_STREAM)
-    # every alert sent to the outputs, once, under its own id
-    assert sorted(i for i, _ in published) == sorted(a["alert.id"] for a in sent)
-    assert all(body["alert.id"] == i for i, body in published)
+    # every alert sent to the outputs, once, under an id keyed by this node (another node
+    # cannot take it first and have this one's dropped as a duplicate)
+    key = message_key(tap.spool.path)
+    assert sorted(i for i, _ in published) == sorted(message_id(key, a["alert.id"]) for a in sent)
+    assert all(message_id(key, body["alert.id"]) == i for i, body in published)
+    assert not {i for i, _ in published} & {a["alert.id"] for a in sent}
     wanted = BaseRuleFilter(ruleset, placeholders).select(events)  # type: ignore[arg-type]
     assert 0 < len(wanted) < len(events)  # edge filtering: matches, not all telemetry
     stored = messages(nats_server.url, EVENTS_STREAM)
@@ -117,7 +120,9 @@ def test_nats_down_then_up_nothing_lost_nothing_duplicated(tmp_path: Path) -> No
         stored = messages(server.url, EVENTS_STREAM)
         assert_stored_once(stored, wanted)
         alerts = messages(server.url, NODE_ALERTS_STREAM)
-        assert sorted(i for i, _ in alerts) == ["a1", "a2"]
+        key = message_key(tap.spool.path)  # the same across the restart: a1 is stored once
+        assert sorted(i for i, _ in alerts) == sorted(message_id(key, a) for a in ("a1", "a2"))
+        assert sorted(body["alert.id"] for _, body in alerts) == ["a1", "a2"]
         assert {body["host.name"] for _, body in alerts} == {"gpu-101", "gpu-102"}
         assert tap.take_health() == []
     finally:
@@ -180,6 +185,6 @@ def test_hpcsec_agent_with_nats_publishes_a_miner_alert_and_its_event(
     sent = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert any(a["process.name"] == "xmrig" for a in sent if "process.name" in a)
     published = messages(nats_server.url, NODE_ALERTS_STREAM)
-    assert sorted(i for i, _ in published) == sorted(a["alert.id"] for a in sent)
+    assert sorted(body["alert.id"] for _, body in published) == sorted(a["alert.id"] for a in sent)
     stored = messages(nats_server.url, EVENTS_STREAM)
     assert stored and {body["process.name"] for _, body in stored} == {"xmrig"}
