@@ -72,12 +72,17 @@ class _Builder:
         if not value.isascii():
             try:
                 value.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                code = ord(value[exc.start])
-                raise SourceError(
-                    f"YAML text holds a lone surrogate (\\u{code:04x}), which is not Unicode text",
-                    location(self.source, line),
-                ) from None
+            except UnicodeEncodeError:
+                # a pair written as two escapes (`"\\ud83d\\ude00"`), which PyYAML leaves
+                # apart, is the one character it stands for; a surrogate alone is an error
+                lone = _lone_surrogate(value)
+                if lone is not None:
+                    raise SourceError(
+                        f"YAML text holds a lone surrogate (\\u{ord(lone):04x}), which is not "
+                        "Unicode text",
+                        location(self.source, line),
+                    ) from None
+                return value.encode("utf-16", "surrogatepass").decode("utf-16")
         return value
 
     def _construct(self, node: yaml.Node, line: int) -> Any:
@@ -114,6 +119,20 @@ class _Builder:
             out[key] = self.build(value_node, (*at, key))
             self.lines[(*at, key)] = key_line
         return out
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first surrogate of `text` that is not half of a high-low pair, if any."""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if "\ud800" <= c <= "\udbff" and i + 1 < len(text) and "\udc00" <= text[i + 1] <= "\udfff":
+            i += 2
+            continue
+        if "\ud800" <= c <= "\udfff":
+            return c
+        i += 1
+    return None
 
 
 class _NoAliasComposer(yaml.SafeLoader):

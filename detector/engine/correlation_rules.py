@@ -35,6 +35,8 @@ def yaml_kind(value: Any) -> str:
         return "true/false"
     if isinstance(value, (int, float)):
         return "a number"
+    if value is None:
+        return "null"
     return "a list" if isinstance(value, list) else type(value).__name__
 
 
@@ -61,6 +63,17 @@ def document_errors(doc: YamlDocument) -> list[RuleError]:
         return [error(f"unknown correlation type {kind!r} (known: {known})", "type")]
     if section.get("rules") == []:  # pySigma takes it: a correlation that counts nothing
         return [error("correlation names no rules: list the rules it correlates", "rules")]
+    names = section.get("rules")
+    odd = [
+        (i, name)
+        for i, name in enumerate(names if isinstance(names, list) else ())
+        if isinstance(name, bool) or not isinstance(name, str | int)
+    ]
+    if odd:  # pySigma failed on them with an AttributeError (`[null]`, `[[x]]`)
+        return [
+            error(f"correlation rules are named by id or name, not {yaml_kind(n)}", "rules", i)
+            for i, n in odd
+        ]
     condition = section.get("condition")
     if condition is None or isinstance(condition, str):  # str: extended temporal condition
         return []

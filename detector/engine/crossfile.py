@@ -152,26 +152,44 @@ def drop_cycles(ruleset: RuleSet, references: list[References]) -> None:
         if rule.kind == "correlation":
             found = [named(ref) for ref in refs]
             refers[id(rule)] = [r for r in found if r is not None and r.kind == "correlation"]
-    in_cycle: dict[int, list[LoadedRule]] = {}  # a rule of a cycle -> the cycle from it
-    for rule in ruleset.rules:
-        if rule.kind == "correlation" and id(rule) not in in_cycle:
-            cycle = _cycle_from(rule, refers)
-            if cycle is not None:
-                in_cycle[id(rule)] = cycle
-    if not in_cycle:
+    problems: dict[int, str] = {}  # a correlation dropped -> why
+    for group in _cyclic_groups(correlations, refers):
+        members = {id(r) for r in group}
+        for rule in group:
+            if len(group) <= CHAIN_NAMES:  # the way back named (a walk of the group each)
+                how = f"through its rules ({_chain(rule, refers, members)})"
+            else:
+                how = f"through the rules of {len(group) - 1} correlations that refer to it"
+            problems[id(rule)] = (
+                f"correlation refers to itself {how}: it would count its own alerts"
+            )
+
+    if not problems:
         return
+    # and what refers to a dropped one, at any remove: its rule is not loaded
+    referrers: dict[int, list[LoadedRule]] = {}
+    for rule in correlations:
+        for target in refers.get(id(rule), ()):
+            referrers.setdefault(id(target), []).append(rule)
+    by_id = {id(r): r for r in correlations}
+    todo = list(problems)
+    while todo:
+        target = by_id[todo.pop()]
+        for rule in referrers.get(id(target), ()):
+            if id(rule) not in problems:
+                name = target.header.name or target.id
+                problems[id(rule)] = f"correlation refers to {name!r}, which is not loaded"
+                todo.append(id(rule))
     kept, kept_refs = [], []
     for rule, refs in zip(ruleset.rules, references, strict=True):
-        cycle = in_cycle.get(id(rule))
-        if cycle is None:
+        problem = problems.get(id(rule))
+        if problem is None:
             kept.append(rule)
             kept_refs.append(refs)
             continue
-        chain = " -> ".join(r.header.name or r.id for r in (*cycle, cycle[0]))
         ruleset.errors.append(
             RuleError(
-                f"rule {rule.id}: correlation refers to itself through its rules ({chain}): "
-                "it would count its own alerts",
+                f"rule {rule.id}: {problem}",
                 location(rule.path, rule.line_of("correlation", "rules")),
             )
         )
@@ -179,23 +197,77 @@ def drop_cycles(ruleset: RuleSet, references: list[References]) -> None:
     references[:] = kept_refs
 
 
-def _cycle_from(start: LoadedRule, refers: dict[int, list[LoadedRule]]) -> list[LoadedRule] | None:
-    """The correlations of a cycle through `start` (from it, in reference order), if any:
-    a walk that keeps its path, each rule expanded once."""
-    path: list[LoadedRule] = [start]
-    stack = [iter(refers.get(id(start), ()))]
-    seen = {id(start)}
-    while stack:
-        nxt = next(stack[-1], None)
-        if nxt is None:
-            stack.pop()
-            path.pop()
+CHAIN_NAMES = 10  # names a cycle's message lists, at most
+
+
+def _chain(rule: LoadedRule, refers: dict[int, list[LoadedRule]], members: set[int]) -> str:
+    """`a -> b -> a`: a shortest way from `rule` back to itself within its cycle (a
+    breadth-first walk: linear in the cycle), its names cut to CHAIN_NAMES."""
+    came_from: dict[int, LoadedRule | None] = {}
+    queue, end = [rule], None
+    for node in queue:
+        for nxt in refers.get(id(node), ()):
+            if nxt is rule:
+                end = node
+                break
+            if id(nxt) in members and id(nxt) not in came_from:
+                came_from[id(nxt)] = node
+                queue.append(nxt)
+        if end is not None:
+            break
+    path = []
+    back = end
+    while back is not None and back is not rule:
+        path.append(back)
+        back = came_from.get(id(back))
+    names = [r.header.name or r.id for r in (rule, *reversed(path), rule)]
+    if len(names) > CHAIN_NAMES:
+        names = [*names[: CHAIN_NAMES - 1], f"… {len(names) - CHAIN_NAMES} more", names[-1]]
+    return " -> ".join(names)
+
+
+def _cyclic_groups(
+    nodes: list[LoadedRule], refers: dict[int, list[LoadedRule]]
+) -> list[list[LoadedRule]]:
+    """The groups of correlations that refer to one another (strongly connected, of two or
+    more, or one that refers to itself): Tarjan's algorithm, without recursion, linear in
+    the correlations and their references."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[LoadedRule] = []
+    groups: list[list[LoadedRule]] = []
+    for root in nodes:
+        if id(root) in index:
             continue
-        if nxt is start:
-            return list(path)
-        if id(nxt) in seen:
-            continue
-        seen.add(id(nxt))
-        path.append(nxt)
-        stack.append(iter(refers.get(id(nxt), ())))
-    return None
+        index[id(root)] = low[id(root)] = len(index)
+        stack.append(root)
+        on_stack.add(id(root))
+        work = [(root, iter(refers.get(id(root), ())))]
+        while work:
+            node, targets = work[-1]
+            for nxt in targets:
+                if id(nxt) not in index:
+                    index[id(nxt)] = low[id(nxt)] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(id(nxt))
+                    work.append((nxt, iter(refers.get(id(nxt), ()))))
+                    break
+                if id(nxt) in on_stack:
+                    low[id(node)] = min(low[id(node)], index[id(nxt)])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[id(parent)] = min(low[id(parent)], low[id(node)])
+                if low[id(node)] == index[id(node)]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(id(member))
+                        group.append(member)
+                        if member is node:
+                            break
+                    if len(group) > 1 or any(r is node for r in refers.get(id(node), ())):
+                        groups.append(group)
+    return groups

@@ -153,6 +153,7 @@ def _listed_ancestor(
     """
     if not table.listpids:
         return None
+    own = _uid_of(pid, procs, seen)  # a job's descendant keeps its owner's real uid
     parent = seen.get("process.parent.pid")
     if isinstance(parent, bool) or not isinstance(parent, int):
         parent = procs.parent(pid)
@@ -161,7 +162,11 @@ def _listed_ancestor(
             return None
         found = table.listpids.get(parent)
         if found is not None:
-            return found if _runs_as_owner(found, procs.uid(parent), table) else None
+            # the process and the listed ancestor both run as the owner (or root), each
+            # where known: an ancestor gone since (its pid perhaps another user's by then)
+            # must not vouch for a child of another user
+            mine = _runs_as_owner(found, own, table)
+            return found if mine and _runs_as_owner(found, procs.uid(parent), table) else None
         parent = procs.parent(parent)
     return None
 

@@ -36,8 +36,9 @@ U32_MAX = (1 << 32) - 1
 # QPs need no privilege: a user may create a hundred thousand (up to the card's max_qp), and
 # one event each took the agent 15 s of CPU and 380 MB every sample. A process's QPs on a
 # device past MAX_LISTED_PER_PROCESS are counted on its last listed one (the rules on QPs
-# alert once per process and device); past MAX_LISTED_QPS of users' QPs in all, the rest
-# are dropped and said so. Kernel QPs (storage clients, IPoIB) are no user's to multiply.
+# alert once per process and device), and a sample lists MAX_LISTED_QPS of users' QPs,
+# every process's first one before any other's second (`bounded`). Kernel QPs (storage
+# clients, IPoIB) are no user's to multiply.
 MAX_LISTED_PER_PROCESS = 256
 MAX_LISTED_QPS = 32768
 
@@ -229,27 +230,38 @@ def parse_qp_output(text: str) -> QpParse:
 
 
 def bounded(qps: tuple[QueuePair, ...]) -> tuple[list[dict[str, Any]], int]:
-    """The fields of the QPs to list (see MAX_LISTED_PER_PROCESS), in output order, and how
-    many users' QPs were dropped: those of processes none of whose QPs on the device could be
-    listed past MAX_LISTED_QPS (the others are counted on their last listed one)."""
+    """The fields of the QPs to list, in output order, and how many users' QPs were dropped.
+
+    Every process's first QP on a device is listed first (up to MAX_LISTED_QPS of them), then
+    its others up to MAX_LISTED_PER_PROCESS while the sample has room; what is not listed is
+    counted on its process's last listed QP. So no process can hide another's QPs by having
+    many of its own (filling the sample's room before the other's came in the output); only
+    QPs of processes past MAX_LISTED_QPS distinct ones are dropped."""
+    first: dict[tuple[int, str], int] = {}  # (pid, device) -> the index of its first QP
+    for i, qp in enumerate(qps):
+        if not qp.kernel and len(first) < MAX_LISTED_QPS:
+            first.setdefault((qp.pid or 0, qp.device), i)
+    room = MAX_LISTED_QPS - len(first)  # for QPs past each process's first
     listed: list[dict[str, Any]] = []
     last: dict[tuple[int, str], dict[str, Any]] = {}  # a process's last listed QP, by device
     counts: dict[tuple[int, str], int] = {}
-    users = dropped = 0
-    for qp in qps:
+    dropped = 0
+    for i, qp in enumerate(qps):
         if qp.kernel:
             listed.append(qp.fields())
             continue
         owner = (qp.pid or 0, qp.device)
         count = counts[owner] = counts.get(owner, 0) + 1
-        if count <= MAX_LISTED_PER_PROCESS and users < MAX_LISTED_QPS:
-            users += 1
+        if first.get(owner) == i or (
+            owner in first and count <= MAX_LISTED_PER_PROCESS and room > 0
+        ):
+            room -= first.get(owner) != i
             listed.append(fields := qp.fields())
             last[owner] = fields
         elif owner in last:  # counted on the process's last listed QP of the device
             fields = last[owner]
             fields["rdma.qp.not_listed"] = fields.get("rdma.qp.not_listed", 0) + 1
-        else:  # a process none of whose QPs could be listed
+        else:  # a process past MAX_LISTED_QPS distinct ones
             dropped += 1
     return listed, dropped
 

@@ -353,3 +353,19 @@ def test_a_listed_pid_taken_by_another_users_process_is_not_in_the_job(tmp_path)
     events = [read(30001), read(19315), read(4343), read(19212), read(30001, **{"user.id": 1002})]
     enrich(events, ctx)
     assert [e.get("slurm.job.id") for e in events] == [None, "1", None, "1", "3"]
+
+
+def test_a_child_of_another_user_under_a_listed_pid_gone_since_is_not_in_the_job(tmp_path):
+    """carol's process took job 1's freed pid 19211, forked a reader of a model and exited:
+    the reader's event names 19211 as its parent and carol's uid; the parent is gone (its
+    uid unknown), so its uid could not refuse it. The process's own uid must be the owner's
+    (or root's) too."""
+    ctx = ctx_for(tmp_path)
+    child = {"process.pid": 4343, "process.parent.pid": 19211, "file.path": "/models/x"}
+    events = [
+        new_event("file_access", "open", "file_access", "vm", TS, {**child, "user.id": 1003}),
+        new_event("file_access", "open", "file_access", "vm", TS, {**child, "user.id": 1001}),
+        new_event("file_access", "open", "file_access", "vm", TS, dict(child)),  # uid unknown
+    ]
+    enrich(events, ctx)
+    assert [e.get("slurm.job.id") for e in events] == [None, "1", "1"]

@@ -148,8 +148,10 @@ def test_every_command_refuses_a_correlation_cycle_with_exit_2(tmp_path, capsys,
     path = tmp_path / "r.yml"
     path.write_text(CYCLE)
     assert main([*command, str(path)]) == 2
-    err = capsys.readouterr().err + capsys.readouterr().out
-    assert "internal error" not in err and "Traceback" not in err
+    captured = capsys.readouterr()
+    said = captured.err + captured.out
+    assert "correlation refers to itself through its rules (ca -> cb -> ca)" in said
+    assert "internal error" not in said and "Traceback" not in said
 
 
 @pytest.mark.parametrize("quantifier", ["1", "all"])
@@ -217,3 +219,47 @@ def test_a_value_pysigma_refuses_is_named_by_its_kind_once_at_its_line(tmp_path)
             "type of 'null'",
         )
     ]
+
+
+def test_what_refers_to_a_cycle_is_dropped_too_and_a_long_cycle_is_named_in_short(tmp_path):
+    # a correlation on a refused one was kept and said nothing (its rule is not loaded);
+    # a cycle of thousands named its whole chain in each of its thousands of errors
+    docs = [correlation(f"c{i}", i, f"[c{(i + 1) % 30}]") for i in range(30)]
+    docs += [correlation("outside", 99, "[c0]"), correlation("further", 98, "[outside]")]
+    found = errors_of(tmp_path, "---\n".join(docs))
+    assert len(found) == 32
+    assert found[0][1] == (
+        "rule 00000000-0000-4000-8000-000000000000: correlation refers to itself through the "
+        "rules of 29 correlations that refer to it: it would count its own alerts"
+    )
+    assert found[-2:] == [
+        (
+            8 + 12 * 30,
+            "rule 00000000-0000-4000-8000-000000000099: correlation refers to 'c0', "
+            "which is not loaded",
+        ),
+        (
+            8 + 12 * 31,
+            "rule 00000000-0000-4000-8000-000000000098: correlation refers to "
+            "'outside', which is not loaded",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("rules", "kind"), [("[null]", "null"), ("[[x]]", "a list")])
+def test_a_correlation_naming_a_rule_by_something_else_is_an_error(tmp_path, rules, kind):
+    # pySigma raised AttributeError: every command without the rule cache crashed
+    for cache in (False, True):
+        assert errors_of(tmp_path, correlation("c", 1, rules), cache) == [
+            (8, f"correlation rules are named by id or name, not {kind}")
+        ]
+
+
+def test_a_surrogate_pair_written_as_two_escapes_is_the_character_it_stands_for(tmp_path):
+    body = PROCESS + 'detection:\n  sel:\n    process.name: "x\\ud83d\\ude00y"\n  condition: sel\n'
+    path = tmp_path / "r.yml"
+    path.write_text(rule("r", 1, body))
+    ruleset = load_rules([path], collect_errors=True, with_tests=False)
+    assert ruleset.errors == []
+    detection = ruleset.rules[0].sigma.detection.detections["sel"]
+    assert str(detection.detection_items[0].value[0]) == "x\U0001f600y"

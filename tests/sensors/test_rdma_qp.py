@@ -326,14 +326,23 @@ def test_a_process_with_thousands_of_qps_is_listed_up_to_a_bound_and_counted(tmp
     assert sum("rdma.qp.not_listed" in e for e in events) == 1
 
 
-def test_users_qps_past_the_sample_bound_are_dropped_and_said(tmp_path, monkeypatch):
+def test_many_qps_of_some_processes_hide_no_other_process_and_the_rest_is_counted(
+    tmp_path, monkeypatch
+):
+    """Filler processes with many QPs each used up the sample's room, and a process whose QP
+    came later in the output got no event at all: every process's first QP is listed before
+    any other's second. Only processes past the sample's bound of distinct ones are dropped."""
     from hpcsec.sensors.rdma import qp as qp_module
 
     monkeypatch.setattr(qp_module, "MAX_LISTED_PER_PROCESS", 5)
     monkeypatch.setattr(qp_module, "MAX_LISTED_QPS", 12)
-    text = _qps(*((pid, "mlx5_0", 8) for pid in range(1, 5)), (None, "mlx5_0", 2))
+    fillers = [(pid, "mlx5_0", 8) for pid in range(1, 4)]
+    text = _qps(*fillers, (99, "mlx5_0", 1), (None, "mlx5_0", 2))
+    events = RdmaQpSensor().collect(_ctx(tmp_path, {INPUT_NAME: text}))
+    assert [e.get("process.pid") for e in events] == [1] * 5 + [2] * 5 + [3, 99, None, None]
+    assert [e.get("rdma.qp.not_listed") for e in events if "rdma.qp.not_listed" in e] == [3, 3, 7]
+    monkeypatch.setattr(qp_module, "MAX_LISTED_QPS", 2)  # fewer than the processes
     events = RdmaQpSensor().collect(_ctx(tmp_path, {INPUT_NAME: text}))
     *qps, status = events
-    assert [e.get("process.pid") for e in qps] == [1] * 5 + [2] * 5 + [3] * 2 + [None] * 2
-    assert [e.get("rdma.qp.not_listed") for e in qps if "rdma.qp.not_listed" in e] == [3, 3, 6]
-    assert (status["event.action"], status["hpcsec.dropped"]) == ("dropped", 8)
+    assert [e.get("process.pid") for e in qps] == [1, 2, None, None]
+    assert (status["event.action"], status["hpcsec.dropped"]) == ("dropped", 8 + 1)
