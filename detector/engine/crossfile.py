@@ -84,17 +84,29 @@ class Referable:
     string by UUID when it reads as one, else by name; a number by position."""
 
     def __init__(self, rules: list[LoadedRule]):
-        self.count = len(rules)
-        self.ids = {uuid_key(r.header.sigma_id) for r in rules if r.header.sigma_id} - {None}
-        self.names = {r.header.name for r in rules if r.header.name is not None}
+        self.rules = rules
+        self.ids: dict[str, LoadedRule] = {}
+        self.names: dict[str, LoadedRule] = {}
+        for rule in rules:  # the first of an id or name (drop_duplicate_ids keeps it alone)
+            header = rule.header
+            key = uuid_key(header.sigma_id) if header.sigma_id else None
+            if key is not None:
+                self.ids.setdefault(key, rule)
+            if header.name is not None:
+                self.names.setdefault(header.name, rule)
 
-    def known(self, ref: Any) -> bool:
+    def find(self, ref: Any) -> LoadedRule | None:
+        """The rule `ref` names; None when none, or for a reference of another type."""
         if isinstance(ref, str):
             key = uuid_key(ref)
-            return key in self.ids if key is not None else ref in self.names
-        if isinstance(ref, int):
-            return -self.count <= ref < self.count
-        return True  # SigmaCollection gives None for another type, without an error
+            return self.ids.get(key) if key is not None else self.names.get(ref)
+        if isinstance(ref, int) and -len(self.rules) <= ref < len(self.rules):
+            return self.rules[ref]
+        return None
+
+    def known(self, ref: Any) -> bool:
+        # SigmaCollection gives None for another type, without an error
+        return self.find(ref) is not None or not isinstance(ref, str | int)
 
 
 def check_references(ruleset: RuleSet, references: list[References]) -> None:
@@ -128,29 +140,11 @@ def drop_cycles(ruleset: RuleSet, references: list[References]) -> None:
     correlations = [r for r in ruleset.rules if r.kind == "correlation"]
     if not correlations:  # most rule sets: nothing to walk
         return
-    referable = [r for r in ruleset.rules if r.kind != "filter"]
-    by_key: dict[str, LoadedRule] = {}
-    # only correlations can be in a cycle (ids and names are unique here: drop_duplicate_ids)
-    for rule in correlations:  # as Referable looks names up: an id by its UUID, else a name
-        header = rule.header
-        if header.name is not None:
-            by_key.setdefault(f"name:{header.name}", rule)
-        key = uuid_key(header.sigma_id) if header.sigma_id else None
-        if key is not None:
-            by_key.setdefault(f"id:{key}", rule)
-
-    def named(ref: Any) -> LoadedRule | None:
-        if isinstance(ref, str):
-            key = uuid_key(ref)
-            return by_key.get(f"id:{key}" if key is not None else f"name:{ref}")
-        if isinstance(ref, int) and -len(referable) <= ref < len(referable):
-            return referable[ref]
-        return None
-
+    referable = Referable([r for r in ruleset.rules if r.kind != "filter"])
     refers: dict[int, list[LoadedRule]] = {}
     for rule, refs in zip(ruleset.rules, references, strict=True):
         if rule.kind == "correlation":
-            found = [named(ref) for ref in refs]
+            found = [referable.find(ref) for ref in refs]
             refers[id(rule)] = [r for r in found if r is not None and r.kind == "correlation"]
     problems: dict[int, str] = {}  # a correlation dropped -> why
     for group in _cyclic_groups(correlations, refers):

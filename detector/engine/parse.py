@@ -164,15 +164,22 @@ def _definition_errors(definition: Any, at: Key) -> list[tuple[SigmaError, Key]]
     return [e for key, value, where in items for e in _item_errors(key, value, where)]
 
 
+def _detections(section: Any, section_name: str) -> Iterator[tuple[Any, Any]]:
+    """(identifier, definition) of each detection of a rule's `detection` or a filter's
+    `filter` section (a mapping; its `condition`, and a filter's `rules`, are not ones)."""
+    if not isinstance(section, dict):
+        return
+    skip = (*DETECTION_META_KEYS, "rules") if section_name == "filter" else DETECTION_META_KEYS
+    for ident, definition in section.items():
+        if ident not in skip:
+            yield ident, definition
+
+
 def detection_errors(section: Any, section_name: str) -> list[tuple[SigmaError, Key]]:
     """Parse each detection item alone so that each error gets its own key or value."""
-    if not isinstance(section, dict):
-        return []
-    skip = (*DETECTION_META_KEYS, "rules") if section_name == "filter" else DETECTION_META_KEYS
     return [
         e
-        for ident, definition in section.items()
-        if ident not in skip
+        for ident, definition in _detections(section, section_name)
         for e in _definition_errors(definition, (section_name, ident))
     ]
 
@@ -202,9 +209,7 @@ def shape_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
         message = f"id must be text (a UUID), not {correlation_rules.yaml_kind(rule_id)}"
         errors.append(RuleError(message, location(doc.path, doc.line_of("id"))))
     section = doc.data.get(section_name) if section_name != "correlation" else None
-    if not isinstance(section, dict):
-        return errors
-    for ident, definition in section.items():
+    for ident, definition in _detections(section, section_name):
         if not isinstance(ident, str):
             message = f"detection name must be text, not {correlation_rules.yaml_kind(ident)}"
             errors.append(RuleError(message, location(doc.path, doc.line_of(section_name, ident))))
@@ -228,14 +233,8 @@ def empty_detection_errors(doc: YamlDocument, section_name: str) -> list[RuleErr
     """Detections with nothing under them (`selection:` alone, `[]`, `{}`): pySigma takes
     them, but they test nothing the engine can evaluate (nor a query express), so the rule
     is refused at the detection's line rather than when it is compiled."""
-    section = doc.data.get(section_name)
-    if not isinstance(section, dict):
-        return []
-    skip = (*DETECTION_META_KEYS, "rules") if section_name == "filter" else DETECTION_META_KEYS
     errors = []
-    for ident, definition in section.items():
-        if ident in skip:
-            continue
+    for ident, definition in _detections(doc.data.get(section_name), section_name):
         if definition in (None, [], {}):
             message = (
                 f"detection {ident!r} is empty: give it field: value pairs or a list of values"
@@ -261,14 +260,8 @@ def empty_detection_errors(doc: YamlDocument, section_name: str) -> list[RuleErr
 def regex_errors(doc: YamlDocument, section_name: str) -> list[RuleError]:
     """`|re` values RE2 cannot run, each at its value: the rule must not load, rather than
     load and never match or fall back to a matcher that backtracks."""
-    section = doc.data.get(section_name)
-    if not isinstance(section, dict):
-        return []
-    skip = (*DETECTION_META_KEYS, "rules") if section_name == "filter" else DETECTION_META_KEYS
     errors = []
-    for ident, definition in section.items():
-        if ident in skip:
-            continue
+    for ident, definition in _detections(doc.data.get(section_name), section_name):
         for key, value, at in _field_items(definition, (section_name, ident)):
             if key is None or "re" not in key.split("|")[1:]:
                 continue

@@ -28,6 +28,7 @@ from hpcsec.detector.core.errors import RuleError
 from hpcsec.detector.engine import coldload, coldpool, rulecache
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.ruleset import RuleSet
 
 RULE = """title: rule {n}
 id: 0c0c0c0c-0000-4000-8000-{n:012d}
@@ -53,6 +54,24 @@ correlation:
 def write(path: Path, n: int, value: str = "nc", name: str | None = None) -> Path:
     path.write_text(RULE.format(n=n, value=value, name=f"name: {name}\n" if name else ""))
     return path
+
+
+def rule_files(tmp_path: Path, count: int) -> None:
+    for n in range(count):
+        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+
+
+def in_workers(
+    tmp_path: Path, monkeypatch, count: int, workers: int = 1, group: int | None = None
+) -> RuleSet:
+    """`count` rule files, loaded by `workers` worker processes from now on (in groups of
+    `group` files); their load by one process, to compare with."""
+    rule_files(tmp_path, count)
+    serial = load_rules([tmp_path], with_tests=False)
+    monkeypatch.setattr(coldpool, "workers_for", lambda files: workers)
+    if group is not None:
+        monkeypatch.setattr(coldload, "GROUP_FILES", group)
+    return serial
 
 
 def entries(cache: Path) -> list[str]:
@@ -235,8 +254,7 @@ def test_one_pack_serves_the_paths_in_any_order_and_spelling(tmp_path, parsed):
 def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
     tmp_path, monkeypatch, parsed
 ):
-    for n in range(9):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 9)
     (tmp_path / "r3.yml").write_text("title: [unclosed\n")
     (tmp_path / "r6.yml").write_text(
         RULE.format(n=6, value="x", name="").replace("sel\n", "nope\n")
@@ -274,11 +292,7 @@ def test_many_files_parse_in_workers_with_the_serial_rules_and_errors(
 
 
 def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch):
-    for n in range(6):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
-    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    serial = in_workers(tmp_path, monkeypatch, 6, group=1)
     python = multiprocessing.spawn.get_executable()
     # the resource tracker started first, by the real interpreter: only the workers fail
     multiprocessing.resource_tracker.ensure_running()
@@ -294,11 +308,7 @@ def test_workers_that_die_leave_their_files_to_the_caller(tmp_path, monkeypatch)
 def test_groups_of_a_worker_killed_while_parsing_them_are_parsed_by_the_caller(
     tmp_path, monkeypatch, cached
 ):
-    for n in range(6):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
-    monkeypatch.setattr(coldload, "GROUP_FILES", 2)
+    serial = in_workers(tmp_path, monkeypatch, 6, group=2)
     marker = tmp_path / "worker-killed"
     real = coldload.load_file
 
@@ -320,11 +330,7 @@ def test_groups_of_a_worker_killed_while_parsing_them_are_parsed_by_the_caller(
 def test_the_caller_takes_in_a_workers_entries_between_its_own_files(tmp_path, monkeypatch):
     """What a worker parsed is taken in (unpickled) while files are left, as part of the
     caller's share, not all after the last one (which would leave the worker idle)."""
-    for n in range(8):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
-    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    serial = in_workers(tmp_path, monkeypatch, 8, group=1)
     marker = tmp_path / "worker-parsing"
     steps: list[str] = []
     real_here, real_received = coldload._parsed_part, coldload._received_part
@@ -351,10 +357,7 @@ def test_the_caller_takes_in_a_workers_entries_between_its_own_files(tmp_path, m
 
 
 def test_a_lock_left_held_by_a_killed_process_does_not_hang_the_load(tmp_path, monkeypatch):
-    for n in range(6):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    serial = in_workers(tmp_path, monkeypatch, 6)
     monkeypatch.setattr(coldpool, "CLAIM_TIMEOUT_S", 0.5)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
     real_start = coldpool.start_workers
@@ -389,8 +392,7 @@ def test_a_lock_left_held_by_a_killed_process_does_not_hang_the_load(tmp_path, m
 
 
 def test_a_failing_caller_stops_its_workers_after_their_group(tmp_path, monkeypatch):
-    for n in range(20):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 20)
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     monkeypatch.setattr(coldload, "GROUP_FILES", 1)
     started: list[coldpool.Workers | None] = []
@@ -441,11 +443,7 @@ def test_claims_wait_for_a_lock_left_held_once_then_claim_nothing():
 
 
 def test_two_workers_one_dead_before_its_task_the_other_parses(tmp_path, monkeypatch):
-    for n in range(12):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 2)
-    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    serial = in_workers(tmp_path, monkeypatch, 12, workers=2, group=1)
     real_start = coldpool.start_workers
     received: list[str] = []
     real_received = coldload._received_part
@@ -484,8 +482,7 @@ def test_two_workers_one_dead_before_its_task_the_other_parses(tmp_path, monkeyp
 
 
 def test_a_default_socket_timeout_leaves_the_workers_connection_blocking(tmp_path, monkeypatch):
-    for n in range(4):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 4)
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     real_send_to = coldpool.Workers._send_to
     blocking: list[bool] = []
@@ -521,10 +518,7 @@ def test_workers_stopped_before_their_task_end_without_a_traceback(monkeypatch, 
 def test_no_temporary_file_for_the_workers_is_said_and_the_caller_parses_alone(
     tmp_path, monkeypatch, caplog
 ):
-    for n in range(4):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
+    serial = in_workers(tmp_path, monkeypatch, 4)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -537,8 +531,7 @@ def test_no_temporary_file_for_the_workers_is_said_and_the_caller_parses_alone(
 
 
 def test_an_empty_cache_starts_the_workers_before_reading_the_files(tmp_path, monkeypatch):
-    for n in range(4):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 4)
     monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
     steps: list[str] = []
     real_start, real_read = coldpool.start_workers, rulecache.read_file
@@ -583,8 +576,7 @@ def test_the_garbage_collector_is_paused_while_files_parse_and_restored_after(
     tmp_path, monkeypatch
 ):
     """Every parsed rule stays alive during a load: a collection walks them all again."""
-    for n in range(3):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 3)
     enabled_while_parsing: list[bool] = []
     real = coldload.load_file
 
@@ -608,8 +600,7 @@ def test_the_garbage_collector_is_paused_while_files_parse_and_restored_after(
 def test_a_cold_load_compiles_nothing(tmp_path):
     """Each category's match function is built at its first event (Engine(lazy=True)), not
     while the rules load: a fresh interpreter loads rules without importing the compiler."""
-    for n in range(3):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 3)
     code = (
         "import sys; from hpcsec.detector.engine.loader import load_rules; "
         f"rules = load_rules([{str(tmp_path)!r}], with_tests=False); "
@@ -621,8 +612,7 @@ def test_a_cold_load_compiles_nothing(tmp_path):
 
 def test_a_warm_load_imports_no_worker_pool(tmp_path):
     """The worker processes of a parse cost imports a load from the cache does not pay."""
-    for n in range(3):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
+    rule_files(tmp_path, 3)
     code = (
         "import sys; from pathlib import Path; "
         "from hpcsec.detector.engine.loader import load_rules; "
@@ -719,11 +709,7 @@ def test_a_load_whose_parser_cannot_be_imported_stops_its_workers(
 def test_a_load_stops_its_workers_without_waiting_for_their_exit(tmp_path, monkeypatch, cached):
     """With every result in, a worker's exit (its interpreter's teardown) is no work of the
     load's: the caller goes on while the worker ends."""
-    for n in range(4):
-        write(tmp_path / f"r{n}.yml", n, value=f"tool{n}")
-    serial = load_rules([tmp_path], with_tests=False)
-    monkeypatch.setattr(coldpool, "workers_for", lambda files: 1)
-    monkeypatch.setattr(coldload, "GROUP_FILES", 1)
+    serial = in_workers(tmp_path, monkeypatch, 4, group=1)
     joins: list[float | None] = []
     started: list[coldpool.Workers | None] = []
     real_start = coldpool.start_workers
