@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     member = parse_member(args.member)
     config = load_config(args.config)
     clock = HubClock(sources=member_partitions(*member))
-    evaluation = HubEvaluation.load(config, args.rules, clock=clock)
+    evaluation = HubEvaluation.load(
+        config, args.rules, clock=clock, default_rules=not args.no_default_rules
+    )
     for name in thresholds.unused(config.thresholds, evaluation.pipeline.ruleset.rules):
         print(f"hpcsec: warning: threshold {name!r} of the config is not used", file=sys.stderr)
     outputs = open_alert_outputs(

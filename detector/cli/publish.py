@@ -6,16 +6,20 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+from hpcsec.detector.cluster.msgid import MessageKeyError, message_key, random_key
 from hpcsec.detector.cluster.publisher import Publisher, PublishReport
 from hpcsec.detector.cluster.streams import (
-    StreamSettings,
+    EVENTS_STREAM,
+    NODE_INBOX_PREFIX,
     connect,
-    ensure_events_stream,
+    ensure_node_stream,
     require_jetstream,
 )
-from hpcsec.detector.config.site import load_config
+from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.enrich.enricher import Enricher
+from hpcsec.detector.outputs.registry import default_spool_dir
 from hpcsec.detector.runtime.pipeline import SourceBatch, enrich
 from hpcsec.detector.runtime.sources import EventSources, ScanReport
 
@@ -40,11 +44,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--snapshot", metavar="DIR", help="a node snapshot (read as scan does)")
     p.add_argument("--host-name", metavar="NAME", help="set host.name of every event")
     p.add_argument("--config", metavar="FILE", help="site config used for the enrichment")
+    p.add_argument(
+        "--spool",
+        metavar="DIR",
+        help="the node's spool directory, where its NATS message-id key is kept (the agent's "
+        "too); default: spool.dir of the config, else the default spool directory",
+    )
     p.set_defaults(func=run)
+
+
+def node_key(args: argparse.Namespace, config: SiteConfig) -> bytes:
+    """The node's message-id key, in the spool directory where `hpcsec agent --nats` keeps
+    it, so that a node has one key. A directory given that cannot be used is an error; where
+    the default one cannot be, this run makes a key of its own: a retry within the run is
+    still stored once, a second run within the duplicate window may store its events again."""
+    chosen = args.spool or config.spool_dir
+    if chosen:
+        return message_key(Path(chosen))
+    try:
+        return message_key(Path(default_spool_dir()))
+    except MessageKeyError as exc:
+        print(f"hpcsec: note: {exc}; this run uses a key of its own", file=sys.stderr)
+        return random_key()
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    key = node_key(args, config)
     report = ScanReport()
     sources = EventSources(config, report)
     if args.events:
@@ -52,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         batches = sources.from_snapshot(args.snapshot)
     enricher = Enricher(config)  # the node's job context, as scan would add it
-    result = asyncio.run(publish(args.nats, batches, enricher, args.host_name))
+    result = asyncio.run(publish(args.nats, batches, enricher, args.host_name, key))
     report.print(sys.stderr)
     print(f"hpcsec: published {result.published} event(s)", file=sys.stderr)
     if result.failed:
@@ -70,15 +96,16 @@ async def publish(
     batches: Iterator[SourceBatch],
     enricher: Enricher,
     host_name: str | None,
+    key: bytes,
 ) -> PublishReport:
     """Scan's sources (detector/runtime/sources.py), enriched as scan enriches them, each
-    batch published and acknowledged before the next is read."""
-    nc = await connect(urls)
+    batch published and acknowledged before the next is read. The stream is the hub's: a
+    node uses it as it is (streams.ensure_node_stream)."""
+    nc = await connect(urls, inbox_prefix=NODE_INBOX_PREFIX)
     try:
-        js = nc.jetstream()
         await require_jetstream(nc, urls[0])
-        await ensure_events_stream(js, StreamSettings())
-        publisher = Publisher(js, host_name)
+        await ensure_node_stream(nc, EVENTS_STREAM)
+        publisher = Publisher(nc.jetstream(), host_name, key)
         for batch in batches:
             await publisher.publish(enrich(enricher, batch))
         return publisher.report

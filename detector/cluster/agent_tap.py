@@ -8,7 +8,7 @@
 A message leaves the spool only on JetStream's ack, so NATS down (or an agent restart) loses
 nothing the spool holds; it is published again with the same `Nats-Msg-Id`, so a retry after
 a lost ack is stored once. That id is an HMAC of the alert's `alert.id` (or the event's
-`event.id`) under a key of this node's (in its private spool directory): JetStream drops a
+`event.id`) under the node's key, kept in its spool directory (msgid.py): JetStream drops a
 message whose id it has seen from anyone, and alert ids are predictable (a hash of the rule,
 its key and the time window), so a node publishing another node's alert id first had that
 node's alert dropped as a duplicate. The spool is bounded
@@ -19,11 +19,7 @@ node's alert dropped as a duplicate. The spool is bounded
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import os
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -35,19 +31,20 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from hpcsec.detector.cluster.forwarder import BaseRuleFilter
+from hpcsec.detector.cluster.msgid import MessageKeyError, message_id, message_key
 from hpcsec.detector.cluster.partition import alert_subject
 from hpcsec.detector.cluster.publisher import encode
 from hpcsec.detector.cluster.streams import (
     API_TIMEOUT_S,
+    EVENTS_STREAM,
     FIRST_CONNECT_S,
+    NODE_ALERTS_STREAM,
+    NODE_INBOX_PREFIX,
     ClusterError,
-    StreamSettings,
     connect,
-    ensure_alerts_stream,
-    ensure_events_stream,
+    ensure_node_stream,
     require_jetstream,
 )
-from hpcsec.detector.core.cachedir import open_private_dir, read_entry_at, write_entry_at
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.outputs.alertjson import alert_bytes
@@ -89,7 +86,11 @@ class NatsTap:
     def __init__(self, urls: Sequence[str], spool_dir: Path, max_bytes: int):
         self.urls = list(urls)
         self.spool = Spool.open(spool_dir, spool_destination(urls), max_bytes=max_bytes)
-        self.message_key = message_key(self.spool.path)
+        try:  # the node's one key, shared with `hpcsec publish` (msgid.py)
+            self.message_key = message_key(spool_dir)
+        except MessageKeyError:
+            self.spool.close()
+            raise
         self.published = 0
         self.last_error = ""
         self._queue: queue.Queue[tuple[str, Sequence[Any]]] = queue.Queue(QUEUE_BATCHES)
@@ -188,17 +189,16 @@ class NatsTap:
         while not self._stop.is_set():
             self._intake()
             try:
-                nc = await connect(self.urls)
+                nc = await connect(self.urls, inbox_prefix=NODE_INBOX_PREFIX)
             except ClusterError as exc:
                 self.last_error = str(exc)
                 await self._pause()
                 continue
             try:
                 await require_jetstream(nc, self.urls[0])
-                js = nc.jetstream()
-                await ensure_events_stream(js, StreamSettings())
-                await ensure_alerts_stream(js, StreamSettings())
-                await self._send_loop(js)
+                for stream in (EVENTS_STREAM, NODE_ALERTS_STREAM):
+                    await ensure_node_stream(nc, stream)
+                await self._send_loop(nc.jetstream())
             except ClusterError as exc:
                 self.last_error = str(exc)
                 await self._pause()
@@ -244,28 +244,3 @@ class NatsTap:
         self.spool.remove(entry)
         self.published += 1
         return True
-
-
-MESSAGE_KEY = "nats-message-id.key"
-
-
-def message_key(directory: Path) -> bytes:
-    """This node's key for its messages' ids, kept in its private spool directory so that a
-    retry after a restart has the same id; a new one when it cannot be kept (a retry after
-    a restart may then be stored twice: nothing is lost)."""
-    fd = open_private_dir(directory, create=False)
-    if fd is None:
-        return secrets.token_bytes(32)
-    try:
-        key = read_entry_at(fd, MESSAGE_KEY)
-        if key is None or len(key) != 32:
-            key = secrets.token_bytes(32)
-            write_entry_at(fd, MESSAGE_KEY, [key])
-        return key
-    finally:
-        os.close(fd)
-
-
-def message_id(key: bytes, ident: str) -> str:
-    """The `Nats-Msg-Id` of the spooled message `ident` (see the module's doc)."""
-    return hmac.new(key, ident.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]

@@ -167,12 +167,14 @@ def hub_pipeline(
     rule_paths: Sequence[str] | None,
     clock: HubClock,
     lateness_s: float | None = None,
+    default_rules: bool = True,
 ) -> Pipeline:
     """The runtime pipeline on the hub's event-time clock (the alert stage's dedup windows
     too); raises HpcsecError with file:line for a broken rule."""
     pipeline = Pipeline.load(
         config,
         rule_paths,
+        default_rules=default_rules,
         # dedup windows on event time too; 0 until the first event has a time
         stage=AlertStage(config, clock=lambda: max(clock(), 0.0)),
         contain_errors=True,  # a bug on one message must not stop the fleet's detection
@@ -205,9 +207,10 @@ class HubEvaluation:
         *,
         lateness_s: float | None = None,
         clock: HubClock | None = None,
+        default_rules: bool = True,
     ) -> HubEvaluation:
         clock = clock or HubClock()
-        return cls(hub_pipeline(config, rule_paths, clock, lateness_s), clock)
+        return cls(hub_pipeline(config, rule_paths, clock, lateness_s, default_rules), clock)
 
     @property
     def stage(self) -> AlertStage:

@@ -4,7 +4,9 @@ An in-memory publisher (the agent's own, with a spool on disk, is agent_tap.py):
 encodes events into a bounded in-memory spool and returns at once; a thread of its own
 connects, keeps reconnecting, and publishes what is spooled. While NATS is down the spool
 fills up to `max_bytes`; beyond that the oldest events are dropped and counted (a node must
-not run out of memory because the hub's servers are down).
+not run out of memory because the hub's servers are down). Each message's `Nats-Msg-Id` is
+an HMAC of its body's SHA-256 under a key (msgid.py): the node's, or one of this forwarder's
+own, enough for a spool that lives in memory (its retries never outlive the process).
 
 `BaseRuleFilter` picks what is worth sending: the events that match a base rule of a
 correlation (the rest cannot contribute to a cross-node correlation).
@@ -23,14 +25,15 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
+from hpcsec.detector.cluster.msgid import message_id, random_key
 from hpcsec.detector.cluster.publisher import ATTEMPTS, encode
 from hpcsec.detector.cluster.streams import (
     API_TIMEOUT_S,
     EVENTS_STREAM,
+    NODE_INBOX_PREFIX,
     ClusterError,
-    StreamSettings,
     connect,
-    ensure_events_stream,
+    ensure_node_stream,
     require_jetstream,
 )
 from hpcsec.detector.core.schema import Event
@@ -73,9 +76,14 @@ class ForwarderStats:
 
 class EventForwarder:
     def __init__(
-        self, urls: list[str], host_name: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+        self,
+        urls: list[str],
+        host_name: str | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        key: bytes | None = None,
     ):
         self.urls, self.host_name, self.max_bytes = urls, host_name, max_bytes
+        self.key = key if key is not None else random_key()
         self.stats = ForwarderStats()
         self._spool: deque[Message] = deque()
         self._bytes = 0
@@ -86,7 +94,7 @@ class EventForwarder:
         self._thread.start()
 
     def submit(self, events: Iterable[Event]) -> None:
-        messages = [encode(dict(e), self.host_name) for e in events]
+        messages = [self._message(e) for e in events]
         with self._lock:
             for message in messages:
                 self._spool.append(message)
@@ -95,6 +103,10 @@ class EventForwarder:
                 self._bytes -= len(self._spool.popleft()[1])
                 self.stats.dropped += 1
         self._wake.set()
+
+    def _message(self, event: Event) -> Message:
+        subject, payload, digest = encode(dict(event), self.host_name)
+        return subject, payload, message_id(self.key, digest)
 
     def pending(self) -> int:
         with self._lock:
@@ -127,16 +139,15 @@ class EventForwarder:
     async def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                nc = await connect(self.urls)
+                nc = await connect(self.urls, inbox_prefix=NODE_INBOX_PREFIX)
             except ClusterError as exc:
                 self.stats.last_error = str(exc)
                 await asyncio.sleep(RETRY_S)
                 continue
             try:
                 await require_jetstream(nc, self.urls[0])
-                js = nc.jetstream()
-                await ensure_events_stream(js, StreamSettings())
-                await self._send_loop(js)
+                await ensure_node_stream(nc, EVENTS_STREAM)
+                await self._send_loop(nc.jetstream())
             except ClusterError as exc:
                 self.stats.last_error = str(exc)
                 await asyncio.sleep(RETRY_S)

@@ -6,6 +6,14 @@ alerts (silences, rate limits) and hands the decision to the agent's sink (spool
 store), and acknowledges what no open window still needs. SIGTERM stops the fetching,
 finishes the batch in hand, delivers what it can and exits; open windows are not flushed:
 their events are still unacknowledged, so the next start rebuilds them.
+
+An alert is recorded as delivered (delivered.py) once it is durable: in the spool, or sent.
+When the spool cannot be written (disk full) the sink holds alerts in memory only; while any
+is held, the hub acknowledges no event and fetches no more (memory stays bounded), and its
+clock waits (the events not fetched yet must not become late). The loop goes on, so the sink
+writes them to the spool as soon as the disk takes them (or the receiver does); then they are
+recorded and acknowledging and fetching resume. A hub stopped meanwhile leaves their events
+unacknowledged: the next start evaluates them again and sends them (their ids are stable).
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from hpcsec.detector.cluster.streams import (
     ClusterError,
     StreamSettings,
     connect,
+    ensure_alerts_stream,
     ensure_events_stream,
+    refusals,
     require_jetstream,
 )
 from hpcsec.detector.core.log import get_logger
@@ -69,6 +79,11 @@ class Hub:
         self.acked = 0
         self.reported_events = 0
         self._summary_at = time.monotonic() + SUMMARY_EVERY_S
+        # alert ids emitted but held in memory only (the spool could not take them), in order
+        # of emission: recorded as delivered once durable; until then nothing is acknowledged
+        self.unsettled: dict[str, None] = {}
+        self.fetching = asyncio.Event()  # cleared while alerts are unsettled: the pumps wait
+        self.fetching.set()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -85,11 +100,16 @@ class Hub:
         await require_jetstream(nc, self.setup.urls[0])
         try:
             replicas = await ensure_events_stream(js, self.setup.settings)
+            # the nodes' alerts stream too: a node's user may not create streams
+            await ensure_alerts_stream(js, self.setup.settings)
             delivered = await DeliveredAlerts.open(nc, replicas, self.setup.settings)
             self.feeds = [PartitionFeed(js, p) for p in member_partitions(*self.setup.member)]
             starts = [await feed.open() for feed in self.feeds]
         except (APIError, NatsError) as exc:
-            raise ClusterError(f"cannot set up the hub's consumers: {exc}") from None
+            # a refused request only times out: the server's refusal says what is missing
+            denied = "; ".join(refusals(nc))
+            why = f" ({denied}: see the hub's permissions in docs/cluster.md)" if denied else ""
+            raise ClusterError(f"cannot set up the hub's consumers: {exc}{why}") from None
         index, count = self.setup.member
         resumed = sum(1 for s in starts if s)
         logger.info(
@@ -108,12 +128,12 @@ class Hub:
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
-            await self._ack()
+            await self._ack()  # nothing while alerts are unsettled
             summaries = self.evaluator.stage.finish()  # rate-limit minutes still open
             self.sink.emit(Decision(summaries, [], [], summaries))
-            left = self.sink.drain(DRAIN_TIMEOUT_S)
-            if left:
-                logger.warning("hub: %d alert(s) left in the spool for the next start", left)
+            self.sink.drain(DRAIN_TIMEOUT_S)
+            await self._settle(delivered)  # the last round may have spooled or sent them
+            self._log_left()
             for feed in self.feeds:
                 await feed.close()
             self.report()
@@ -121,6 +141,7 @@ class Hub:
 
     async def _pump(self, feed: PartitionFeed, queue: asyncio.Queue) -> None:
         while not self.stop.is_set():
+            await self.fetching.wait()  # paused while alerts wait for the spool
             try:
                 msgs = await feed.fetch()
             except NatsError as exc:  # a server of the cluster went away: retry through another
@@ -147,12 +168,14 @@ class Hub:
                 messages += len(fetched[-1][1] or ())
             # with nothing new, time still moves on (HubClock): held matches and windows settle
             await self._handle(fetched, delivered)
-            self._housekeeping()
+            self._housekeeping()  # spools again what waits in memory, once the disk takes it
+            await self._settle(delivered)
             if not any(msgs for _, msgs in fetched):
                 quiet = self.evaluator.clock.quiet
                 if quiet and self.evaluator.counters.events != self.reported_events:
                     self.report()  # caught up: say how far (bench.cluster waits for this)
-                continue
+                if not self.unsettled:  # paused, it goes on reporting how many alerts wait
+                    continue
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + REPORT_EVERY_S
                 self.report()
@@ -195,7 +218,8 @@ class Hub:
     async def _emit(self, alerts: list[Alert], delivered: DeliveredAlerts) -> None:
         fresh = []
         for alert in alerts:
-            if await delivered.seen(str(alert["alert.id"])):
+            alert_id = str(alert["alert.id"])
+            if alert_id in self.unsettled or await delivered.seen(alert_id):
                 self.evaluator.counters.replayed_alerts += 1
             else:
                 fresh.append(alert)
@@ -204,8 +228,47 @@ class Hub:
         decision = self.evaluator.stage.decide(fresh)
         self.evaluator.counters.alerts += len(decision.send)
         self.sink.emit(decision)  # in the spool (durable) before it is recorded as delivered
+        held = self.sink.unspooled_ids()
         for alert in fresh:  # silenced and rate-limited ones too: decided, stored once
-            await delivered.mark(str(alert["alert.id"]))
+            alert_id = str(alert["alert.id"])
+            if alert_id in held:  # in memory only: recorded once durable (_settle)
+                self.unsettled[alert_id] = None
+            else:
+                await delivered.mark(alert_id)
+        if self.unsettled and self.fetching.is_set():
+            self._hold_back()
+
+    def _hold_back(self) -> None:
+        """Alerts wait in memory: nothing is acknowledged (_ack) and nothing more is fetched,
+        so the hub's memory does not grow while the disk is full."""
+        self.fetching.clear()
+        logger.warning(
+            "hub: %d alert(s) could not be spooled (disk full?): events are not acknowledged "
+            "and fetching pauses until they are",
+            len(self.unsettled),
+        )
+
+    async def _settle(self, delivered: DeliveredAlerts) -> None:
+        """Unsettled alerts no longer held in memory (spooled since, sent, or settled by the
+        lane) recorded as delivered; once none is left, acknowledging and fetching resume."""
+        if not self.unsettled:
+            return
+        held = self.sink.unspooled_ids()
+        for alert_id in [i for i in self.unsettled if i not in held]:
+            await delivered.mark(alert_id)
+            del self.unsettled[alert_id]
+        if self.unsettled:
+            # what is not fetched yet may be older than what the partitions delivered last:
+            # the hub's time must not move on without it (it would come late)
+            for feed in self.feeds:
+                self.evaluator.clock.busy(feed.partition)
+            return
+        if not self.stop.is_set():
+            logger.info(
+                "hub: the held alerts are spooled or delivered: acknowledging and fetching resume"
+            )
+        self.fetching.set()
+        await self._ack()
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -218,10 +281,32 @@ class Hub:
             logger.warning("hub: %s: %s", component, message)
 
     async def _ack(self) -> None:
+        if self.unsettled:  # a restart must evaluate their events again: they are in memory
+            return
         cutoff = self.evaluator.ack_cutoff()
         for feed in self.feeds:
             if await feed.ack_before(cutoff):
                 self.acked += 1
+
+    def _log_left(self) -> None:
+        """At exit, what the next start still has to do: send the spooled alerts; evaluate
+        again the events of the alerts held in memory only (left unacknowledged)."""
+        spooled = self.sink.spooled()
+        if spooled:
+            logger.warning("hub: %d alert(s) left in the spool for the next start", spooled)
+        if self.unsettled:
+            logger.warning(
+                "hub: %d alert(s) could not be spooled and are not delivered: their events stay "
+                "unacknowledged, the next start evaluates them again and sends them",
+                len(self.unsettled),
+            )
+        others = self.sink.unspooled_ids() - self.unsettled.keys()
+        if others:
+            logger.warning(
+                "hub: %d other alert(s) held in memory (rate-limit summaries) are lost: the "
+                "spool could not take them",
+                len(others),
+            )
 
     def report(self) -> None:
         c = self.evaluator.counters
@@ -233,8 +318,13 @@ class Hub:
             f"{c.late} late events not correlated (later than the lateness allowance), "
             f"{self.evaluator.evicted_groups} correlation groups evicted (past the open groups "
             f"a correlation keeps), {c.host_rewritten} host names taken from the subject"
-            f"{busy_span(c)}"
+            f"{self._unsettled_note()}{busy_span(c)}"
         )
+
+    def _unsettled_note(self) -> str:
+        if not self.unsettled:
+            return ""
+        return f", {len(self.unsettled)} alerts waiting for the spool (events not acknowledged)"
 
 
 def busy_span(c: HubCounters) -> str:

@@ -1,4 +1,4 @@
-"""The JetStream streams hpcsec uses, created or updated by whoever connects first.
+"""The JetStream streams hpcsec uses: the hub sets them up, nodes publish into them.
 
 Events: stream HPCSEC_EVENTS, subjects `hpcsec.events.p<NN>.<host>` (NN the partition, see
 partition.py). Retention by limits: a day of events or 8 GiB, oldest dropped first; a hub
@@ -7,6 +7,15 @@ server is part of a JetStream cluster, else 1 (a single server cannot replicate)
 
 Delivered alerts: key-value bucket HPCSEC_ALERTS (alert id -> time it was delivered), so a
 hub member that replays events after a crash does not send the same alert twice.
+
+Who may do what (docs/cluster.md, "Permissions"; examples/nats-node-permissions.conf): the
+hub creates the streams and brings their limits up to date; a node's NATS user may only
+publish its own subjects and ask whether JetStream and the streams are there, so that a
+compromised node cannot delete, purge or reshape them. A node therefore never changes a
+stream, creates a missing one only where its user may (a server without authorization), and
+answers on an inbox prefix of its own (NODE_INBOX_PREFIX): a node allowed to subscribe to
+`_INBOX.>` would receive every message the hub fetches from the stream, since pull consumers
+deliver to the fetching client's inbox.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +55,11 @@ JETSTREAM_WAIT_S = 20.0
 logging.getLogger("nats.aio.client").setLevel(logging.CRITICAL)
 logger = get_logger(__name__)
 API_TIMEOUT_S = 10.0
+NODE_INBOX_PREFIX = "_INBOX_HPCSEC_NODE"  # what a node's user may subscribe to (with `.>`)
+PERMISSIONS_VIOLATION = "permissions violation"
+# What the server refused each client (connect's error callback): nats-py keeps only a
+# client's last error, and many publishes are in flight at once.
+_refusals: weakref.WeakKeyDictionary[Client, set[str]] = weakref.WeakKeyDictionary()
 
 
 class ClusterError(HpcsecError):
@@ -90,12 +105,17 @@ def node_alerts_config(settings: StreamSettings, replicas: int) -> StreamConfig:
     )
 
 
-async def connect(urls: list[str], *, reconnect: bool = True) -> Client:
+async def connect(
+    urls: list[str], *, reconnect: bool = True, inbox_prefix: str = "_INBOX"
+) -> Client:
     """A connection that keeps reconnecting (to any server of the cluster) once it is up;
-    the first connection fails within FIRST_CONNECT_S with a ClusterError."""
+    the first connection fails within FIRST_CONNECT_S with a ClusterError. Nodes pass
+    NODE_INBOX_PREFIX: the answers to their requests come there."""
 
-    async def quiet(_exc: Exception) -> None:  # the client retries; callers see the outcome
-        return None
+    async def quiet(exc: Exception) -> None:  # the client retries; callers see the outcome
+        text = str(exc).removeprefix("nats: ")
+        if text.startswith(PERMISSIONS_VIOLATION):
+            _refusals.setdefault(client, set()).add(text)
 
     async def disconnected() -> None:
         if not client.is_closed:  # not our own close()
@@ -116,6 +136,7 @@ async def connect(urls: list[str], *, reconnect: bool = True) -> Client:
                 error_cb=quiet,
                 disconnected_cb=disconnected,
                 reconnected_cb=reconnected,
+                inbox_prefix=inbox_prefix,
             ),
             FIRST_CONNECT_S,
         )
@@ -123,6 +144,32 @@ async def connect(urls: list[str], *, reconnect: bool = True) -> Client:
     except (OSError, NatsError, TimeoutError) as exc:
         reason = str(exc) or type(exc).__name__
         raise ClusterError(f"cannot connect to NATS at {', '.join(urls)}: {reason}") from None
+
+
+def refusal(nc: Client, subject: str) -> str | None:
+    """The server's refusal of this client's publish to `subject`, or of one of its
+    subscriptions (a client subscribes to its inbox for every answer), if it sent one: the
+    server drops what a user may not publish with an -ERR (which nats-py hands to the error
+    callback, lowercased), and the request itself just times out."""
+    for text in _refusals.get(nc, ()):
+        if f'"{subject.lower()}"' in text or text.startswith(f"{PERMISSIONS_VIOLATION} for sub"):
+            return text
+    return None
+
+
+def refusals(nc: Client) -> list[str]:
+    """Everything the server refused this client so far, sorted (for an error message)."""
+    return sorted(_refusals.get(nc, ()))
+
+
+def _refused(nc: Client, subject: str) -> ClusterError | None:
+    denied = refusal(nc, subject)
+    if denied is None:
+        return None
+    return ClusterError(
+        f"NATS refused this client's user: {denied} (the permissions a node and a hub need "
+        "are in docs/cluster.md, Permissions)"
+    )
 
 
 async def require_jetstream(nc: Client, url: str) -> None:
@@ -145,6 +192,9 @@ async def require_jetstream(nc: Client, url: str) -> None:
             problem = str(exc) or type(exc).__name__
         except TimeoutError as exc:
             problem = str(exc) or "timeout"
+        refused = _refused(nc, "$JS.API.INFO")
+        if refused is not None:
+            raise refused
         if time.monotonic() >= deadline:
             raise ClusterError(f"JetStream at {url} does not answer: {problem}")
         await asyncio.sleep(0.5)
@@ -161,13 +211,17 @@ async def _stream_info(js: JetStreamContext, name: str) -> Any:
             return None
         except (NoRespondersError, ServiceUnavailableError, TimeoutError) as exc:
             problem = str(exc) or type(exc).__name__
+        refused = _refused(js._nc, f"$JS.API.STREAM.INFO.{name}")
+        if refused is not None:
+            raise refused
         if time.monotonic() >= deadline:
             raise ClusterError(f"JetStream does not answer for stream {name}: {problem}")
         await asyncio.sleep(0.5)
 
 
 async def ensure_events_stream(js: JetStreamContext, settings: StreamSettings) -> int:
-    """Create the events stream or bring its limits up to date; returns its replica count."""
+    """The hub's side: create the events stream or bring its limits up to date; returns its
+    replica count."""
     info = await _stream_info(js, EVENTS_STREAM)
     if info is not None:
         replicas = info.config.num_replicas or 1  # changing replicas is an operator's move
@@ -190,6 +244,31 @@ async def ensure_alerts_stream(js: JetStreamContext, settings: StreamSettings) -
     if await _stream_info(js, NODE_ALERTS_STREAM) is not None:
         return
     await _add_stream(js, NODE_ALERTS_STREAM, lambda n: node_alerts_config(settings, n), settings)
+
+
+async def ensure_node_stream(nc: Client, name: str) -> None:
+    """A node's side of stream `name` (EVENTS_STREAM or NODE_ALERTS_STREAM): used as the hub
+    or an operator set it up, never changed (its limits are theirs). A missing stream is
+    created with the defaults where the node's user may (a server without authorization);
+    with the node permissions it may not, and the error says who creates it."""
+    js = nc.jetstream()
+    if await _stream_info(js, name) is not None:
+        return
+    settings = StreamSettings()
+    config = events_config if name == EVENTS_STREAM else node_alerts_config
+    try:
+        await _add_stream(js, name, lambda n: config(settings, n), settings)
+    except (ClusterError, TimeoutError) as exc:
+        denied = refusal(nc, f"$JS.API.STREAM.CREATE.{name}")
+        if denied is not None:
+            raise ClusterError(
+                f"stream {name} does not exist and this node's NATS user may not create it "
+                f"({denied}): the hub creates the streams when it starts, or an operator "
+                "does (docs/cluster.md, Permissions)"
+            ) from None
+        if isinstance(exc, ClusterError):
+            raise
+        raise ClusterError(f"JetStream did not answer creating stream {name}") from None
 
 
 async def _add_stream(

@@ -7,8 +7,10 @@ nothing. Local outputs (stdout, JSONL file) are written directly.
 
 A spool that cannot be written (disk full) does not stop delivery: those alerts are held in
 memory (at most MAX_UNSPOOLED per destination), sent directly, and spooled again as soon as
-the disk takes them; each is counted (`unspooled`), and only what does not fit in memory is
-dropped, counted, as when the spool is full.
+the disk takes them (tried about once a second, even while the receiver is down); each is
+counted (`unspooled`), and only what does not fit in memory is dropped, counted, as when the
+spool is full. `unspooled_ids` names the alerts held so: not durable yet (the hub does not
+acknowledge their events).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed, Output
-from hpcsec.detector.outputs.spool import Spool, SpoolEntry, SpoolError
+from hpcsec.detector.outputs.spool import Admission, Spool, SpoolEntry, SpoolError
 
 MAX_UNSPOOLED = 10_000  # alerts per destination held in memory while the spool cannot be written
 RESPOOL_EVERY_S = 1.0
@@ -149,6 +151,9 @@ class _Lane:
         """Send what the spool holds, oldest first, until it is empty or `deadline` (a
         time.monotonic() value) passes; at least one attempt is made when one is due."""
         with self.lock:
+            # before the backoff: a receiver that is down must not keep a freed disk from
+            # taking back what waits in memory (a crash would lose it)
+            self._respool(report)
             attempted = False
             while True:
                 now = time.monotonic()
@@ -192,24 +197,43 @@ class _Lane:
                 report.outcomes.append(DeliveryOutcome(lost, name, "dropped", str(exc)))
             return
         self.unspooled.clear()
-        d.dropped += len(admitted.dropped_ids)
+        self._admitted(admitted, report)
+
+    def _admitted(self, admitted: Admission, report: DeliveryReport) -> None:
+        """What a full spool dropped to take alerts in, into the report."""
+        name = self.output.name
+        report.get(name).dropped += len(admitted.dropped_ids)
         report.outcomes.extend(
             DeliveryOutcome(i, name, "dropped", "spool full") for i in admitted.dropped_ids
         )
         if admitted.notice is not None:
             report.notices.append(admitted.notice)
 
+    def _respool(self, report: DeliveryReport) -> bool:
+        """The alerts held in memory written to the spool, tried at most every
+        RESPOOL_EVERY_S (each try writes); True when they are on disk now."""
+        if not self.unspooled or time.monotonic() < self.respool_at:
+            return False
+        self.respool_at = time.monotonic() + RESPOOL_EVERY_S
+        try:
+            admitted = self.spool.add_many(list(self.unspooled))
+        except SpoolError:
+            return False
+        self.unspooled.clear()
+        self._admitted(admitted, report)
+        return True
+
+    def unspooled_ids(self) -> set[str]:
+        with self.lock:
+            return {str(alert.get("alert.id")) for alert in self.unspooled}
+
     def _send_unspooled(self, report: DeliveryReport) -> bool:
         """One direct attempt for the oldest alert the spool could not take; False when there
         is none. Tried again on disk first, so a freed disk takes them back in order."""
         if not self.unspooled:
             return False
-        if time.monotonic() >= self.respool_at:  # at most once a second: each try writes
-            self.respool_at = time.monotonic() + RESPOOL_EVERY_S
-            with contextlib.suppress(SpoolError):
-                self.spool.add_many(list(self.unspooled))
-                self.unspooled.clear()
-                return True  # spooled now: the loop sends them from there
+        if self._respool(report):
+            return True  # spooled now: the loop sends them from there
         alert = self.unspooled[0]
         failure = _attempt(self.output, alert)
         name = self.output.name
@@ -303,9 +327,21 @@ class OutputSet:
     def names(self) -> list[str]:
         return [o.name for o in self.outputs]
 
-    def spool_depth(self) -> dict[str, int]:
-        """Alerts waiting per destination: spooled, or held in memory while it is unwritable."""
+    def spool_depth(self, *, in_memory: bool = True) -> dict[str, int]:
+        """Alerts waiting per destination: spooled, or (`in_memory`) held in memory while
+        the spool is unwritable."""
+        if not in_memory:
+            return {lane.output.name: lane.spool.depth() for lane in self._lanes}
         return {lane.output.name: lane.depth() for lane in self._lanes}
+
+    def unspooled_ids(self) -> set[str]:
+        """Ids of the alerts some destination holds in memory because its spool could not
+        take them (disk full): not durable yet. Cheap when none is held."""
+        held: set[str] = set()
+        for lane in self._lanes:
+            if lane.unspooled:
+                held |= lane.unspooled_ids()
+        return held
 
     def deliver(self, alerts: Sequence[Alert], timeout_s: float = 5.0) -> DeliveryReport:
         report = DeliveryReport(spool_dir=self.spool_dir)

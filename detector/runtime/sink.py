@@ -203,6 +203,18 @@ class AlertSink:
         due = self._store_due if self.outputs is None else min(self._retry_due, self._store_due)
         return max(due - time.monotonic(), 0.0)
 
+    def unspooled_ids(self) -> set[str]:
+        """Ids of the alerts held in memory only, because a spool could not take them (disk
+        full): a crash would lose them. Empty (and cheap) when none is held."""
+        return set() if self.outputs is None else self.outputs.unspooled_ids()
+
+    def spooled(self) -> int:
+        """Alerts waiting in the spools on disk (the next start sends them), not counting
+        those held in memory."""
+        if self.outputs is None:
+            return 0
+        return sum(self.outputs.spool_depth(in_memory=False).values())
+
     def spool_depth(self) -> int:
         if self.outputs is None:
             return 0

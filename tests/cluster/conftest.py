@@ -46,7 +46,7 @@ QUICK_LATENESS_S = 3.0
 
 
 class HubProcess:
-    """`hpcsec hub` in a child process, alerts to a JSONL file."""
+    """`hpcsec hub` in a child process, alerts to a JSONL file (and to `output`, if given)."""
 
     def __init__(
         self,
@@ -56,10 +56,17 @@ class HubProcess:
         name: str = "hub",
         log_name: str | None = None,
         lateness_s: float = QUICK_LATENESS_S,
+        output: str | None = None,
+        spool: Path | None = None,
+        secret_file: Path | None = None,
     ):
         """`name` picks the output file; a restart keeps it (its spool is for that output)
-        and takes a fresh `log_name`. `lateness_s`: the config's correlation_lateness_s."""
+        and takes a fresh `log_name`. `lateness_s`: the config's correlation_lateness_s.
+        `output`: a second output URL (a webhook: `secret_file` signs it), spooled in
+        `spool` (default: `tmp`/spool)."""
         self.tmp, self.urls, self.member, self.name = tmp, urls, member, name
+        self.output, self.secret_file = output, secret_file
+        self.spool = spool or tmp / "spool"
         self.config = tmp / f"{name}-config.yml"
         self.config.write_text(f"correlation_lateness_s: {lateness_s}\n")
         self.alerts_file = tmp / f"{name}-alerts.jsonl"
@@ -76,7 +83,11 @@ class HubProcess:
         args = [sys.executable, "-m", "hpcsec.detector.cli.main", "hub", "--member", self.member]
         for url in self.urls:
             args += ["--nats", url]
-        args += ["--output", f"file://{self.alerts_file}", "--spool", str(self.tmp / "spool")]
+        args += ["--output", f"file://{self.alerts_file}", "--spool", str(self.spool)]
+        if self.output:
+            args += ["--output", self.output]
+        if self.secret_file:
+            args += ["--webhook-secret-file", str(self.secret_file)]
         args += ["--config", str(self.config)]
         log = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -45,11 +45,15 @@ class NatsServer:
     port: int = field(default_factory=free_port)
     cluster_port: int = field(default_factory=free_port)
     routes: list[int] = field(default_factory=list)  # cluster ports of the other servers
+    extra_config: str = ""  # more of nats-server's config (an authorization block, say)
     proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
+
+    def url_for(self, user: str, password: str) -> str:
+        return f"nats://{user}:{password}@127.0.0.1:{self.port}"
 
     def _config(self) -> str:
         store = self.root / self.name
@@ -62,6 +66,8 @@ class NatsServer:
                 f'cluster {{ name: "hpcsec-test", listen: 127.0.0.1:{self.cluster_port}, '
                 f"routes: [{routes}] }}"
             )
+        if self.extra_config:
+            lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
 
     def start(self) -> NatsServer:

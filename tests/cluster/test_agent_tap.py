@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from hpcsec.detector.cli import main as cli
-from hpcsec.detector.cluster.agent_tap import NatsTap, message_id, message_key
+from hpcsec.detector.cluster.agent_tap import NatsTap
 from hpcsec.detector.cluster.forwarder import BaseRuleFilter
+from hpcsec.detector.cluster.msgid import message_id, message_key
 from hpcsec.detector.cluster.streams import EVENTS_STREAM, NODE_ALERTS_STREAM, connect
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.engine.loader import load_rules
@@ -87,7 +88,7 @@ def test_agent_publishes_its_alerts_and_the_events_of_cluster_base_rules(
     published = messages(nats_server.url, NODE_ALERTS_STREAM)
     # every alert sent to the outputs, once, under an id keyed by this node (another node
     # cannot take it first and have this one's dropped as a duplicate)
-    key = message_key(tap.spool.path)
+    key = message_key(tmp_path / "spool")
     assert sorted(i for i, _ in published) == sorted(message_id(key, a["alert.id"]) for a in sent)
     assert all(message_id(key, body["alert.id"]) == i for i, body in published)
     assert not {i for i, _ in published} & {a["alert.id"] for a in sent}
@@ -120,7 +121,7 @@ def test_nats_down_then_up_nothing_lost_nothing_duplicated(tmp_path: Path) -> No
         stored = messages(server.url, EVENTS_STREAM)
         assert_stored_once(stored, wanted)
         alerts = messages(server.url, NODE_ALERTS_STREAM)
-        key = message_key(tap.spool.path)  # the same across the restart: a1 is stored once
+        key = message_key(tmp_path / "spool")  # the same across the restart: a1 is stored once
         assert sorted(i for i, _ in alerts) == sorted(message_id(key, a) for a in ("a1", "a2"))
         assert sorted(body["alert.id"] for _, body in alerts) == ["a1", "a2"]
         assert {body["host.name"] for _, body in alerts} == {"gpu-101", "gpu-102"}

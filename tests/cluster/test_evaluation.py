@@ -290,3 +290,22 @@ def test_an_event_stamped_past_the_hubs_clock_is_malformed_and_timeless() -> Non
         event, t = ev.timed(ev.decode(orjson.dumps(dict(future, **{"@timestamp": stamp})), "n"))
         assert event is not None and t == pytest.approx(wall + ahead, abs=0.001)
     assert ev.counters.malformed == 1
+
+
+def test_the_hub_honours_no_default_rules(tmp_path, capsys) -> None:
+    """`hpcsec hub --no-default-rules` ran the bundled rules anyway (the flag was parsed and
+    never passed on): without other rules it is now the usage error the other commands give,
+    before any connection, and with a rule file only that file's rules run."""
+    from hpcsec.detector.cli.main import main
+
+    assert main(["hub", "--nats", "nats://127.0.0.1:9", "--no-default-rules"]) == 2
+    assert "--no-default-rules needs rules" in capsys.readouterr().err
+    own = tmp_path / "own.yml"
+    own.write_text(
+        "title: Own\nid: 0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6\nstatus: test\nlevel: low\n"
+        "logsource: {product: hpc, category: process}\n"
+        "detection: {sel: {process.name: own}, condition: sel}\n"
+    )
+    only = HubEvaluation.load(SiteConfig(), [str(own)], default_rules=False)
+    assert [r.title for r in only.pipeline.ruleset.rules] == ["Own"]
+    assert len(HubEvaluation.load(SiteConfig(), [str(own)]).pipeline.ruleset.rules) > 1
