@@ -21,11 +21,18 @@ The sockets figure (`--held-fds N`, live: sock_diag and this machine's /proc) is
 one sockets sample while processes hold N descriptors (opened in child processes, each up to
 the descriptor limit): a new sensor every sample (every descriptor link read, as before the
 owner cache) against one sensor kept across samples (the agent's), in the same run.
+
+The rdma_qp figure (`--qps N`, live through a fake `rdma` on PATH that prints N QPs of one
+process) is the CPU time and peak RSS growth of one sample, each in a fresh child process:
+the sensor (the output read as it arrives, only what it lists kept) against the same output
+read whole as before (captured, `json.loads`, a QueuePair per record, then bounded), in the
+same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -64,6 +71,11 @@ class CannedContext(SensorContext):
         if name in self.canned:
             return self.canned[name]
         return super().raw_input(name, live)
+
+    def raw_chunks(self, name, live):
+        if name in self.canned:
+            return iter((self.canned[name],))
+        return super().raw_chunks(name, live)
 
 
 def node_root(tmp: Path) -> Path:
@@ -210,6 +222,79 @@ def sockets_figure(held: int, samples: int = 5) -> None:
     )
 
 
+# `rdma -j res show qp` for argv[1] QPs of one process, written as it is generated
+QP_GENERATOR = """
+import sys
+qps = int(sys.argv[1])
+record = (
+    '{"ifindex":0,"ifname":"mlx5_0","port":1,"lqpn":%d,"rqpn":%d,"type":"RC","state":"RTS",'
+    '"rq-psn":13310071,"sq-psn":10442381,"path-mig-state":"MIGRATED","pdn":9,"pid":41000,'
+    '"comm":"python3"}'
+)
+sys.stdout.write("[")
+for start in range(0, qps, 4096):
+    block = ",".join(record % (q, q + 1) for q in range(start, min(start + 4096, qps)))
+    sys.stdout.write(("," if start else "") + block)
+sys.stdout.write("]\\n")
+"""
+QP_SAMPLE = {  # one sample, `sample()` returning what it lists
+    "the sensor": """
+from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.rdma.qp import RdmaQpSensor
+root = FsRoot("sys", "/nonexistent")
+def sample():
+    return RdmaQpSensor().collect(SensorContext("bench", root, root, root))
+""",
+    "read whole": """
+import json, subprocess
+from hpcsec.sensors.rdma.qp import COMMAND, bounded, qp_from_record
+def sample():
+    text = subprocess.run(
+        COMMAND, capture_output=True, encoding="utf-8", errors="surrogateescape", check=True
+    ).stdout
+    return bounded([qp_from_record(r) for r in json.loads(text, strict=False)])[0]
+""",
+}
+QP_MEASURE = """
+import resource, time
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.process_time()
+listed = len(sample())
+cpu = time.process_time() - start
+print(cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, listed)
+"""
+
+
+def qp_figure(qps: int) -> None:
+    """One live rdma_qp sample of `qps` QPs of one process: the sensor against the output
+    read whole, each in a fresh child (CPU time and peak RSS growth of that child)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generator = Path(tmp) / "generate_qps.py"
+        generator.write_text(QP_GENERATOR)
+        tool = Path(tmp) / "rdma"
+        tool.write_text(f"#!/bin/sh\nexec {sys.executable} {generator} {qps}\n")
+        tool.chmod(0o700)
+        env = {**os.environ, "PATH": f"{tmp}{os.pathsep}{os.environ.get('PATH', '')}"}
+        figures = {}
+        for label, setup in QP_SAMPLE.items():
+            done = subprocess.run(
+                [sys.executable, "-c", setup + QP_MEASURE],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            cpu, rss_kib, listed = done.stdout.split()
+            figures[label] = (float(cpu), int(rss_kib) / 1024, int(listed))
+    (cpu, rss, listed), (whole_cpu, whole_rss, _) = figures.values()
+    print(
+        f"rdma_qp (live, fake `rdma`): {qps:,} QPs of one process, {listed} listed, one "
+        f"sample: {cpu:.2f} s CPU, peak RSS +{rss:.0f} MB; read whole as before "
+        f"{whole_cpu:.2f} s, +{whole_rss:.0f} MB ({whole_cpu / max(cpu, 1e-9):.1f} x the CPU, "
+        f"{whole_rss / max(rss, 1.0):.0f} x the memory growth, floor 1 MB)"
+    )
+
+
 def threaded_figure(
     specs: list[SensorSpec], sys_root: Path, canned: dict[str, str], cycles: int
 ) -> None:
@@ -258,6 +343,13 @@ def main(argv: list[str]) -> int:
         default=5000,
         metavar="N",
         help="packets of the RoCE capture figure (0: skip it)",
+    )
+    parser.add_argument(
+        "--qps",
+        type=int,
+        default=200_000,
+        metavar="N",
+        help="QPs of one process in the rdma_qp figure (0: skip it)",
     )
     parser.add_argument(
         "--held-fds",
@@ -338,6 +430,8 @@ def main(argv: list[str]) -> int:
         roce_figure(args.roce_packets)
     if args.held_fds > 0:
         sockets_figure(args.held_fds)
+    if args.qps > 0:
+        qp_figure(args.qps)
     return 0
 
 

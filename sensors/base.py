@@ -13,13 +13,16 @@ from __future__ import annotations
 import io
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from hpcsec.detector.core.schema import Event, rfc3339, status_event
 from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
+
+if TYPE_CHECKING:
+    from hpcsec.sensors.proclists import Literals
 
 # How many of a sample's refused files a sensor's status record names (it counts them all).
 MAX_REPORTED_REFUSALS = 10
@@ -36,6 +39,10 @@ class Recorder(Protocol):
 # A recorded cmdline or environ is what `condense` kept (a head, a tail and the indicators
 # of a long one): well under this; a larger file in a snapshot was not written by hpcsec.
 CONDENSED_RECORD_LIMIT = 1 << 18
+# A streamed raw input (`raw_chunks`) is copied for the recorder up to this many characters:
+# a longer one (`rdma` listing millions of QPs) is recorded cut there, so recording it never
+# holds more, and its replay reads a cut output (which the sensor reports).
+RECORDED_STREAM_MAX = 64 << 20
 
 
 class Refused(Exception):
@@ -250,6 +257,9 @@ class SensorContext:
     # Snapshot replay: raw inputs the sample holds but that were refused (name -> why).
     refused_inputs: dict[str, str] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
+    # What the loaded rules look for in a command line, kept first when a long one is
+    # condensed (proclists.Literals); None: flags and URLs only (no rules loaded).
+    cmdline_literals: Literals | None = None
 
     @property
     def replaying(self) -> bool:
@@ -270,6 +280,20 @@ class SensorContext:
             self.recorder.record_input(name, data)
         return data
 
+    def raw_chunks(self, name: str, live: Callable[[], Iterable[str]]) -> Iterator[str] | None:
+        """`raw_input` for an output read as it arrives, so that a sensor holds only what it
+        keeps of it: its text in chunks. Replaying, the stored text as one chunk (None if the
+        sample lacks it; `live` is never called); live, `live()`'s chunks, and the recorder
+        gets their text, up to RECORDED_STREAM_MAX characters, when the sensor is done with
+        them (read to the end, or closed early: what was read)."""
+        if self.replay_inputs is not None:
+            text = self.raw_input(name, live=lambda: None)
+            return None if text is None else iter((text,))
+        chunks = iter(live())
+        if self.recorder is None:
+            return chunks
+        return _recording(chunks, name, self.recorder)
+
     def take_refusals(self) -> list[str]:
         """What a replay refused to read since the last call (see FsRoot)."""
         out = [*self.refused]
@@ -281,6 +305,27 @@ class SensorContext:
 
     def status(self, sensor: str, status: str, message: str, **extra: Any) -> Event:
         return status_event(sensor, status, message, self.host_name, self.timestamp, **extra)
+
+
+def _recording(chunks: Iterator[str], name: str, recorder: Recorder) -> Iterator[str]:
+    """`chunks`, passed on as they come, then their text (cut) to the recorder. Nothing is
+    recorded when reading them failed, as `raw_input` records no output that failed."""
+    kept: list[str] = []
+    size = 0
+    try:
+        for chunk in chunks:
+            if size < RECORDED_STREAM_MAX:
+                kept.append(chunk[: RECORDED_STREAM_MAX - size])
+                size += len(kept[-1])
+            yield chunk
+    except GeneratorExit:  # the sensor stopped reading: what it read is what it saw
+        recorder.record_input(name, "".join(kept))
+        raise
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    recorder.record_input(name, "".join(kept))
 
 
 class SensorUnavailable(Exception):

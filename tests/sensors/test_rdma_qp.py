@@ -19,7 +19,7 @@ from hpcsec.sensors.rdma.qp import (
     parse_qp_json,
     parse_qp_output,
     parse_qp_text,
-    run_rdma_tool,
+    rdma_output,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "rdma"
@@ -224,7 +224,7 @@ def _fake_rdma(tmp_path, script):
 def test_missing_tool_is_unavailable(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SensorUnavailable, match=r"^iproute2 `rdma` tool not found$"):
-        run_rdma_tool()
+        "".join(rdma_output())
 
 
 def test_missing_netlink_family_is_unavailable(tmp_path, monkeypatch):
@@ -232,7 +232,7 @@ def test_missing_netlink_family_is_unavailable(tmp_path, monkeypatch):
         "PATH", _fake_rdma(tmp_path, 'echo "Failed to open NETLINK_RDMA socket" >&2\nexit 1\n')
     )
     with pytest.raises(SensorUnavailable) as err:
-        run_rdma_tool()
+        "".join(rdma_output())
     assert str(err.value) == ("`rdma -j res show qp` failed: Failed to open NETLINK_RDMA socket")
 
 
@@ -263,7 +263,7 @@ def test_live_run_goes_through_the_tool_and_is_recorded(tmp_path, monkeypatch):
 )
 def test_real_rdma_tool_without_rdma_netlink(tmp_path):
     with pytest.raises(SensorUnavailable, match=r"^`rdma -j res show qp` failed: "):
-        run_rdma_tool()
+        "".join(rdma_output())
 
 
 def test_collect_cli_without_rdma_netlink_is_one_status_line_and_record(
