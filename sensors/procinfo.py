@@ -153,7 +153,9 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     try:
         cmdline = stalls.guarded(
             pid,
-            lambda: ctx.proc.read_condensed(f"{base}/cmdline", proclists.cmdline),
+            lambda: ctx.proc.read_condensed(
+                f"{base}/cmdline", lambda stream: proclists.cmdline(stream, ctx.cmdline_literals)
+            ),
             lambda: start_time(ctx.proc, pid),
             owner_key(ctx, pid, uid),
         )

@@ -29,6 +29,7 @@ from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, ope
 from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
 from hpcsec.detector.runtime.registry import SENSORS
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, demo_snapshot_dir
+from hpcsec.sensors.proclists import Literals
 
 BATCH = 256  # small batches stay in the CPU cache (bench/engine.py measures it)
 
@@ -140,7 +141,10 @@ def _run(
 
 
 def sources_of(
-    args: argparse.Namespace, sources: EventSources, detect: Detect | None = None
+    args: argparse.Namespace,
+    sources: EventSources,
+    detect: Detect | None = None,
+    cmdline_literals: Literals | None = None,
 ) -> Iterator[SourceBatch]:
     if (args.pcap or args.interface) and (args.events or args.snapshot or args.demo):
         raise UsageError("--pcap and --interface go with a live scan, not --events/--snapshot")
@@ -150,7 +154,7 @@ def sources_of(
         return sources.from_events_file(args.events, BATCH, jobs_of(args), detect)
     if args.snapshot or args.demo:
         return sources.from_snapshot(args.snapshot, demo=args.demo)
-    return sources.live(args)
+    return sources.live(args, cmdline_literals)
 
 
 def sensor_states(report: ScanReport) -> tuple[list[str], list[str]]:
@@ -244,7 +248,8 @@ def _scan(
     # the store keeps every event: then the workers only parse, and this process evaluates
     parallel = args.events and not store_path and jobs_of(args) > 1
     detect = Detect.of(pipeline.ruleset, pipeline.engine) if parallel else None
-    batches = sources_of(args, EventSources(config, report, workers), detect)
+    literals = None if args.events or args.snapshot or args.demo else pipeline.cmdline_literals
+    batches = sources_of(args, EventSources(config, report, workers), detect, literals)
     store = open_store(store_path, config.retention_days)
     if workers is not None:  # they may take a share of the correlation pass at the end
         flush_parts.keep_fields(pipeline.engine)

@@ -43,6 +43,7 @@ from sigma.exceptions import SigmaError
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.core.log import get_logger
 from hpcsec.detector.core.schema import PRODUCT
+from hpcsec.detector.engine.cmdline_literals import command_line_literals
 from hpcsec.detector.engine.compile import Predicate
 from hpcsec.detector.engine.correlate import Correlation, check_chains
 from hpcsec.detector.engine.correlation_rules import referenced_rules
@@ -281,6 +282,22 @@ class Engine:
         return [_any_of(conditions)] + [
             filter_condition(f, self.placeholders) for f in filters if filter_applies(f, rule)
         ]
+
+    def command_line_literals(self) -> frozenset[str]:
+        """What the detection rules look for in a process's command line (cmdline_literals.py),
+        for the process sensor to keep from a long one. A rule that cannot be read is left
+        out (its compile reports it); a cached rule's pySigma object is let go again."""
+        literals: set[str] = set()
+        for rule in self.rules:
+            if rule.kind != "detection" or not rule.header.reads_command_line:
+                continue  # (known from the header: the rule's pySigma object stays unread)
+            try:
+                literals |= command_line_literals(self._trees(rule, self._filters))
+            except (RuleError, UnsupportedValue, SigmaError, RecursionError):
+                continue
+            finally:
+                rule.release()
+        return frozenset(literals)
 
     @staticmethod
     def _ordered(feeds: list[Feed]) -> tuple[Feed, ...]:

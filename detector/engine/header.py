@@ -24,6 +24,21 @@ def _items(detection: SigmaDetection) -> Iterator[SigmaDetectionItem]:
             yield item
 
 
+# The fields whose values are a process's arguments (one string, or one per argument).
+COMMAND_LINE_FIELDS = frozenset({"process.command_line", "process.args"})
+
+
+def reads_command_line(rule: SigmaRule) -> bool:
+    """Whether a rule tests a command-line field or has keywords (which search every field):
+    the rules whose literals the process sensor keeps (cmdline_literals.py), known from the
+    header without reading the rule's pySigma object again."""
+    return any(
+        item.field is None or item.field in COMMAND_LINE_FIELDS
+        for detection in rule.detection.detections.values()
+        for item in _items(detection)
+    )
+
+
 def placeholder_fields(rule: SigmaRule) -> dict[str, set[str]]:
     """Placeholder name -> the fields it is tested against in `rule`."""
     out: dict[str, set[str]] = {}
@@ -97,4 +112,5 @@ def header_of(sigma: SigmaItem) -> RuleHeader:
         references=_texts(getattr(sigma, "references", None)),
         custom_attributes=_kept_attributes(sigma),
         placeholder_fields={k: tuple(sorted(v)) for k, v in fields.items()},
+        reads_command_line=isinstance(sigma, SigmaRule) and reads_command_line(sigma),
     )

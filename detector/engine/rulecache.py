@@ -54,7 +54,7 @@ from hpcsec.detector.core.cachedir import read_entry_at, remove_entry_at, write_
 from hpcsec.detector.core.errors import RuleError, location
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleHeader, RuleSet
 
-FORMAT = b"hpcsec-rulecache-3"
+FORMAT = b"hpcsec-rulecache-4"
 # the code whose output is cached: a change to it must not read an old entry
 CODE_DIRS = (Path(__file__).parent, Path(__file__).parent.parent / "core")
 # a code file changed this recently is identified by its bytes as well (code_state)

@@ -53,6 +53,8 @@ RuleHeader = NamedTuple(  # noqa: UP014 (see above)
         ("custom_attributes", dict[str, Any]),  # the `response` note and `thresholds` names only
         # placeholder name -> fields it is tested against (detection rules)
         ("placeholder_fields", dict[str, tuple[str, ...]]),
+        # it tests a command-line field or has keywords (header.reads_command_line)
+        ("reads_command_line", bool),
     ],
 )
 

@@ -107,8 +107,14 @@ class Agent:
 
     def _context(self) -> SensorContext:
         s = self.settings
+        pipeline = self.gen.pipeline
         return live_context(
-            self.gen.pipeline.config, s.sysfs_root, s.procfs_root, s.etc_root, host_name=self.host
+            pipeline.config,
+            s.sysfs_root,
+            s.procfs_root,
+            s.etc_root,
+            host_name=self.host,
+            cmdline_literals=pipeline.cmdline_literals,
         )
 
     def _on_run(self, run: SensorRun) -> None:
@@ -334,11 +340,17 @@ class Agent:
         self.sink.restore_counts(self.stage.current())
         summaries = self.stage.finish()
         self._emit(Decision(summaries, [], [], summaries))
-        left = self.sink.drain(self.settings.drain_timeout_s)
-        if left:
+        self.sink.drain(self.settings.drain_timeout_s)
+        spooled, in_memory = self.sink.spooled(), len(self.sink.unspooled_ids())
+        if spooled:
             logger.warning(
                 "%d alert(s) not delivered yet, kept in the spool; the next start sends them",
-                left,
+                spooled,
+            )
+        if in_memory:  # the spool could not take them (disk full): nothing can replay them
+            logger.error(
+                "%d alert(s) not delivered and lost: the spool could not take them (disk full?)",
+                in_memory,
             )
         if self.tap is not None and self.tap.close(self.settings.drain_timeout_s):
             logger.warning("cluster publishing: messages not acknowledged yet are kept")

@@ -8,6 +8,7 @@ from typing import Any
 
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.sensors.base import FsRoot, Recorder, SensorContext
+from hpcsec.sensors.proclists import Literals
 
 
 def live_context(
@@ -18,6 +19,7 @@ def live_context(
     host_name: str | None = None,
     recorder: Recorder | None = None,
     options: dict[str, Any] | None = None,
+    cmdline_literals: Literals | None = None,
 ) -> SensorContext:
     return SensorContext(
         host_name=host_name or socket.gethostname().split(".")[0],
@@ -27,4 +29,5 @@ def live_context(
         config=config,
         options=dict(options or {}),
         recorder=recorder,
+        cmdline_literals=cmdline_literals,
     )

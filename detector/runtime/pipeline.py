@@ -9,6 +9,7 @@ limits carry over). `hpcsec collect` uses the same batches and `enrich`, without
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -27,6 +28,7 @@ from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import NodeView, capture_view
 from hpcsec.sensors.base import SensorContext
+from hpcsec.sensors.proclists import Literals
 
 logger = get_logger(__name__)
 
@@ -140,6 +142,12 @@ class Pipeline:
             stage or AlertStage(config, dedup=dedup),
             contain_errors,
         )
+
+    @functools.cached_property
+    def cmdline_literals(self) -> Literals:
+        """What the rules look for in a command line, for the process sensor to keep from a
+        long one (sensors/proclists.py); made once per pipeline (a reload makes a new one)."""
+        return Literals(self.engine.command_line_literals())
 
     def enrich(self, batch: SourceBatch) -> list[Event]:
         if not self.contain_errors:

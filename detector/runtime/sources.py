@@ -29,6 +29,7 @@ from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch, capture
 from hpcsec.detector.runtime.sensorset import SensorSet
 from hpcsec.sensors.base import SensorContext, SensorRun
+from hpcsec.sensors.proclists import Literals
 from hpcsec.sensors.snapshot import Snapshot, open_snapshot
 
 SEARCH_BLOCK = 4 * 2**20  # bytes searched at once for the firmware lines
@@ -300,7 +301,8 @@ class EventSources:
             ):
                 yield self._sampled(ctx, runs)
 
-    def live(self, args: Any) -> Iterator[SourceBatch]:
+    def live(self, args: Any, cmdline_literals: Literals | None = None) -> Iterator[SourceBatch]:
+        """The node's sensors now; `cmdline_literals`: the rules' (SensorContext's)."""
         try:
             specs = registry.select(args.sensor)
         except KeyError as exc:
@@ -320,7 +322,12 @@ class EventSources:
             if "roce" not in {s.name for s in specs}:
                 specs = [*specs, registry.by_name()["roce"]]
         ctx = live_context(
-            self.config, args.sysfs_root, args.procfs_root, args.etc_root, options=options
+            self.config,
+            args.sysfs_root,
+            args.procfs_root,
+            args.etc_root,
+            options=options,
+            cmdline_literals=cmdline_literals,
         )
         with SensorSet(specs) as sensors:
             yield self._sampled(ctx, sensors.sample(ctx))

@@ -27,6 +27,7 @@ class OpenerCache:
             FsRoot("proc", ctx.proc.path, self._capture),
             ctx.etc,
             timestamp=ctx.timestamp,
+            cmdline_literals=ctx.cmdline_literals,
         )
         self._processes: dict[int, dict[str, Any]] = {}
         self._read_at: dict[int, float] = {}  # pid -> monotonic time of its /proc read

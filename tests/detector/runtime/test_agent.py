@@ -467,3 +467,22 @@ def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
     (forgotten,) = dedup.rotate()
     assert (forgotten["alert.id"], forgotten["count"]) == (first["alert.id"], 3)
     assert [a["alert.id"] for a in dedup.alerts()] == [second["alert.id"]]
+
+
+def test_the_process_sensor_keeps_what_the_rules_in_force_look_for(node: Node):
+    """The agent's sensors get the command-line literals of its rules, those of the new
+    rules after a reload: a long command line keeps them (sensors/proclists.py)."""
+    rule_file = node.rules / "cmdline.yml"
+    rule_file.write_text(rule(RULE_A_ID, "first-literal", field="process.command_line"))
+    agent = Agent(AgentSettings(rule_paths=(str(node.rules),), default_rules=False, host_name="n1"))
+    try:
+        literals = agent._context().cmdline_literals
+        assert literals is not None and literals.found(b"run --first-literal")
+        rule_file.write_text(rule(RULE_A_ID, "second-literal", field="process.command_line"))
+        assert agent.reload() is True
+        literals = agent._context().cmdline_literals
+        assert literals is not None and literals.found(b"second-literal")
+        assert not literals.found(b"first-literal")
+    finally:
+        agent.sink.drain(0)
+        agent._close_outputs()

@@ -20,6 +20,7 @@ from tests.detector.runtime.agent_harness import (
     rule,
     wait_for,
 )
+from tests.ports import refusing_port
 from tests.tinydisk import tiny_disk
 
 SELF_HEALTH_RULES = Path(__file__).resolve().parents[3] / "rules" / "self_health.yml"
@@ -76,6 +77,25 @@ def test_agent_on_a_full_disk_keeps_alerting_and_sends_nothing_twice(node: Node)
     assert Counter(receiver.received) == Counter(a["alert.id"] for a in node.file_alerts())
     assert set(Counter(receiver.received).values()) == {1}
     assert receiver.bad_signatures == 0
+
+
+def test_an_agent_stopped_on_a_full_disk_says_which_alerts_are_lost(node: Node):
+    """Alerts the spool could not take are held in memory: at exit they are lost (the agent
+    has nothing to evaluate again), which its log says, not "kept in the spool"."""
+    (node.rules / "test.yml").write_text(rule(RULE_A_ID, "cryptominer"))
+    with tiny_disk(node.root / "disk", size="1m") as disk:
+        node.spool = disk.path / "spool"
+        url = f"http://127.0.0.1:{refusing_port()}/hook"  # the receiver is down
+        agent = AgentProcess(node, "--output", url, "--spool", str(node.spool))
+        try:
+            disk.fill()
+            node.start_process(5001, "cryptominer", 1)
+            wait_for(lambda: len(crypto(node)) == 1, "the alert", check=agent)
+            assert agent.stop() == 0
+        finally:
+            agent.kill()
+    assert "1 alert(s) not delivered and lost: the spool could not take them" in agent.text()
+    assert "kept in the spool" not in agent.text()
 
 
 def _threads(pid: int) -> int:

@@ -1,0 +1,155 @@
+"""A long command line keeps what the loaded rules look for: padding with distinct flags or
+URLs pushed an indicator out of the condensed middle (12 KiB), whatever rule-blind choice the
+sensor made; given the rules' literals it keeps those first."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+from sigma.collection import SigmaCollection
+
+from hpcsec.detector.config.site import load_config
+from hpcsec.detector.engine.evaluate import Engine
+from hpcsec.detector.engine.loader import load_rules
+from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
+from hpcsec.sensors import proclists
+from tests.hostile_fs import as_root
+from tests.sensors.test_proc_limits import alice_runs, wait_for_process  # noqa: F401
+
+RULES = """
+title: Needs a pool and no benchmark
+id: 0b0c6f4e-1c2d-4e5f-8a9b-0c1d2e3f4a5b
+status: test
+level: high
+logsource: {product: hpc, category: process}
+detection:
+  pool:
+    process.command_line|contains: ' --pool-url '
+  wallet:
+    process.args|contains|all: ['wallet=', 'xyz']
+  short:
+    process.command_line|contains: '-o'
+  benchmark:
+    process.command_line|contains: '--benchmark-only'
+  condition: (pool or wallet or short) and not benchmark
+---
+title: Keyword and other fields
+id: 1b0c6f4e-1c2d-4e5f-8a9b-0c1d2e3f4a5b
+status: test
+level: high
+logsource: {product: hpc, category: process}
+detection:
+  keywords:
+    - 'evil-keyword'
+  name:
+    process.name: 'not-a-command-line'
+  condition: keywords or name
+"""
+
+
+def engine_of(text: str) -> Engine:
+    rules = [LoadedRule(r, "<test>", 1, "test") for r in SigmaCollection.from_yaml(text)]
+    return Engine(RuleSet(rules))
+
+
+def test_the_literals_are_those_a_rule_needs_not_those_of_its_filter():
+    literals = engine_of(RULES).command_line_literals()
+    assert {" --pool-url ", "evil-keyword"} <= literals
+    assert {"wallet=", "xyz"} & literals  # the index keeps one literal of an `all`
+    assert "--benchmark-only" not in literals  # under a NOT: flooding with it must not win
+    assert "-o" not in literals  # too short: most arguments show it
+    assert "not-a-command-line" not in literals
+
+
+def test_the_bundled_miner_rule_gives_its_pool_and_option_literals():
+    engine = Engine(load_rules(None, with_tests=False), load_config(None).placeholders())
+    literals = engine.command_line_literals()
+    assert {"stratum+tcp://", " --donate-level", " --algo rx/"} <= literals
+
+
+def condense(args: list[bytes], literals: proclists.Literals | None) -> list[bytes]:
+    return proclists.cmdline_args(io.BytesIO(b"".join(a + b"\0" for a in args)), literals)
+
+
+MINER = proclists.Literals(["stratum+tcp://", " --donate-level", " --algo rx/"])
+HEAD = [b"A" * 100] * 330  # the head's 32 KiB
+TAIL = [b"B" * 100] * 200  # more than the tail's 16 KiB
+
+
+def test_distinct_flags_no_longer_push_out_a_rule_literal():
+    flags = [f"-a{n:05d}".encode() for n in range(3000)]  # fill the middle first
+    args = [b"./x", *HEAD, *flags, b"--donate-level=1", *TAIL]
+    assert b"--donate-level=1" not in condense(args, None)  # the blind spot
+    kept = condense(args, MINER)
+    assert b"--donate-level=1" in kept
+    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+    assert condense(kept, MINER) == kept  # a snapshot replays the same event
+
+
+def test_distinct_urls_no_longer_push_out_the_pool_url():
+    urls = [f"http://h{n:05d}.example/".encode() for n in range(1000)]  # 12 KiB of URLs
+    args = [b"./x", *HEAD, *urls, b"stratum+tcp://pool:3333", *TAIL]
+    assert b"stratum+tcp://pool:3333" not in condense(args, None)
+    assert b"stratum+tcp://pool:3333" in condense(args, MINER)
+
+
+def test_a_literal_of_two_words_is_kept_across_its_two_arguments():
+    flags = [f"-a{n:05d}".encode() for n in range(3000)]
+    args = [b"./x", *HEAD, *flags, b"--algo", b"rx/0", *TAIL]
+    joined = b" ".join(condense(args, MINER))
+    assert b" --algo rx/0 " in joined
+    assert b" --algo rx/0 " not in b" ".join(condense(args, None))
+
+
+def test_a_literal_deep_in_a_long_argument_is_kept_as_an_excerpt():
+    flags = [f"-a{n:05d}".encode() for n in range(3000)]
+    long_arg = b"x" * 20_000 + b"stratum+tcp://deep:1" + b"y" * 20_000
+    kept = condense([b"./x", *HEAD, *flags, long_arg, *TAIL], MINER)
+    (excerpt,) = [arg for arg in kept if b"stratum+tcp://deep:1" in arg]
+    assert len(excerpt) < 200 and proclists.is_condensed([excerpt])
+
+
+def test_flooding_with_the_literal_keeps_it_once_and_stays_bounded():
+    args = [b"./x", *HEAD, *([b"--donate-level=9"] * 20_000), *TAIL]
+    kept = condense(args, MINER)
+    assert kept.count(b"--donate-level=9") == 1
+    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+
+
+@as_root
+def test_a_padded_miner_still_raises_the_alert_in_a_live_scan(alice_runs):  # noqa: F811
+    """Alice's miner, renamed `python3`, its `--donate-level` behind 44 KiB of distinct flags:
+    `scan` gives the process sensor the rules' literals, so the option stays in the command
+    line the miner rule reads."""
+    tag = "hpcsec-tag-16180"
+    sleeper = "import time; time.sleep(120)"
+    flags = [f"-a{n:05d}" for n in range(8000)]
+    alice_runs(
+        "/usr/bin/python3", "-c", sleeper, tag, *flags, "--donate-level=1", *(["B" * 100] * 200)
+    )
+    event = wait_for_process(tag, "python3")
+    scan = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcsec.detector.cli.main",
+            "scan",
+            "--sensor",
+            "process",
+            "--format",
+            "json",
+            "--no-dedup",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert scan.returncode == 1, scan.stderr
+    alerts = json.loads(scan.stdout)
+    mine = [a for a in alerts if a.get("process.pid") == event["process.pid"]]
+    assert "Cryptocurrency miner process" in [a["rule.title"] for a in mine]
+    (miner,) = [a for a in mine if a["rule.title"] == "Cryptocurrency miner process"]
+    assert " --donate-level=1" in miner["process.command_line"]
