@@ -214,7 +214,10 @@ class Literals:
         self.min_entry: dict[str, int] = {}  # the least room an argument kept for it takes
         for literal in {lit.strip() for lit in literals}:
             # as latin-1, a byte is one character: positions in the text are in bytes
-            key = literal.lower().encode("utf-8", "surrogateescape").decode("latin-1")
+            try:
+                key = literal.lower().encode("utf-8", "surrogateescape").decode("latin-1")
+            except UnicodeEncodeError:  # a lone surrogate no argument's bytes can show
+                continue
             if not key or "\0" in key:
                 continue
             spaces = [at for at, char in enumerate(key) if char == " "]
@@ -599,30 +602,65 @@ class _Condensed:
         carried, self.carried = self.carried, None
         left = _joinable(whole, length)
         own: dict[str, tuple[int, int]] = {}
-        spans = [carried] if carried is not None else []
-        across_end = 0
+        across: dict[str, tuple[int, int]] = {}  # literal -> its part here, and in the next
         for literal, (start, end) in self.literals.found(left + b" " + right).items():
             if literal in self.covered or start >= len(left):
                 continue  # kept already, or all in the next one (looked for in its turn)
             if end <= len(left):
                 own[literal] = (start, end)
             else:  # across the space: both are kept, next to each other in the middle
-                spans.append((start, len(left)))
-                across_end = max(across_end, end - len(left) - 1)
-                self.covered.add(literal)
-        if across_end:
-            self.carried = (0, across_end)
-        spans += own.values()
+                across[literal] = (start, end - len(left) - 1)
+        spans = [*([carried] if carried is not None else []), *own.values()]
+        spans += [(start, len(left)) for start, _ in across.values()]
         if not spans:
             self._keep_or_leave(kept)
         elif self._to_cover(_excerpt(whole, length, *_extent(spans))):
-            self.covered.update(own)
+            self._covering(own, across)
             self.middle_seen.add(kept)
-        else:  # no room: counted, and the rest of the region goes as without literals
+        elif not self._one_of(kept, whole, length, carried, own, across):
+            # no room for even one: counted, and the rest of the region goes without literals
             self.left_out_literals += 1
             self._leave_out(kept)
             self.paused = True
-            self.carried = None
+
+    def _covering(
+        self, own: dict[str, tuple[int, int]], across: dict[str, tuple[int, int]]
+    ) -> None:
+        """The literals an argument just kept shows (recorded only once it is kept: one
+        left out must not stand for a later copy that would fit)."""
+        self.covered.update(own)
+        self.covered.update(across)
+        if across:
+            self.carried = (0, max(end for _, end in across.values()))
+
+    def _one_of(
+        self,
+        kept: bytes,
+        whole: bytes,
+        length: int,
+        carried: tuple[int, int] | None,
+        own: dict[str, tuple[int, int]],
+        across: dict[str, tuple[int, int]],
+    ) -> bool:
+        """The argument's literals far apart made an excerpt too large for the literals'
+        room: an excerpt around one of them instead (the literal across from the one before
+        first, as the one before was kept for it); False when none fits."""
+        Spans = dict[str, tuple[int, int]]
+        choices: list[tuple[tuple[int, int], Spans, Spans]]
+        if carried is not None:
+            choices = [(carried, {}, {})]
+        else:
+            choices = [((a, b), {lit: (a, b)}, {}) for lit, (a, b) in own.items()]
+            choices += [
+                ((a, len(_joinable(whole, length))), {}, {lit: (a, b)})
+                for lit, (a, b) in across.items()
+            ]
+        for span, one_own, one_across in sorted(choices, key=lambda c: c[0][1] - c[0][0]):
+            if self._to_cover(_excerpt(whole, length, *span)):
+                self._covering(one_own, one_across)
+                self.middle_seen.add(kept)
+                return True
+        return False
 
     def _segment(self, text: bytes) -> None:
         """Arguments (as kept, NUL-terminated) showing no literal not kept yet: all counted

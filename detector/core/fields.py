@@ -81,7 +81,8 @@ FIELDS: tuple[Field, ...] = (
         "process.command_line_truncated",
         "boolean",
         "true when the command line was too long to keep whole: arguments were cut or left "
-        "out (head, tail, flags and URLs are kept; markers say what is missing)",
+        "out (head, tail, flags, URLs and what the loaded rules look for are kept; markers "
+        "say what is missing)",
     ),
     _f(
         "process.memory_read_stalled",

@@ -128,3 +128,25 @@ def wait_jetstream_ready(url: str, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.3)
     raise RuntimeError("JetStream did not become ready")
+
+
+def acked_events(url: str) -> int:
+    """Events acknowledged over every partition's hub consumer (their ack floors)."""
+    import asyncio
+
+    from hpcsec.detector.cluster.consumer import durable_name
+    from hpcsec.detector.cluster.partition import PARTITIONS
+    from hpcsec.detector.cluster.streams import EVENTS_STREAM, connect
+
+    async def floors() -> int:
+        nc = await connect([url], reconnect=False)
+        try:
+            js, total = nc.jetstream(), 0
+            for partition in range(PARTITIONS):
+                info = await js.consumer_info(EVENTS_STREAM, durable_name(partition))
+                total += info.ack_floor.stream_seq if info.ack_floor else 0
+            return total
+        finally:
+            await nc.close()
+
+    return asyncio.run(floors())

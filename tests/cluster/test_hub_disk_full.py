@@ -4,7 +4,6 @@ neither a restart nor a freed disk loses one, and none is sent twice."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +12,9 @@ import orjson
 import pytest
 
 from hpcsec.detector.cli.main import main
-from hpcsec.detector.cluster.consumer import durable_name
-from hpcsec.detector.cluster.partition import PARTITIONS, partition_of
-from hpcsec.detector.cluster.streams import EVENTS_STREAM, connect
+from hpcsec.detector.cluster.partition import partition_of
 from tests.cluster.conftest import QUICK_LATENESS_S, HubProcess, wait_for
-from tests.cluster.harness import NatsServer
+from tests.cluster.harness import NatsServer, acked_events
 from tests.cluster.scenario import CLUSTER_RULES, clock_event, write_fleet_file
 from tests.detector.runtime.agent_harness import SECRET, Receiver
 from tests.tinydisk import TinyDisk, tiny_disk
@@ -90,23 +87,6 @@ def made_them_all(hub: HubProcess) -> bool:
     return {a["rule.id"] for a in hub.alerts()} >= CLUSTER_RULES
 
 
-async def _acked(url: str) -> int:
-    """Messages acknowledged over every partition's consumer (their ack floors)."""
-    nc = await connect([url], reconnect=False)
-    try:
-        js, total = nc.jetstream(), 0
-        for partition in range(PARTITIONS):
-            info = await js.consumer_info(EVENTS_STREAM, durable_name(partition))
-            total += info.ack_floor.stream_seq if info.ack_floor else 0
-        return total
-    finally:
-        await nc.close()
-
-
-def acked(nats: NatsServer) -> int:
-    return asyncio.run(_acked(nats.url))
-
-
 def test_alerts_held_in_memory_are_made_again_and_sent_after_a_restart(
     nats_server: NatsServer,
     hubs: list[HubProcess],
@@ -163,7 +143,7 @@ def test_late_events_are_not_acknowledged_while_their_alerts_are_only_in_memory(
     wait_for(lambda: len(every_alert(first)) >= 5, 30, "an alert for each miner")
     first.wait_log(UNSPOOLED, 30)
     assert first.terminate() == 0
-    assert acked(nats_server) == 0
+    assert acked_events(nats_server.url) == 0
     made_first = every_alert(first)
     disk.free()
     receiver = Receiver(receiver_port)
@@ -171,7 +151,7 @@ def test_late_events_are_not_acknowledged_while_their_alerts_are_only_in_memory(
         again = webhook_hub(tmp_path, nats_server, disk, receiver_port, "again")
         hubs.append(again.start())
         wait_for(lambda: made_first <= set(receiver.received), 30, "the first run's alerts")
-        wait_for(lambda: acked(nats_server) > 0, 30, "the miners' events acknowledged")
+        wait_for(lambda: acked_events(nats_server.url) > 0, 30, "the miners' events acknowledged")
         assert again.terminate() == 0
     finally:
         receiver.stop()
@@ -190,14 +170,14 @@ def test_a_running_hub_resumes_when_the_disk_is_freed(
     disk.fill()
     publish_attack(nats_server.url, tmp_path)
     hub.wait_log(PAUSED, 60)
-    assert acked(nats_server) == 0  # held: a crash now replays every event
+    assert acked_events(nats_server.url) == 0  # held: a crash now replays every event
     disk.free()
     hub.wait_log(RESUMED, 30)  # spooled within about a second, the receiver still down
     receiver = Receiver(receiver_port)
     try:
         wait_for(lambda: made_them_all(hub), 30, "every alert of the scenario")
         wait_for(lambda: every_alert(hub) <= set(receiver.received), 30, "their delivery")
-        wait_for(lambda: acked(nats_server) > 0, 30, "acknowledgements")
+        wait_for(lambda: acked_events(nats_server.url) > 0, 30, "acknowledgements")
         assert hub.terminate() == 0
     finally:
         receiver.stop()

@@ -15,8 +15,6 @@ import pytest
 
 from hpcsec.detector.cli.main import main
 from hpcsec.detector.cluster.agent_tap import NatsTap
-from hpcsec.detector.cluster.consumer import durable_name
-from hpcsec.detector.cluster.partition import PARTITIONS
 from hpcsec.detector.cluster.streams import (
     EVENTS_STREAM,
     NODE_ALERTS_STREAM,
@@ -27,7 +25,7 @@ from hpcsec.detector.cluster.streams import (
     refusal,
 )
 from tests.cluster.conftest import HubProcess, wait_for
-from tests.cluster.harness import NATS_SERVER, NatsServer
+from tests.cluster.harness import NATS_SERVER, NatsServer, acked_events
 from tests.cluster.scenario import clock_event, node_files
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nats-node-permissions.conf"
@@ -98,7 +96,7 @@ def test_the_hub_sets_up_the_streams_and_the_node_publishes_into_them(
     later = tmp_path / "later.jsonl"  # the node's time moves on: the hub acknowledges
     later.write_bytes(orjson.dumps(clock_event(HOST, MOVED_ON)) + b"\n")
     assert publish(node, later) == 0
-    wait_for(lambda: asyncio.run(_acked(hub_url)) > 0, 30, "the hub's acknowledgements")
+    wait_for(lambda: acked_events(hub_url) > 0, 30, "the hub's acknowledgements")
     tap = NatsTap([node], tmp_path / "node-spool", 1024**2)  # the agent's alerts, same user
     try:
         tap.alerts([_alert("a1")])
@@ -110,18 +108,6 @@ def test_the_hub_sets_up_the_streams_and_the_node_publishes_into_them(
     assert violations(secured, HUB[0]) == []
     refused = violations(secured, HOST)
     assert [v for v in refused if f"STREAM.CREATE.{EVENTS_STREAM}" not in v] == []
-
-
-async def _acked(url: str) -> int:
-    nc = await connect([url], reconnect=False)
-    try:
-        js, total = nc.jetstream(), 0
-        for partition in range(PARTITIONS):
-            info = await js.consumer_info(EVENTS_STREAM, durable_name(partition))
-            total += info.ack_floor.stream_seq if info.ack_floor else 0
-        return total
-    finally:
-        await nc.close()
 
 
 def test_a_node_cannot_publish_for_another_host(

@@ -5,9 +5,6 @@ sensor made; given the rules' literals it keeps those first."""
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 
 from sigma.collection import SigmaCollection
 
@@ -17,7 +14,11 @@ from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
 from hpcsec.sensors import proclists
 from tests.hostile_fs import as_root
-from tests.sensors.test_proc_limits import alice_runs, wait_for_process  # noqa: F401
+from tests.sensors.test_proc_limits import (  # noqa: F401
+    alice_runs,
+    live_scan_alerts,
+    wait_for_process,
+)
 
 RULES = """
 title: Needs a pool and no benchmark
@@ -131,25 +132,37 @@ def test_a_padded_miner_still_raises_the_alert_in_a_live_scan(alice_runs):  # no
         "/usr/bin/python3", "-c", sleeper, tag, *flags, "--donate-level=1", *(["B" * 100] * 200)
     )
     event = wait_for_process(tag, "python3")
-    scan = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcsec.detector.cli.main",
-            "scan",
-            "--sensor",
-            "process",
-            "--format",
-            "json",
-            "--no-dedup",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert scan.returncode == 1, scan.stderr
-    alerts = json.loads(scan.stdout)
-    mine = [a for a in alerts if a.get("process.pid") == event["process.pid"]]
+    mine = live_scan_alerts(event["process.pid"])
     assert "Cryptocurrency miner process" in [a["rule.title"] for a in mine]
     (miner,) = [a for a in mine if a["rule.title"] == "Cryptocurrency miner process"]
     assert " --donate-level=1" in miner["process.command_line"]
+
+
+def test_an_argument_with_two_literals_far_apart_does_not_turn_the_literals_off():
+    """`xmrig` + 9 KB + `jupyter` in one argument: one excerpt of both would not fit the
+    literals' room; it is kept around one of them, and a later `--algo rx/0` still is."""
+    literals = proclists.Literals(["xmrig", "jupyter", " --algo rx/", "stratum+tcp://"])
+    flags = [b"-a%05d" % n for n in range(2000)]
+    real = [b"--algo", b"rx/0", b"-o", b"stratum+tcp://pool:3333"]
+    poison = b"xmrig" + b"q" * 9000 + b"jupyter"
+    joined = b" ".join(condense([b"./run", *HEAD, *flags, poison, *real, *TAIL], literals))
+    assert b" --algo rx/0 " in joined and b"stratum+tcp://pool:3333" in joined
+    assert b"xmrig" in joined or b"jupyter" in joined
+
+
+def test_a_literal_across_two_arguments_left_out_is_kept_where_it_comes_again():
+    """The literals' room nearly full, a decoy ` --algo` / `rx/0` whose first argument is too
+    long for it is left out: the literal must not count as kept, so the later short copy is."""
+    fillers = [f"lit{n:03d}" for n in range(89)]
+    literals = proclists.Literals([" --algo rx/", *fillers])
+    fill = [f.encode() + b"z" * 94 for f in fillers[:80]] + [f.encode() for f in fillers[80:]]
+    flags = [b"-a%05d" % n for n in range(2000)]
+    decoy = [b"q" * 1000 + b" --algo", b"rx/0"]
+    args = [b"./run", *HEAD, *fill, *flags, *decoy, *([b"P" * 100] * 800), b"--algo", b"rx/0"]
+    assert b" --algo rx/0" in b" ".join(condense([*args, *TAIL], literals))
+
+
+def test_a_rule_literal_no_argument_can_show_is_skipped():
+    """A rule's `\\ud800abc` (valid YAML, loaded without error) made the agent's start fail."""
+    literals = proclists.Literals(["\ud800abc", "xmrig"])
+    assert literals.found(b"./xmrig") and not literals.found(b"abc")

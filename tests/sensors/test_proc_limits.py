@@ -172,6 +172,12 @@ def test_a_miner_url_behind_a_66_kb_argument_still_raises_the_alert(alice_runs):
     event = wait_for_process(tag, "python3")
     assert "--url stratum+tcp://p:3333" in event["process.command_line"]
     assert event["process.command_line_truncated"] is True
+    miner = [a["rule.title"] for a in live_scan_alerts(event["process.pid"])]
+    assert "Cryptocurrency miner process" in miner
+
+
+def live_scan_alerts(pid: int) -> list[dict]:
+    """The alerts `hpcsec scan --sensor process` raises on this node about process `pid`."""
     scan = subprocess.run(
         [
             sys.executable,
@@ -189,9 +195,7 @@ def test_a_miner_url_behind_a_66_kb_argument_still_raises_the_alert(alice_runs):
         timeout=120,
     )
     assert scan.returncode == 1, scan.stderr
-    alerts = json.loads(scan.stdout)
-    miner = [a["rule.title"] for a in alerts if a.get("process.pid") == event["process.pid"]]
-    assert "Cryptocurrency miner process" in miner
+    return [a for a in json.loads(scan.stdout) if a.get("process.pid") == pid]
 
 
 @pytest.mark.parametrize(
