@@ -8,7 +8,7 @@ import dataclasses
 import gc
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from hpcsec.detector.alerts.incidents import summarize_incidents
@@ -144,8 +144,10 @@ def sources_of(
     args: argparse.Namespace,
     sources: EventSources,
     detect: Detect | None = None,
-    cmdline_literals: Literals | None = None,
+    cmdline_literals: Callable[[], Literals] | None = None,
 ) -> Iterator[SourceBatch]:
+    """The scan's events; `cmdline_literals` gives the rules' (only a live scan reads
+    command lines, so only it makes them)."""
     if (args.pcap or args.interface) and (args.events or args.snapshot or args.demo):
         raise UsageError("--pcap and --interface go with a live scan, not --events/--snapshot")
     if args.pcap and not os.path.isfile(args.pcap):
@@ -154,7 +156,7 @@ def sources_of(
         return sources.from_events_file(args.events, BATCH, jobs_of(args), detect)
     if args.snapshot or args.demo:
         return sources.from_snapshot(args.snapshot, demo=args.demo)
-    return sources.live(args, cmdline_literals)
+    return sources.live(args, cmdline_literals() if cmdline_literals is not None else None)
 
 
 def sensor_states(report: ScanReport) -> tuple[list[str], list[str]]:
@@ -248,8 +250,12 @@ def _scan(
     # the store keeps every event: then the workers only parse, and this process evaluates
     parallel = args.events and not store_path and jobs_of(args) > 1
     detect = Detect.of(pipeline.ruleset, pipeline.engine) if parallel else None
-    literals = None if args.events or args.snapshot or args.demo else pipeline.cmdline_literals
-    batches = sources_of(args, EventSources(config, report, workers), detect, literals)
+    batches = sources_of(
+        args,
+        EventSources(config, report, workers),
+        detect,
+        lambda: pipeline.cmdline_literals,
+    )
     store = open_store(store_path, config.retention_days)
     if workers is not None:  # they may take a share of the correlation pass at the end
         flush_parts.keep_fields(pipeline.engine)

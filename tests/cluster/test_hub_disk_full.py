@@ -87,6 +87,22 @@ def made_them_all(hub: HubProcess) -> bool:
     return {a["rule.id"] for a in hub.alerts()} >= CLUSTER_RULES
 
 
+def restarted(
+    tmp_path: Path,
+    nats_server: NatsServer,
+    disk: TinyDisk,
+    receiver: Receiver,
+    hubs: list[HubProcess],
+    made_first: set[str],
+    lateness_s: float = QUICK_LATENESS_S,
+) -> HubProcess:
+    """A second hub on the same spool, the receiver up: the first run's alerts reach it."""
+    again = webhook_hub(tmp_path, nats_server, disk, receiver.port, "again", lateness_s)
+    hubs.append(again.start())
+    wait_for(lambda: made_first <= set(receiver.received), 30, "the first run's alerts")
+    return again
+
+
 def test_alerts_held_in_memory_are_made_again_and_sent_after_a_restart(
     nats_server: NatsServer,
     hubs: list[HubProcess],
@@ -106,9 +122,7 @@ def test_alerts_held_in_memory_are_made_again_and_sent_after_a_restart(
     disk.free()
     receiver = Receiver(receiver_port)
     try:
-        again = webhook_hub(tmp_path, nats_server, disk, receiver_port, "again", LATENESS_S)
-        hubs.append(again.start())
-        wait_for(lambda: made_first <= set(receiver.received), 30, "the first run's alerts")
+        again = restarted(tmp_path, nats_server, disk, receiver, hubs, made_first, LATENESS_S)
         wait_for(lambda: made_them_all(again), 30, "every alert of the scenario")
         wait_for(lambda: every_alert(again) <= set(receiver.received), 30, "their delivery")
         assert again.terminate() == 0
@@ -148,9 +162,7 @@ def test_late_events_are_not_acknowledged_while_their_alerts_are_only_in_memory(
     disk.free()
     receiver = Receiver(receiver_port)
     try:
-        again = webhook_hub(tmp_path, nats_server, disk, receiver_port, "again")
-        hubs.append(again.start())
-        wait_for(lambda: made_first <= set(receiver.received), 30, "the first run's alerts")
+        again = restarted(tmp_path, nats_server, disk, receiver, hubs, made_first)
         wait_for(lambda: acked_events(nats_server.url) > 0, 30, "the miners' events acknowledged")
         assert again.terminate() == 0
     finally:
