@@ -261,6 +261,14 @@ def read_detected(
     local = functools.partial(detect_chunk, detect=detect, engine=detect.engine())
     workers = max(1, jobs - 1)
     chunks = chunked.in_file_order(
-        os.path.abspath(path), stream, report, workers, task, prepare, local, pool
+        os.path.abspath(path),
+        stream,
+        report,
+        workers,
+        task,
+        prepare,
+        local,
+        pool,
+        chunked.WINDOW_DETECTED,  # a chunk's result holds only the few events it kept
     )
     yield from batches_of(map(kept_of, chunks), size)

@@ -374,6 +374,62 @@ def test_the_caller_keeps_detecting_while_its_worker_starts(tmp_path, monkeypatc
     assert read == expected and two == one
 
 
+def test_a_worker_goes_on_while_the_caller_is_busy_within_the_window(tmp_path, monkeypatch):
+    """A caller slower than its worker (busy with what the chunks before kept) lets the
+    worker run ahead by up to `window_size` chunks: results it finished and the caller has
+    not taken yet do not count against the worker's AHEAD_PER_WORKER (capped there, the
+    worker waited on the caller). Never more than `window_size` chunks are out at once,
+    which bounds the memory they hold, and they still come in file order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2048)
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=8)
+    handed: list[int] = []
+    finished: list[int] = []
+    window = 7
+
+    class Pool(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            handed.append(args[1])
+            return super().submit(fn, *args, **kwargs)
+
+    def task(path: str, start: int, end: int, prepare: chunked.Prepare | None) -> object:
+        parsed = chunked.parse_chunk(path, start, end, prepare)
+        finished.append(start)
+        return parsed
+
+    leads: list[int] = []
+    with events.open("rb") as stream, Pool(1) as pool:
+        one = InputReport(str(events))
+        expected = list(read_jsonl(stream, one))
+        stream.seek(0)
+        two = InputReport(str(events))
+        chunks = chunked.in_file_order(
+            str(events),
+            stream,
+            two,
+            1,
+            task,
+            None,
+            None,
+            pool,
+            window,  # type: ignore[arg-type]
+        )
+        read = []
+        for taken, chunk in enumerate(chunks, 1):
+            for _ in range(400):  # busy until the worker has done all it was given
+                if len(finished) == len(handed):
+                    break
+                threading.Event().wait(0.01)
+            leads.append(len(handed) - taken)
+            read += [e for a in chunk.arrays for e in orjson.loads(a)]
+    assert len(leads) > 3 * window  # the file was many windows long
+    assert max(leads) == window  # the worker ran as far ahead as the window lets it, no further
+    assert window > chunked.AHEAD_PER_WORKER + 1
+    assert read == expected and two == one
+
+
 def test_a_chunk_is_detected_list_by_list_as_one_whole_list_would_be(tmp_path, monkeypatch):
     """A worker parses, prepares and evaluates a chunk PARSE_BATCH lines at a time (the
     events still in the CPU cache), never the whole chunk at once; what it keeps, and their
