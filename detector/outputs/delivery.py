@@ -6,11 +6,11 @@ attempt and leaves it only once the receiver has taken it, so an outage or a cra
 nothing. Local outputs (stdout, JSONL file) are written directly.
 
 A spool that cannot be written (disk full) does not stop delivery: those alerts are held in
-memory (at most MAX_UNSPOOLED per destination), sent directly, and spooled again as soon as
-the disk takes them (tried about once a second, even while the receiver is down); each is
-counted (`unspooled`), and only what does not fit in memory is dropped, counted, as when the
-spool is full. `unspooled_ids` names the alerts held so: not durable yet (the hub does not
-acknowledge their events).
+memory (bounded by count and size per destination: held.py), sent directly, and spooled
+again as soon as the disk takes them (tried about once a second, even while the receiver
+is down); each is counted (`unspooled`), and only what does not fit in memory is dropped,
+counted, as when the spool is full. `unspooled_ids` names the alerts held so: not durable
+yet (the hub does not acknowledge their events).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ import contextlib
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcsec.detector.outputs.held import HeldAlerts
 from hpcsec.detector.outputs.protocol import Alert, DeliveryFailed, Output
 from hpcsec.detector.outputs.spool import Admission, Spool, SpoolEntry, SpoolError
 
-MAX_UNSPOOLED = 10_000  # alerts per destination held in memory while the spool cannot be written
 RESPOOL_EVERY_S = 1.0
 
 
@@ -142,7 +141,7 @@ class _Lane:
         self.next_attempt = 0.0
         self.last_error = ""
         self.lock = threading.Lock()
-        self.unspooled: deque[Alert] = deque()  # the spool could not take them (disk full)
+        self.unspooled = HeldAlerts()  # the spool could not take them (disk full)
         self.respool_at = 0.0  # next time.monotonic() to try writing them to the spool again
 
     def drain(
@@ -190,11 +189,11 @@ class _Lane:
         except SpoolError as exc:
             d.unspooled += len(alerts)
             d.spool_error = str(exc)
-            self.unspooled.extend(alerts)
-            while len(self.unspooled) > MAX_UNSPOOLED:  # memory is bounded too: oldest out
-                lost = str(self.unspooled.popleft().get("alert.id"))
+            for lost in self.unspooled.add(alerts):  # memory is bounded too: oldest out
                 d.dropped += 1
-                report.outcomes.append(DeliveryOutcome(lost, name, "dropped", str(exc)))
+                report.outcomes.append(
+                    DeliveryOutcome(str(lost.get("alert.id")), name, "dropped", str(exc))
+                )
             return
         self.unspooled.clear()
         self._admitted(admitted, report)
@@ -234,7 +233,7 @@ class _Lane:
             return False
         if self._respool(report):
             return True  # spooled now: the loop sends them from there
-        alert = self.unspooled[0]
+        alert = self.unspooled.first()
         failure = _attempt(self.output, alert)
         name = self.output.name
         alert_id = str(alert.get("alert.id"))
