@@ -22,7 +22,7 @@ from hpcsec.detector.core.schema import Event, rfc3339, status_event
 from hpcsec.detector.core.text import escape_surrogates, from_node_bytes
 
 if TYPE_CHECKING:
-    from hpcsec.sensors.proclists import Literals
+    from hpcsec.sensors.cmdline_condense import Literals
 
 # How many of a sample's refused files a sensor's status record names (it counts them all).
 MAX_REPORTED_REFUSALS = 10
@@ -258,7 +258,7 @@ class SensorContext:
     refused_inputs: dict[str, str] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
     # What the loaded rules look for in a command line, kept first when a long one is
-    # condensed (proclists.Literals); None: flags and URLs only (no rules loaded).
+    # condensed (cmdline_condense.Literals); None: flags and URLs only (no rules loaded).
     cmdline_literals: Literals | None = None
 
     @property

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.core.text import from_node_bytes
-from hpcsec.sensors import proclists, stalls, subuids
+from hpcsec.sensors import cmdline_condense, proclists, stalls, subuids
 from hpcsec.sensors.base import FsRoot, SensorContext
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
 # process of every sample. status is ~1.5 KiB. cmdline and environ are read whole, in bounded
 # chunks (sensors/proclists.py): their owner chooses their length.
 STATUS_MAX = 16 * 1024
-CMDLINE_MAX = proclists.CMDLINE_MAX
+CMDLINE_MAX = cmdline_condense.CMDLINE_MAX
 # The environment variables any part of hpcsec reads; nothing else of an environment is kept.
 ENVIRON_KEYS = ("LD_PRELOAD", "SLURM_JOB_ID", "SLURM_STEP_ID", "CUDA_VISIBLE_DEVICES")
 # glibc's ld.so loads the last LD_PRELOAD of an environment, musl's the first (getenv): both
@@ -154,7 +154,8 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         cmdline = stalls.guarded(
             pid,
             lambda: ctx.proc.read_condensed(
-                f"{base}/cmdline", lambda stream: proclists.cmdline(stream, ctx.cmdline_literals)
+                f"{base}/cmdline",
+                lambda stream: cmdline_condense.cmdline(stream, ctx.cmdline_literals),
             ),
             lambda: start_time(ctx.proc, pid),
             owner_key(ctx, pid, uid),
@@ -172,7 +173,7 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         args = [from_node_bytes(arg) for arg in cmdline.rstrip(b"\0").split(b"\0")]
         fields["process.args"] = args
         fields["process.command_line"] = " ".join(args)
-        if proclists.is_condensed(args):  # rules still saw its flags and URLs, head and tail
+        if cmdline_condense.is_condensed(args):  # rules still saw its flags and URLs, head and tail
             fields["process.command_line_truncated"] = True
     if uid is not None:
         fields["user.id"] = uid

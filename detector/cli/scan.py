@@ -29,7 +29,7 @@ from hpcsec.detector.runtime.endpoints import OutputSet, open_alert_outputs, ope
 from hpcsec.detector.runtime.pipeline import Pipeline, SourceBatch
 from hpcsec.detector.runtime.registry import SENSORS
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, demo_snapshot_dir
-from hpcsec.sensors.proclists import Literals
+from hpcsec.sensors.cmdline_condense import Literals
 
 BATCH = 256  # small batches stay in the CPU cache (bench/engine.py measures it)
 

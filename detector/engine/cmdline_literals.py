@@ -1,5 +1,5 @@
 """The texts the detection rules look for in a process's command line, for the process
-sensor to keep when it condenses a long one (sensors/proclists.py).
+sensor to keep when it condenses a long one (sensors/cmdline_condense.py).
 
 A process's owner writes its argv, and past 64 KiB the sensor keeps a head, a tail and some
 of the middle. Whatever rule-blind choice it makes for the middle, padding can push an

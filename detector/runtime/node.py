@@ -8,7 +8,7 @@ from typing import Any
 
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.sensors.base import FsRoot, Recorder, SensorContext
-from hpcsec.sensors.proclists import Literals
+from hpcsec.sensors.cmdline_condense import Literals
 
 
 def live_context(

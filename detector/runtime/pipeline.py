@@ -28,7 +28,7 @@ from hpcsec.detector.engine.ruleset import RuleSet
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.enrich.view import NodeView, capture_view
 from hpcsec.sensors.base import SensorContext
-from hpcsec.sensors.proclists import Literals
+from hpcsec.sensors.cmdline_condense import Literals
 
 logger = get_logger(__name__)
 
@@ -146,7 +146,8 @@ class Pipeline:
     @functools.cached_property
     def cmdline_literals(self) -> Literals:
         """What the rules look for in a command line, for the process sensor to keep from a
-        long one (sensors/proclists.py); made once per pipeline (a reload makes a new one)."""
+        long one (sensors/cmdline_condense.py); made once per pipeline (a reload makes a new
+        one)."""
         return Literals(self.engine.command_line_literals())
 
     def enrich(self, batch: SourceBatch) -> list[Event]:

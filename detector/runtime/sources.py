@@ -29,7 +29,7 @@ from hpcsec.detector.runtime.node import live_context
 from hpcsec.detector.runtime.pipeline import SourceBatch, capture
 from hpcsec.detector.runtime.sensorset import SensorSet
 from hpcsec.sensors.base import SensorContext, SensorRun
-from hpcsec.sensors.proclists import Literals
+from hpcsec.sensors.cmdline_condense import Literals
 from hpcsec.sensors.snapshot import Snapshot, open_snapshot
 
 SEARCH_BLOCK = 4 * 2**20  # bytes searched at once for the firmware lines

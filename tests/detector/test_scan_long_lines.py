@@ -23,7 +23,7 @@ from hpcsec.detector.core.text import from_node_bytes
 from hpcsec.detector.runtime import chunked
 from hpcsec.detector.runtime.pipeline import Pipeline
 from hpcsec.detector.runtime.sources import EventSources, ScanReport, lines_containing
-from hpcsec.sensors import proclists
+from hpcsec.sensors import cmdline_condense, proclists
 from tests.detector.test_scan_parallel import attack_events
 
 
@@ -210,7 +210,9 @@ def test_no_process_can_make_its_own_event_too_long_to_be_read():
     """The longest process event a sensor writes, from argv and environment values filled
     with control bytes (6 bytes of JSON each) as the process sensor keeps them, is far under
     the line limit: a scan never skips it."""
-    args = [from_node_bytes(a) for a in proclists.cmdline_args(io.BytesIO(b"\x01\0" * 10**6))]
+    args = [
+        from_node_bytes(a) for a in cmdline_condense.cmdline_args(io.BytesIO(b"\x01\0" * 10**6))
+    ]
     env = from_node_bytes(b"\x01\xff" * proclists.ENTRY_MAX)[: proclists.ENTRY_MAX]
     event = {
         "process.args": args,

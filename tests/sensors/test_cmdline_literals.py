@@ -12,7 +12,7 @@ from hpcsec.detector.config.site import load_config
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
 from hpcsec.detector.engine.ruleset import LoadedRule, RuleSet
-from hpcsec.sensors import proclists
+from hpcsec.sensors import cmdline_condense
 from tests.hostile_fs import as_root
 from tests.sensors.test_proc_limits import (  # noqa: F401
     alice_runs,
@@ -71,11 +71,11 @@ def test_the_bundled_miner_rule_gives_its_pool_and_option_literals():
     assert {"stratum+tcp://", " --donate-level", " --algo rx/"} <= literals
 
 
-def condense(args: list[bytes], literals: proclists.Literals | None) -> list[bytes]:
-    return proclists.cmdline_args(io.BytesIO(b"".join(a + b"\0" for a in args)), literals)
+def condense(args: list[bytes], literals: cmdline_condense.Literals | None) -> list[bytes]:
+    return cmdline_condense.cmdline_args(io.BytesIO(b"".join(a + b"\0" for a in args)), literals)
 
 
-MINER = proclists.Literals(["stratum+tcp://", " --donate-level", " --algo rx/"])
+MINER = cmdline_condense.Literals(["stratum+tcp://", " --donate-level", " --algo rx/"])
 HEAD = [b"A" * 100] * 330  # the head's 32 KiB
 TAIL = [b"B" * 100] * 200  # more than the tail's 16 KiB
 
@@ -86,7 +86,7 @@ def test_distinct_flags_no_longer_push_out_a_rule_literal():
     assert b"--donate-level=1" not in condense(args, None)  # the blind spot
     kept = condense(args, MINER)
     assert b"--donate-level=1" in kept
-    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+    assert len(b"\0".join(kept)) < cmdline_condense.CMDLINE_MAX
     assert condense(kept, MINER) == kept  # a snapshot replays the same event
 
 
@@ -110,14 +110,28 @@ def test_a_literal_deep_in_a_long_argument_is_kept_as_an_excerpt():
     long_arg = b"x" * 20_000 + b"stratum+tcp://deep:1" + b"y" * 20_000
     kept = condense([b"./x", *HEAD, *flags, long_arg, *TAIL], MINER)
     (excerpt,) = [arg for arg in kept if b"stratum+tcp://deep:1" in arg]
-    assert len(excerpt) < 200 and proclists.is_condensed([excerpt])
+    assert len(excerpt) < 200 and cmdline_condense.is_condensed([excerpt])
 
 
 def test_flooding_with_the_literal_keeps_it_once_and_stays_bounded():
     args = [b"./x", *HEAD, *([b"--donate-level=9"] * 20_000), *TAIL]
     kept = condense(args, MINER)
     assert kept.count(b"--donate-level=9") == 1
-    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+    assert len(b"\0".join(kept)) < cmdline_condense.CMDLINE_MAX
+
+
+def test_arguments_kept_for_the_literals_leave_the_flags_their_share_of_the_middle():
+    """A user who writes every literal the rules hold, one per argument, takes at most
+    COVER_MAX of the middle with them: the flags that follow still get the rest."""
+    literals = cmdline_condense.Literals([f"zlit{n:05d}" for n in range(1500)])
+    shown = [f"zlit{n:05d}".encode() for n in range(1500)]  # 15 KB, more than the middle
+    flags = [f"-f{n:04d}".encode() for n in range(1000)]  # 7 KB, more than the rest
+    kept = condense([b"./x", *HEAD, *shown, *flags, *TAIL], literals)
+    for_literals = sum(len(a) + 1 for a in kept if a.startswith(b"zlit"))
+    assert cmdline_condense.COVER_MAX - 20 < for_literals <= cmdline_condense.COVER_MAX
+    # the flags' share: a third of the middle (COVER_MAX is two thirds of it)
+    kept_flags = [a for a in kept if a.startswith(b"-f")]
+    assert len(kept_flags) * 7 > cmdline_condense.MIDDLE_MAX // 3 - 512
 
 
 @as_root
@@ -141,7 +155,7 @@ def test_a_padded_miner_still_raises_the_alert_in_a_live_scan(alice_runs):  # no
 def test_an_argument_with_two_literals_far_apart_does_not_turn_the_literals_off():
     """`xmrig` + 9 KB + `jupyter` in one argument: one excerpt of both would not fit the
     literals' room; it is kept around one of them, and a later `--algo rx/0` still is."""
-    literals = proclists.Literals(["xmrig", "jupyter", " --algo rx/", "stratum+tcp://"])
+    literals = cmdline_condense.Literals(["xmrig", "jupyter", " --algo rx/", "stratum+tcp://"])
     flags = [b"-a%05d" % n for n in range(2000)]
     real = [b"--algo", b"rx/0", b"-o", b"stratum+tcp://pool:3333"]
     poison = b"xmrig" + b"q" * 9000 + b"jupyter"
@@ -154,7 +168,7 @@ def test_a_literal_across_two_arguments_left_out_is_kept_where_it_comes_again():
     """The literals' room nearly full, a decoy ` --algo` / `rx/0` whose first argument is too
     long for it is left out: the literal must not count as kept, so the later short copy is."""
     fillers = [f"lit{n:03d}" for n in range(89)]
-    literals = proclists.Literals([" --algo rx/", *fillers])
+    literals = cmdline_condense.Literals([" --algo rx/", *fillers])
     fill = [f.encode() + b"z" * 94 for f in fillers[:80]] + [f.encode() for f in fillers[80:]]
     flags = [b"-a%05d" % n for n in range(2000)]
     decoy = [b"q" * 1000 + b" --algo", b"rx/0"]
@@ -164,5 +178,5 @@ def test_a_literal_across_two_arguments_left_out_is_kept_where_it_comes_again():
 
 def test_a_rule_literal_no_argument_can_show_is_skipped():
     """A rule's `\\ud800abc` (valid YAML, loaded without error) made the agent's start fail."""
-    literals = proclists.Literals(["\ud800abc", "xmrig"])
+    literals = cmdline_condense.Literals(["\ud800abc", "xmrig"])
     assert literals.found(b"./xmrig") and not literals.found(b"abc")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from hpcsec.detector.enrich.policy import preload_allowed
-from hpcsec.sensors import proclists
+from hpcsec.sensors import cmdline_condense, proclists
 from hpcsec.sensors.base import FsRoot, SensorContext
 from hpcsec.sensors.process import ProcessSensor
 from hpcsec.sensors.procinfo import ENVIRON_KEYS, EVERY_LOADER, environ_value, read_environ
@@ -23,13 +23,13 @@ PAD = 70 * 1024
 
 
 def condense(args: list[bytes]) -> list[bytes]:
-    return proclists.cmdline_args(io.BytesIO(b"".join(a + b"\0" for a in args)))
+    return cmdline_condense.cmdline_args(io.BytesIO(b"".join(a + b"\0" for a in args)))
 
 
 def test_a_command_line_that_fits_is_kept_whole():
     args = [b"python3", b"train.py", b"x" * 60_000]
     assert condense(args) == args
-    assert not proclists.is_condensed(args)
+    assert not cmdline_condense.is_condensed(args)
 
 
 def test_a_flag_and_url_in_the_middle_of_a_huge_command_line_are_kept():
@@ -39,14 +39,14 @@ def test_a_flag_and_url_in_the_middle_of_a_huge_command_line_are_kept():
     joined = b" ".join(kept)
     assert b" --url stratum+tcp://pool:3333 " in joined
     assert kept[0] == b"./worker" and kept[-1] == b"end"
-    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
-    assert proclists.GAP.match(kept[kept.index(b"--url") - 1])  # says what was left out
-    assert proclists.is_condensed(kept)
+    assert len(b"\0".join(kept)) < cmdline_condense.CMDLINE_MAX
+    assert cmdline_condense.GAP.match(kept[kept.index(b"--url") - 1])  # says what was left out
+    assert cmdline_condense.is_condensed(kept)
 
 
 def test_one_huge_argument_is_cut_with_a_marker():
     kept = condense([b"sh", b"a" * 66_000, b"--url", b"stratum+tcp://p:1"])
-    assert kept[1] == b"a" * proclists.ARG_KEEP + "\u2026[hpcsec: cut 61904 bytes]".encode()
+    assert kept[1] == b"a" * cmdline_condense.ARG_KEEP + "\u2026[hpcsec: cut 61904 bytes]".encode()
     assert kept[2:] == [b"--url", b"stratum+tcp://p:1"]
 
 
@@ -58,7 +58,7 @@ def test_condensing_is_stable_so_a_snapshot_replays_the_same_event():
 
 def test_memory_stays_bounded_with_a_million_arguments():
     kept = condense([b"a"] * 1_000_000)
-    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
+    assert len(b"\0".join(kept)) < cmdline_condense.CMDLINE_MAX
 
 
 def test_environ_keeps_the_asked_entries_wherever_they_are():
@@ -214,8 +214,8 @@ def test_flags_padding_the_middle_do_not_hide_the_url_after_them(flags):
     kept = condense(args)
     assert b"stratum+tcp://pool.example:3333" in kept
     assert kept.count(flags[0]) <= 1  # an indicator is kept once
-    assert len(b"\0".join(kept)) < proclists.CMDLINE_MAX
-    (gap,) = [arg for arg in kept if proclists.GAP.match(arg)]
+    assert len(b"\0".join(kept)) < cmdline_condense.CMDLINE_MAX
+    (gap,) = [arg for arg in kept if cmdline_condense.GAP.match(arg)]
     assert b"with a URL" not in gap
     assert condense(kept) == kept  # a snapshot replays the same event
 
@@ -225,7 +225,7 @@ def test_urls_past_the_middle_are_counted_in_the_marker():
     many (a rule or an analyst can tell such a command line from a long build's)."""
     urls = [f"s3://bucket/shard-{n:06d}".encode() for n in range(2000)]
     kept = condense([b"./loader", *([b"A" * 100] * 330), *urls, *([b"B" * 100] * 200)])
-    (gap,) = [arg for arg in kept if proclists.GAP.match(arg)]
+    (gap,) = [arg for arg in kept if cmdline_condense.GAP.match(arg)]
     left_out = 2000 - sum(arg.startswith(b"s3://") for arg in kept)
     assert left_out > 0 and gap.endswith(f", {left_out} with a URL]".encode())
     assert condense(kept) == kept

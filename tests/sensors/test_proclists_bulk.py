@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
-from hpcsec.sensors import proclists
+from hpcsec.sensors import cmdline_condense, proclists
 from hpcsec.sensors.proclists import CUT
 
 # -- the reference: proclists.py before it worked a chunk at a time (verbatim, renamed) ------
@@ -25,11 +25,11 @@ CHUNK = proclists.CHUNK
 SCAN_MAX = proclists.SCAN_MAX
 ENTRY_MAX = proclists.ENTRY_MAX
 MARKER_ROOM = proclists.MARKER_ROOM
-CMDLINE_MAX = proclists.CMDLINE_MAX
-HEAD_MAX = proclists.HEAD_MAX
-MIDDLE_MAX = proclists.MIDDLE_MAX
-TAIL_MAX = proclists.TAIL_MAX
-ARG_KEEP = proclists.ARG_KEEP
+CMDLINE_MAX = cmdline_condense.CMDLINE_MAX
+HEAD_MAX = cmdline_condense.HEAD_MAX
+MIDDLE_MAX = cmdline_condense.MIDDLE_MAX
+TAIL_MAX = cmdline_condense.TAIL_MAX
+ARG_KEEP = cmdline_condense.ARG_KEEP
 
 
 def _entries(stream: BinaryIO, keep_max: int) -> Iterator[tuple[bytes, int]]:
@@ -398,7 +398,7 @@ class _Watched(_ReferenceCondensed):
             for at, kept in enumerate(self.middle)
             if kept is not None and at not in self.covers and b"://" not in kept
         )
-        no_url_fits = MIDDLE_MAX - self.middle_size + flags < proclists.MIN_URL
+        no_url_fits = MIDDLE_MAX - self.middle_size + flags < cmdline_condense.MIN_URL
         if no_url_fits and (arg in self.middle_seen or arg.count(b"://") > 1) and b"://" in arg:
             self.differs.add("counted by its ://")
         super()._keep_or_leave(arg)
@@ -453,15 +453,18 @@ MANY = SOME + [f"lit{n:02d}" for n in range(12)]
 
 @pytest.fixture
 def small(monkeypatch):
-    """Small limits, in the module and in the reference alike: a few thousand arguments
-    exercise what 64 MiB would (the chunk size is set per case)."""
+    """Small limits, in the modules (proclists' chunks, cmdline_condense's limits) and in the
+    reference alike: a few thousand arguments exercise what 64 MiB would (the chunk size is
+    set per case)."""
 
     def limits(chunk: int, cover: int = SMALL["COVER_MAX"], **more: int) -> None:
-        for module in (proclists, sys.modules[__name__]):
-            for name, value in {**SMALL, "CHUNK": chunk, "COVER_MAX": cover}.items():
+        for module in (cmdline_condense, sys.modules[__name__]):
+            for name, value in {**SMALL, "COVER_MAX": cover}.items():
                 monkeypatch.setattr(module, name, value)
+        for module in (proclists, sys.modules[__name__]):
+            monkeypatch.setattr(module, "CHUNK", chunk)
         for name, value in more.items():
-            monkeypatch.setattr(proclists, name, value)
+            monkeypatch.setattr(cmdline_condense, name, value)
 
     return limits
 
@@ -519,8 +522,8 @@ def command_line(rng: random.Random) -> bytes:
     return data[:-1] if data and rng.random() < 0.2 else data
 
 
-def condense(data: bytes, literals: proclists.Literals | None = None) -> list[bytes]:
-    return proclists.cmdline_args(io.BytesIO(data), literals)
+def condense(data: bytes, literals: cmdline_condense.Literals | None = None) -> list[bytes]:
+    return cmdline_condense.cmdline_args(io.BytesIO(data), literals)
 
 
 def joined(args: list[bytes]) -> bytes:
@@ -553,7 +556,7 @@ def test_each_chunk_condensed_at_once_keeps_what_one_argument_at_a_time_kept(
         chunk, cover = rng.choice([7, 64, 100, 1024, 65536]), rng.choice([128, 128, 48])
         small(chunk, cover, FEW_KEYS=few_keys, WEIGH_BLOCK=4, PRUNE_MATCHES=rng.choice([0, 16]))
         data = command_line(rng)
-        ours = proclists.Literals(literals) if literals else None
+        ours = cmdline_condense.Literals(literals) if literals else None
         kept = condense(data, ours)
         reference = watched_cmdline_args(data, ReferenceLiterals(literals) if literals else None)
         assert len(joined(kept)) <= SMALL["CMDLINE_MAX"] + 1, seed
@@ -566,11 +569,11 @@ def test_each_chunk_condensed_at_once_keeps_what_one_argument_at_a_time_kept(
             assert kept == expected, seed
             compared += 1
         elif "no room for a literal" not in reference.differs:
-            assert [a for a in kept if not plain_flag(a) and not proclists.GAP.match(a)] == [
-                a for a in expected if not plain_flag(a) and not proclists.GAP.match(a)
+            assert [a for a in kept if not plain_flag(a) and not cmdline_condense.GAP.match(a)] == [
+                a for a in expected if not plain_flag(a) and not cmdline_condense.GAP.match(a)
             ], seed
         else:
-            found = proclists.Literals(literals or []).found
+            found = cmdline_condense.Literals(literals or []).found
             assert reference.covers_before_no_room is not None
             before = found(b" ".join(reference.covers_before_no_room))
             assert before.keys() <= found(b" ".join(kept)).keys(), seed
@@ -580,7 +583,7 @@ def test_each_chunk_condensed_at_once_keeps_what_one_argument_at_a_time_kept(
 def test_a_literal_of_two_words_is_found_wherever_chunks_and_the_tail_cut(small):
     """`--algo` and `rx/0` at every offset of a long command line: across a chunk's end, the
     tail's edge, or an argument cut by a chunk, the same as the reference."""
-    literals, reference = proclists.Literals(SOME), ReferenceLiterals(SOME)
+    literals, reference = cmdline_condense.Literals(SOME), ReferenceLiterals(SOME)
     for chunk in (7, 64, 100):
         small(chunk)
         for at in range(0, 700, 3):
@@ -600,7 +603,7 @@ def test_a_literal_of_two_words_across_a_64_kib_chunk_is_kept(offset):
     pad = proclists.CHUNK * 2 - len(before) - len(b"--algo\0") + offset
     data = before + joined([b"p" * (pad - 1), b"--algo", b"rx/0", *[b"B" * 100] * 200])
     assert data.index(b"--algo") + len(b"--algo\0") == proclists.CHUNK * 2 + offset
-    kept = condense(data, proclists.Literals(SOME))
+    kept = condense(data, cmdline_condense.Literals(SOME))
     assert b" --algo rx/0 " in b" ".join(kept)
     assert kept == reference_cmdline_args(io.BytesIO(data), ReferenceLiterals(SOME))
 
@@ -614,7 +617,7 @@ def random_text(rng: random.Random, alphabet: bytes = b"ab-:/\0") -> bytes:
 
 
 def test_the_arguments_longer_than_arg_keep_are_all_found(monkeypatch):
-    monkeypatch.setattr(proclists, "ARG_KEEP", 8)
+    monkeypatch.setattr(cmdline_condense, "ARG_KEEP", 8)
     rng = random.Random(1)
     for _ in range(2000):
         text = joined([b"x" * rng.choice([0, 1, 7, 8, 9, 15, 16, 17, 40]) for _ in range(20)])
@@ -623,7 +626,7 @@ def test_the_arguments_longer_than_arg_keep_are_all_found(monkeypatch):
             if len(arg) > 8:
                 naive.append((at, at + len(arg)))
             at += len(arg) + 1
-        assert list(proclists._long_spans(text)) == naive, text
+        assert list(cmdline_condense._long_spans(text)) == naive, text
 
 
 def test_flags_and_urls_are_found_where_they_are():
@@ -636,11 +639,11 @@ def test_flags_and_urls_are_found_where_they_are():
             at += len(arg) + 1
         flags = [(start, arg) for start, arg in zip(starts, args, strict=True) if arg[:1] == b"-"]
         urls = [(start, arg) for start, arg in zip(starts, args, strict=True) if b"://" in arg]
-        assert list(zip(*proclists._flags_at(text), strict=True)) == flags, text
-        assert list(zip(*proclists._urls(text), strict=True)) == urls, text
+        assert list(zip(*cmdline_condense._flags_at(text), strict=True)) == flags, text
+        assert list(zip(*cmdline_condense._urls(text), strict=True)) == urls, text
         for room in (1, 2, 3, 5, 64, 65, 4000):
             fitting = [arg for _, arg in flags if len(arg) < room]
-            found = [arg for arg in proclists._flags(text, room) if len(arg) < room]
+            found = [arg for arg in cmdline_condense._flags(text, room) if len(arg) < room]
             assert list(dict.fromkeys(found)) == list(dict.fromkeys(fitting)), (text, room)
 
 
@@ -654,7 +657,7 @@ def test_entries_are_cut_out_of_any_chunking():
             cuts = sorted({*cuts, *(at for at, byte in enumerate(data) if byte == 0)})
         chunks = [data[start:end] for start, end in pairwise(cuts)]
         entries = []
-        for head, length, body in proclists._entry_blocks(chunks, 6):
+        for head, length, body in proclists.entry_blocks(chunks, 6):
             entries.append((head, length))
             entries += [(arg[:7], len(arg)) for arg in body.split(b"\0")[:-1]]
         assert entries == list(_entries(io.BytesIO(data), 6)), data
@@ -662,21 +665,21 @@ def test_entries_are_cut_out_of_any_chunking():
 
 @pytest.mark.parametrize("few_keys", [2, 100])
 def test_a_scan_finds_each_literal_not_kept_from_where_it_is_asked(monkeypatch, few_keys):
-    monkeypatch.setattr(proclists, "FEW_KEYS", few_keys)
-    literals = proclists.Literals(["xmrig", "aws s3"])
+    monkeypatch.setattr(cmdline_condense, "FEW_KEYS", few_keys)
+    literals = cmdline_condense.Literals(["xmrig", "aws s3"])
     text = b"a\0xmrig\0aws\0s3\0b\0xmrig\0"
     covered: set[str] = set()
-    scan = proclists._Scan(literals, covered, text, None)
+    scan = cmdline_condense._Scan(literals, covered, text, None)
     assert scan.at(0) == 2  # xmrig
     assert scan.at(3) == 8  # aws, across to s3
     assert scan.at(9) == 17  # xmrig again: not kept yet
     covered.add("xmrig")
     assert scan.at(9) == -1
-    assert proclists._Scan(literals, {"xmrig", "aws s3"}, text, None).at(0) == -1
+    assert cmdline_condense._Scan(literals, {"xmrig", "aws s3"}, text, None).at(0) == -1
 
 
 def test_an_automaton_of_the_literals_not_kept_leaves_those_kept_out():
-    literals = proclists.Literals(["xmrig", "aws s3"])
+    literals = cmdline_condense.Literals(["xmrig", "aws s3"])
     automaton = literals.automaton({"xmrig"})
     text = b"xmrig\0aws\0s3\0"
     assert literals.starts(text, {"xmrig"}) == ([(6, "aws s3")], 1)
@@ -701,9 +704,10 @@ def calls(monkeypatch) -> Counter:
         monkeypatch.setattr(owner, name, counting)
 
     for name in ("_one", "_fits", "_enter", "_leave_out", "_segment", "_weigh_all"):
-        spy(proclists._Condensed, name)
-    for name in ("_note_entry", "_urls", "_flags"):
-        spy(proclists, name)
+        spy(cmdline_condense._Condensed, name)
+    for name in ("_urls", "_flags"):
+        spy(cmdline_condense, name)
+    spy(proclists, "_note_entry")
     return counted
 
 
@@ -717,21 +721,21 @@ def chunks_of(data: bytes) -> int:
 @pytest.mark.parametrize("literals", [None, REAL])
 def test_padding_takes_no_python_step_per_argument(calls, literals):
     data = b"a\0" * 1_000_000
-    condense(data, proclists.Literals(literals) if literals else None)
+    condense(data, cmdline_condense.Literals(literals) if literals else None)
     assert calls["_one"] == calls["_fits"] == calls["_leave_out"] == 0
     assert calls["_segment"] <= chunks_of(data)
 
 
 @pytest.mark.parametrize("literals", [None, REAL])
 def test_a_flood_of_one_flag_is_weighed_once(calls, literals):
-    kept = condense(b"-vv\0" * 500_000, proclists.Literals(literals) if literals else None)
+    kept = condense(b"-vv\0" * 500_000, cmdline_condense.Literals(literals) if literals else None)
     assert calls["_fits"] == calls["_enter"] == 1
-    assert kept.count(b"-vv") == (proclists.HEAD_MAX + proclists.TAIL_MAX) // 4 + 1
+    assert kept.count(b"-vv") == (cmdline_condense.HEAD_MAX + cmdline_condense.TAIL_MAX) // 4 + 1
 
 
 @pytest.mark.parametrize(
     ("size", "entered"),
-    [(6, proclists.MIDDLE_MAX // 7), (200, 121)],  # 3 bytes of room left, or 67
+    [(6, cmdline_condense.MIDDLE_MAX // 7), (200, 121)],  # 3 bytes of room left, or 67
     ids=["short ones, little room", "long ones, more room than ROOM_SHORT"],
 )
 def test_distinct_flags_that_cannot_fit_are_passed_over_in_c(calls, size, entered):
@@ -742,15 +746,17 @@ def test_distinct_flags_that_cannot_fit_are_passed_over_in_c(calls, size, entere
     flags = (b"-%0*d" % (size - 1, n) for n in range(8_000_000 // size))
     data = joined([*head, *filler, *flags])
     made: list[int] = []  # the flags made into objects, per segment
-    real = proclists._flags
+    real = cmdline_condense._flags
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            proclists, "_flags", lambda *args: made.append(len(found := real(*args))) or found
+            cmdline_condense,
+            "_flags",
+            lambda *args: made.append(len(found := real(*args))) or found,
         )
         condense(data)
     assert calls["_enter"] == entered
     assert calls["_fits"] <= calls["_enter"] + chunks_of(data)
-    if size < proclists.ROOM_SHORT:  # only the chunks filling the middle made them
+    if size < cmdline_condense.ROOM_SHORT:  # only the chunks filling the middle made them
         assert sum(made) <= 3 * proclists.CHUNK // size
 
 
@@ -758,9 +764,9 @@ def test_distinct_urls_that_cannot_fit_are_counted_unweighed(calls):
     """Once no URL can enter the middle, URLs are counted (`://`), not looked at."""
     urls = joined(b"a://%06d" % n for n in range(300_000))
     kept = condense(urls)
-    assert calls["_enter"] == proclists.MIDDLE_MAX // 11
+    assert calls["_enter"] == cmdline_condense.MIDDLE_MAX // 11
     assert calls["_urls"] + calls["_flags"] + calls["_weigh_all"] <= 2  # filling the middle
-    (gap,) = [arg for arg in kept if proclists.GAP.match(arg)]
+    (gap,) = [arg for arg in kept if cmdline_condense.GAP.match(arg)]
     left_out = 300_000 - sum(b"://" in arg for arg in kept)
     assert gap.endswith(f"left out, {left_out} with a URL]".encode())
 
@@ -770,20 +776,20 @@ def test_a_flood_of_one_literal_is_kept_once_and_then_costs_nothing(calls, monke
     """Once kept, a literal is no longer looked for: with few keys left, no find is made for
     it; with many, the automaton is made anew without it once its matches cost more."""
     wasted: list[int] = []
-    real_starts = proclists.Literals.starts
+    real_starts = cmdline_condense.Literals.starts
 
     def starts(self, *args):
         found = real_starts(self, *args)
         wasted.append(found[1])
         return found
 
-    monkeypatch.setattr(proclists.Literals, "starts", starts)
-    ours = proclists.Literals(literals)
+    monkeypatch.setattr(cmdline_condense.Literals, "starts", starts)
+    ours = cmdline_condense.Literals(literals)
     flood = b"--donate-level=1\0" * 300_000
     kept = condense(joined([b"A" * 100] * 330) + flood, ours)  # the head shows none
-    assert kept.count(b"--donate-level=1") == 1 + proclists.TAIL_MAX // 17
+    assert kept.count(b"--donate-level=1") == 1 + cmdline_condense.TAIL_MAX // 17
     assert calls["_one"] == 1
-    assert sum(wasted) <= (proclists.PRUNE_MATCHES + 1) * len(ours.keys) + proclists.CHUNK
+    assert sum(wasted) <= (cmdline_condense.PRUNE_MATCHES + 1) * len(ours.keys) + proclists.CHUNK
     assert wasted[-5:] == [0] * min(5, len(wasted))
 
 
@@ -807,7 +813,7 @@ def test_past_the_literals_room_an_argument_showing_one_is_kept_as_a_url():
     text it had no room for. It is a URL, and is kept as one."""
     names = [f"lit{n:02d}x" for n in range(40)]
     ours, reference = (
-        proclists.Literals([*names, "stratum+tcp://"]),
+        cmdline_condense.Literals([*names, "stratum+tcp://"]),
         ReferenceLiterals([*names, "stratum+tcp://"]),
     )
     fillers = [name.encode().ljust(255, b"f") for name in names]  # 32 fill 8 KiB

@@ -471,7 +471,7 @@ def test_dedup_forgets_ended_windows_but_folds_late_matches(node: Node):
 
 def test_the_process_sensor_keeps_what_the_rules_in_force_look_for(node: Node):
     """The agent's sensors get the command-line literals of its rules, those of the new
-    rules after a reload: a long command line keeps them (sensors/proclists.py)."""
+    rules after a reload: a long command line keeps them (sensors/cmdline_condense.py)."""
     rule_file = node.rules / "cmdline.yml"
     rule_file.write_text(rule(RULE_A_ID, "first-literal", field="process.command_line"))
     agent = Agent(AgentSettings(rule_paths=(str(node.rules),), default_rules=False, host_name="n1"))
