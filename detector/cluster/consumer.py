@@ -78,8 +78,36 @@ class PullRequest:
     ended: bool = False  # the server's status said it is over and found nothing more
 
 
-# (stream sequence, event time (epoch; -inf for messages nothing waits for), message)
-Held = tuple[int, float, Msg]
+# Messages one held block stands for, at most. A member keeps every message it has not acked
+# (the horizon: the longest correlation timespan, two hours with the bundled rules), and kept
+# whole (its event's bytes, ~1 KB each) that was gigabytes at the fleet's usual rates and
+# grew with any node's flood. A block keeps only the event times it spans and its last
+# message, whose ack acknowledges the block (AckPolicy.ALL): it is acked once all of its
+# events are past the cutoff. Its events lie within HELD_SPREAD_S of each other, so a block
+# is acked at most that much event time later than its messages one by one would be.
+HELD_BLOCK = 256
+HELD_SPREAD_S = 1.0
+
+
+@dataclass
+class HeldBlock:
+    """Consecutive messages evaluated and not acked yet, through `last` (its stream
+    sequence: `last_seq`); the oldest and newest event times among them (inf and -inf
+    while none has one that anything waits for)."""
+
+    last_seq: int
+    oldest: float
+    newest: float
+    last: Msg
+    count: int = 1
+
+    def takes(self, t: float) -> bool:
+        """Whether a message of event time `t` (-inf: none) may join the block."""
+        if self.count >= HELD_BLOCK:
+            return False
+        return t == -math.inf or max(self.newest, t) - min(self.oldest, t) < HELD_SPREAD_S
+
+
 _V1_TOKENS, _V2_MIN_TOKENS = 9, 11  # `$JS.ACK.` reply subjects without and with a domain
 
 
@@ -128,7 +156,8 @@ class PartitionFeed:
         self.nc: Client = js._nc  # nats-py keeps the context's connection private
         self.partition = partition
         self.durable = durable_name(partition)
-        self.held: deque[Held] = deque()
+        self.held: deque[HeldBlock] = deque()
+        self._ends: set[int] = set()  # the held blocks' last stream sequences
         self.last_seq = 0  # the newest stream sequence evaluated: all before it were too
         self.acked_seq = 0  # the newest stream sequence acked (the ack floor as we know it)
         self.delivered_seq = 0  # the consumer's delivery sequence of the last message in
@@ -308,8 +337,8 @@ class PartitionFeed:
         if seq is None:
             return None
         if seq <= self.last_seq:
-            if seq > self.acked_seq and self._current(msg):
-                self._renewed[seq] = msg  # held: acked through this redelivery
+            if seq in self._ends and self._current(msg):
+                self._renewed[seq] = msg  # a held block's last: acked through this redelivery
             return None
         self.last_seq = seq
         return seq
@@ -320,34 +349,55 @@ class PartitionFeed:
         return self._sid is not None and msg._sid == self._sid
 
     def hold(self, seq: int, msg: Msg, event_time: float | None) -> None:
-        self.held.append((seq, -math.inf if event_time is None else event_time, msg))
+        t = -math.inf if event_time is None else event_time
+        held = self.held
+        if held and held[-1].takes(t):
+            block = held[-1]
+            self._ends.discard(block.last_seq)
+            block.last_seq, block.last, block.count = seq, msg, block.count + 1
+            if t > block.newest:
+                block.newest = t
+            if -math.inf < t < block.oldest:
+                block.oldest = t
+        else:
+            held.append(HeldBlock(seq, math.inf if t == -math.inf else t, t, msg))
+        self._ends.add(seq)
 
     async def ack_before(self, cutoff: float) -> int:
-        """Ack the longest run of held messages whose events are older than `cutoff`: one
+        """Ack the longest run of held blocks whose events are all older than `cutoff`: one
         ack for the run (AckPolicy.ALL)."""
         held = self.held
-        if not held or held[0][1] >= cutoff:
+        if not held or held[0].newest >= cutoff:
             return 0
         if cutoff == math.inf:  # nothing waits for any message (no correlation)
             last = held[-1]
             held.clear()
+            self._ends.clear()
         else:
             last = held.popleft()
-            while held and held[0][1] < cutoff:
+            self._ends.discard(last.last_seq)
+            while held and held[0].newest < cutoff:
                 last = held.popleft()
-        ack = last[2] if self._current(last[2]) else self._renewed.get(last[0])
+                self._ends.discard(last.last_seq)
+        ack = last.last if self._current(last.last) else self._renewed.get(last.last_seq)
         if ack is None or not self._current(ack):
-            held.appendleft(last)  # its redelivery is on the way (a re-read)
+            self._put_back(last)  # its redelivery is on the way (a re-read)
             return 0
         try:
             await ack.ack()
         except NatsError:
-            held.appendleft(last)  # acked later; a restart replays a little more
+            self._put_back(last)  # acked later; a restart replays a little more
             return 0
-        self.acked_seq = max(self.acked_seq, last[0])
-        for seq in [seq for seq in self._renewed if seq <= last[0]]:
+        self.acked_seq = max(self.acked_seq, last.last_seq)
+        for seq in [seq for seq in self._renewed if seq <= last.last_seq]:
             del self._renewed[seq]
-        return last[0]
+        return last.last_seq
+
+    def _put_back(self, block: HeldBlock) -> None:
+        """The last block of a run not acked after all: held again, first (the run's other
+        blocks are acked with it later: AckPolicy.ALL)."""
+        self.held.appendleft(block)
+        self._ends.add(block.last_seq)
 
     async def close(self) -> None:
         if self.sub is not None:

@@ -14,6 +14,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from hpcsec.detector.cluster import consumer
 from hpcsec.detector.cluster.consumer import (
     FETCH_BATCH,
     FETCH_WAIT_S,
@@ -72,10 +73,10 @@ async def _ack_floor(js: JetStreamContext, durable: str, expected: int) -> int:
     return floor
 
 
-async def _feed_round(url: str) -> tuple[list[int | None], list[int], int]:
-    """Ten messages through a partition's feed: the sequences `fresh` gives (a redelivered
-    one again at the end), the ack floor after each `ack_before`, and the feed's resume
-    point once it is opened again."""
+async def _feed_round(url: str, step: float) -> tuple[list[int | None], list[int], int]:
+    """Ten messages through a partition's feed, event times `step` apart: the sequences
+    `fresh` gives (a redelivered one again at the end), the ack floor after each
+    `ack_before`, and the feed's resume point once it is opened again."""
     nc = await connect([url], reconnect=False)
     try:
         js = nc.jetstream()
@@ -90,10 +91,10 @@ async def _feed_round(url: str) -> tuple[list[int | None], list[int], int]:
         seqs = [feed.fresh(m) for m in msgs] + [feed.fresh(msgs[4])]
         for seq, msg in zip(seqs, msgs, strict=False):
             assert seq is not None
-            feed.hold(seq, msg, 100.0 + seq if seq != 3 else None)  # 3: nothing waits for it
+            feed.hold(seq, msg, 100.0 + seq * step if seq != 3 else None)  # 3: none waits
         floors = []
-        for cutoff, expected in ((100.0, 0), (104.5, 4), (106.0, 5), (math.inf, 10)):
-            await feed.ack_before(cutoff)
+        for cutoff, expected in ((0.0, 0), (4.5, 4), (6.0, 5), (math.inf, 10)):
+            await feed.ack_before(100.0 + cutoff * step)
             floors.append(await _ack_floor(js, feed.durable, expected))
         await feed.close()
         return seqs, floors, await PartitionFeed(js, 3).open()
@@ -101,12 +102,55 @@ async def _feed_round(url: str) -> tuple[list[int | None], list[int], int]:
         await nc.close()
 
 
-def test_fresh_sequences_and_acks_in_runs_on_a_real_server(nats_server: NatsServer) -> None:
-    seqs, floors, resume = asyncio.run(_feed_round(nats_server.url))
-    # one ack per run: up to the first event not older than the cutoff (3 waits for none)
+@pytest.mark.parametrize(
+    ("step", "block", "expected"),
+    [
+        # events a second apart are held one by one: one ack per run, up to the first event
+        # not older than the cutoff (3 waits for none)
+        (1.0, consumer.HELD_BLOCK, [0, 4, 5, 10]),
+        # within HELD_SPREAD_S, by blocks (of 4 here): a block is acked once all its events
+        # are, so 5-8 waits for 8
+        (0.01, 4, [0, 4, 4, 10]),
+    ],
+)
+def test_fresh_sequences_and_acks_in_runs_on_a_real_server(
+    nats_server: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    step: float,
+    block: int,
+    expected: list[int],
+) -> None:
+    monkeypatch.setattr(consumer, "HELD_BLOCK", block)
+    seqs, floors, resume = asyncio.run(_feed_round(nats_server.url, step))
     assert seqs == [*range(1, 11), None]  # the redelivery of 5 is skipped
-    assert floors == [0, 4, 5, 10]
+    assert floors == expected
     assert resume == 11  # a restart resumes after the ack floor
+
+
+def test_held_messages_cost_a_block_each_not_a_message_each() -> None:
+    """What a member holds until the horizon passes is one message (and a few numbers) per
+    HELD_BLOCK messages whose events lie within HELD_SPREAD_S: the others, their event
+    bytes with them, are let go once evaluated. Held whole, two hours of a fleet's events
+    were gigabytes."""
+    import types
+    import weakref
+
+    feed = PartitionFeed(types.SimpleNamespace(_nc=None), 3)  # type: ignore[arg-type]
+    alive: list[weakref.ref[Msg]] = []
+    count = 10 * consumer.HELD_BLOCK + 7
+    for seq in range(1, count + 1):
+        msg = Msg(_client=None, subject="s", reply=V1.format(seq=seq), data=b"x" * 600)  # type: ignore[arg-type]
+        alive.append(weakref.ref(msg))
+        feed.hold(seq, msg, 1000.0 + (seq % 50) / 1000)
+        del msg
+    blocks = -(-count // consumer.HELD_BLOCK)
+    assert len(feed.held) == blocks
+    assert sum(ref() is not None for ref in alive) == blocks  # each block's last only
+    assert [b.last_seq for b in feed.held][-2:] == [count - 7, count]
+    assert all(b.newest == 1000.049 for b in list(feed.held)[:-1])
+    # past the spread a block ends early: a block's events are acked at most that late
+    feed.hold(count + 1, Msg(_client=None, reply=V1.format(seq=count + 1)), 1000.0 + 5)  # type: ignore[arg-type]
+    assert len(feed.held) == blocks + 1
 
 
 def _reference_clock(events: list[dict], sources: list[int], idle_before: set[int]) -> HubClock:
