@@ -5,7 +5,9 @@ bounded memory and CPU; the stream is read by sensors/proclists.py (`read_chunks
 `cmdline` keeps every argument while the whole fits in `CMDLINE_MAX`; past that, a head, a
 tail and, from the middle, the arguments that carry what rules look for (flags and URLs, and
 the arguments showing the loaded rules' literals first), with one marker argument saying how
-much was left out. Each kept argument is cut at `ARG_KEEP` bytes with a marker. The
+much was left out. Each kept argument is cut at `ARG_KEEP` bytes with a marker (a literal
+past the cut of a head argument, shown nowhere in the head, is kept as an excerpt in the
+middle, as one from the middle is). The
 condensed form fits `CMDLINE_MAX` and is stable: condensing it again changes nothing, so a
 snapshot that records it replays to the same event.
 
@@ -336,6 +338,7 @@ class _Condensed:
         self.head: list[bytes] = []
         self.head_size = 0
         self.head_open = True
+        self.head_longs: list[tuple[bytes, int]] = []  # the head's arguments cut at ARG_KEEP
         self.window = b""  # the tail, NUL-terminated arguments as kept
         self.window_at = 0  # where the window starts, in the arguments past the head
         self.longs: deque[_Long] = deque()  # the window's arguments cut at ARG_KEEP
@@ -390,9 +393,27 @@ class _Condensed:
             self.head_size += cut
             if self.literals is not None:
                 self.covered.update(self.literals.found(text[:cut]))
+                self.head_longs += [(whole, size) for at, whole, size in longs if at < cut]
         if cut < len(text):
             self.head_open = False
+            self._cover_head()
         return text[cut:], [(at - cut, whole, size) for at, whole, size in longs if at >= cut]
+
+    def _cover_head(self) -> None:
+        """The literals past the cut of the head's long arguments that the head does not
+        show, each argument's kept from it as an excerpt, first in the middle: a `bash -c`
+        script of 70 KB hid `xmrig` past its first ARG_KEEP bytes."""
+        for whole, length in self.head_longs:
+            found = self.literals.found(_joinable(whole, length)) if self.literals else {}
+            own = {lit: span for lit, span in found.items() if lit not in self.covered}
+            if not own or self._to_cover(_excerpt(whole, length, *_extent([*own.values()]))):
+                self.covered.update(own)
+                continue
+            for literal, span in sorted(own.items(), key=lambda item: item[1][1] - item[1][0]):
+                # far apart: an excerpt around each that still fits the literals' room
+                if literal not in self.covered and self._to_cover(_excerpt(whole, length, *span)):
+                    self.covered.add(literal)
+        self.head_longs = []
 
     # -- what leaves the tail ------------------------------------------------------------
 

@@ -134,6 +134,26 @@ def test_arguments_kept_for_the_literals_leave_the_flags_their_share_of_the_midd
     assert len(kept_flags) * 7 > cmdline_condense.MIDDLE_MAX // 3 - 512
 
 
+def test_a_literal_past_the_cut_of_a_long_head_argument_is_kept():
+    """`bash -c` with a 40 KB script: the head keeps its first ARG_KEEP bytes only, and the
+    miner at its end is kept as an excerpt in the middle; condensing again changes nothing."""
+    script = b"echo " + b"x" * 40_000 + b"; ./xmrig -o stratum+tcp://pool:3333"
+    args = [b"bash", b"-c", script, *TAIL, *TAIL]  # 80 KB in all: condensed
+    assert all(b"stratum+tcp://pool" not in a for a in condense(args, None))  # the blind spot
+    kept = condense(args, MINER)
+    (excerpt,) = [a for a in kept if b"stratum+tcp://pool" in a]
+    assert len(excerpt) < 200 and cmdline_condense.is_condensed([excerpt])
+    assert kept[2].startswith(b"echo xxx") and len(kept[2]) < cmdline_condense.ARG_KEEP + 64
+    assert condense(kept, MINER) == kept
+
+
+def test_a_literal_the_head_shows_is_not_kept_again_from_a_long_head_argument():
+    shown = b"./xmrig --donate-level=1"  # in the head, within its kept bytes
+    script = b"echo " + b"x" * 40_000 + b"; --donate-level=1"
+    kept = condense([shown, b"-c", script, *TAIL, *TAIL], MINER)
+    assert [a for a in kept if b"donate-level" in a] == [shown]
+
+
 @as_root
 def test_a_padded_miner_still_raises_the_alert_in_a_live_scan(alice_runs):  # noqa: F811
     """Alice's miner, renamed `python3`, its `--donate-level` behind 44 KiB of distinct flags:

@@ -197,6 +197,7 @@ class _ReferenceCondensed:
         self.covers: set[int] = set()  # where in the middle the arguments kept for literals are
         self.middle_seen: set[bytes] = set()
         self.covered: set[str] = set()  # the literals what is kept shows
+        self.head_longs: list[tuple[bytes, int]] = []  # the head's arguments cut at ARG_KEEP
         self.next_flag = 0  # where the oldest flag that may still be kept is, at the least
         self.next_url = 0  # the same for URLs (a literal's argument may displace one)
         self.tail: deque[_Leaving] = deque()
@@ -211,13 +212,31 @@ class _ReferenceCondensed:
             self.head_size += len(arg) + 1
             if self.literals is not None:
                 self.covered.update(self.literals.found(arg))
+                if length > ARG_KEEP:
+                    self.head_longs.append((whole, length))
             return
+        self._cover_head()  # the head is closed
         self.tail.append((arg, whole if self.literals is not None else b"", length, None))
         self.tail_size += len(arg) + 1
         while self.tail_size > TAIL_MAX:
             old = self.tail.popleft()
             self.tail_size -= len(old[0]) + 1
             self._left_tail(old)
+
+    def _cover_head(self) -> None:
+        """The literals past the cut of the head's long arguments that the head does not
+        show, kept from each argument as an excerpt (around them all, else around each)."""
+        for whole, length in self.head_longs:
+            text = whole if len(whole) == length else _cut(whole, length)
+            found = self.literals.found(text) if self.literals is not None else {}
+            own = {lit: span for lit, span in found.items() if lit not in self.covered}
+            if not own or self._to_cover(_excerpt(whole, length, *_extent([*own.values()]))):
+                self.covered.update(own)
+                continue
+            for literal, span in sorted(own.items(), key=lambda item: item[1][1] - item[1][0]):
+                if literal not in self.covered and self._to_cover(_excerpt(whole, length, *span)):
+                    self.covered.add(literal)
+        self.head_longs = []
 
     def _left_tail(self, leaving: _Leaving) -> None:
         before, self.leaving = self.leaving, leaving
