@@ -9,18 +9,19 @@ import sys
 from typing import Any
 
 from hpcsec.detector.cli.common import add_roots
-from hpcsec.detector.config.site import load_config
+from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.core.display import visible, visible_json
-from hpcsec.detector.core.errors import UsageError
+from hpcsec.detector.core.errors import HpcsecError, UsageError
 from hpcsec.detector.core.jsonenc import dumps
 from hpcsec.detector.core.schema import Event
 from hpcsec.detector.enrich.enricher import Enricher
 from hpcsec.detector.runtime import registry
 from hpcsec.detector.runtime.node import live_context
-from hpcsec.detector.runtime.pipeline import SourceBatch, capture, enrich
+from hpcsec.detector.runtime.pipeline import SourceBatch, capture, enrich, rule_literals
 from hpcsec.detector.runtime.sensorset import SensorSet
 from hpcsec.detector.runtime.sources import snapshot_samples
 from hpcsec.sensors.base import SensorContext, SensorRun
+from hpcsec.sensors.cmdline_condense import Literals
 from hpcsec.sensors.snapshot import open_snapshot, record_snapshot
 
 
@@ -37,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-name", metavar="NAME", help="host.name of the events")
     p.add_argument("--config", metavar="FILE", help="site config (YAML)")
     p.add_argument("--format", choices=("jsonl", "table"), default="jsonl")
+    p.add_argument(
+        "--rules",
+        action="append",
+        metavar="PATH",
+        help="rule file or directory whose command-line texts a long command line keeps first "
+        "(repeatable; default: the bundled rules and the config's)",
+    )
     _add_sensor_options(p)
     _add_snapshot_options(p)
     p.add_argument(
@@ -218,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         args.etc_root,
         args.host_name,
         options=sensor_options(args),
+        cmdline_literals=_literals(config, args.rules),
     )
     if args.snapshot:
         for result in record_snapshot(args.snapshot, ctx, specs, args.samples, args.interval):
@@ -226,6 +235,21 @@ def run(args: argparse.Namespace) -> int:
     with SensorSet(specs) as sensors:
         print_runs(sensors.sample(ctx), args.format, enricher, ctx)
     return 0
+
+
+def _literals(config: SiteConfig, rules: list[str] | None) -> Literals | None:
+    """The rules' command-line literals, kept first from a long command line, so that what
+    collect prints or records holds what a later scan's rules look for; rules that cannot be
+    loaded are said, and collect goes on without (flags and URLs are kept first then)."""
+    try:
+        return rule_literals(config, rules)
+    except HpcsecError as exc:
+        print(
+            f"hpcsec: rules not loaded, long command lines keep flags and URLs first: "
+            f"{visible(str(exc))}",
+            file=sys.stderr,
+        )
+        return None
 
 
 def print_skipped(problem: str) -> None:

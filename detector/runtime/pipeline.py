@@ -193,3 +193,17 @@ class Pipeline:
             return pool.submit(part_task.run_part, task)
 
         return self.stage.fold(flush_parts.flush(self.engine, submit, workers))
+
+
+def rule_literals(config: SiteConfig, rule_paths: Sequence[str] | None) -> Literals:
+    """What the rules `Pipeline.load` would load look for in a command line, without
+    building their match functions: for `collect`, which evaluates nothing but records
+    command lines a scan may read later. Raises HpcsecError as Pipeline.load does."""
+    ruleset = load_rules(
+        rule_paths_for(config, rule_paths),
+        with_tests=False,
+        threshold_values=config.thresholds,
+        cache=rulecache.default_dir(),
+    )
+    engine = Engine(ruleset, placeholders=config.placeholders(), lazy=True)
+    return Literals(engine.command_line_literals())

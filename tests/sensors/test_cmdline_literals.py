@@ -5,6 +5,9 @@ sensor made; given the rules' literals it keeps those first."""
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 
 from sigma.collection import SigmaCollection
 
@@ -170,6 +173,52 @@ def test_a_padded_miner_still_raises_the_alert_in_a_live_scan(alice_runs):  # no
     assert "Cryptocurrency miner process" in [a["rule.title"] for a in mine]
     (miner,) = [a for a in mine if a["rule.title"] == "Cryptocurrency miner process"]
     assert " --donate-level=1" in miner["process.command_line"]
+
+
+def collected(*extra: str) -> tuple[list[dict], str]:
+    """`hpcsec collect --sensor process` on this node: its events, and its stderr."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcsec.detector.cli.main",
+            "collect",
+            "--sensor",
+            "process",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    return [json.loads(line) for line in run.stdout.splitlines()], run.stderr
+
+
+@as_root
+def test_collect_keeps_what_the_rules_look_for_in_a_padded_command_line(alice_runs, tmp_path):  # noqa: F811
+    """A snapshot `collect` records is what a later scan reads: it keeps the option the
+    miner rule looks for behind 44 KiB of distinct flags, as a live scan does; with rules
+    that cannot be loaded it says so and still collects (flags and URLs first then)."""
+    tag = "hpcsec-tag-14142"
+    flags = [f"-a{n:05d}" for n in range(8000)]
+    sleeper = "import time; time.sleep(120)"
+    alice_runs(
+        "/usr/bin/python3", "-c", sleeper, tag, *flags, "--donate-level=1", *(["B" * 100] * 200)
+    )
+    pid = wait_for_process(tag, "python3")["process.pid"]
+
+    def line_of(events: list[dict]) -> str:
+        (event,) = [e for e in events if e.get("process.pid") == pid]
+        return event["process.command_line"]
+
+    events, _ = collected()
+    assert " --donate-level=1" in line_of(events)
+    broken = tmp_path / "broken.yml"
+    broken.write_text("title: [unclosed\n")
+    events, stderr = collected("--rules", str(broken))
+    assert "rules not loaded" in stderr and "broken.yml" in stderr
+    assert " --donate-level=1" not in line_of(events)  # the flags pushed it out
 
 
 def test_an_argument_with_two_literals_far_apart_does_not_turn_the_literals_off():
