@@ -84,12 +84,16 @@ class PullRequest:
 # grew with any node's flood. A block keeps only the event times it spans and its last
 # message, whose ack acknowledges the block (AckPolicy.ALL): it is acked once all of its
 # events are past the cutoff. Its events lie within HELD_SPREAD_S of each other, so a block
-# is acked at most that much event time later than its messages one by one would be.
+# is acked at most that much event time later than its messages one by one would be (a minute
+# against a horizon of hours and an ack wait of six: a restart replays a minute more); an
+# event already past the last cutoff, or without a time, joins any block. Nodes' events
+# interleave with their forwarding delays, and a node back online sends its backlog among
+# live events: a spread of a second broke the blocks at most messages.
 HELD_BLOCK = 256
-HELD_SPREAD_S = 1.0
+HELD_SPREAD_S = 60.0
 
 
-@dataclass
+@dataclass(slots=True)
 class HeldBlock:
     """Consecutive messages evaluated and not acked yet, through `last` (its stream
     sequence: `last_seq`); the oldest and newest event times among them (inf and -inf
@@ -158,6 +162,7 @@ class PartitionFeed:
         self.durable = durable_name(partition)
         self.held: deque[HeldBlock] = deque()
         self._ends: set[int] = set()  # the held blocks' last stream sequences
+        self.cutoff = -math.inf  # the latest `ack_before` was given: older events wait for none
         self.last_seq = 0  # the newest stream sequence evaluated: all before it were too
         self.acked_seq = 0  # the newest stream sequence acked (the ack floor as we know it)
         self.delivered_seq = 0  # the consumer's delivery sequence of the last message in
@@ -349,7 +354,8 @@ class PartitionFeed:
         return self._sid is not None and msg._sid == self._sid
 
     def hold(self, seq: int, msg: Msg, event_time: float | None) -> None:
-        t = -math.inf if event_time is None else event_time
+        # past the last cutoff: nothing waits for it any more than for an event without time
+        t = -math.inf if event_time is None or event_time < self.cutoff else event_time
         held = self.held
         if held and held[-1].takes(t):
             block = held[-1]
@@ -366,6 +372,7 @@ class PartitionFeed:
     async def ack_before(self, cutoff: float) -> int:
         """Ack the longest run of held blocks whose events are all older than `cutoff`: one
         ack for the run (AckPolicy.ALL)."""
+        self.cutoff = max(self.cutoff, cutoff)
         held = self.held
         if not held or held[0].newest >= cutoff:
             return 0

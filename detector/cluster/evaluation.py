@@ -50,6 +50,7 @@ class HubCounters:
     late: int = 0  # later than the lateness allowance: evaluated, not correlated
     alerts: int = 0
     replayed_alerts: int = 0  # raised again after a restart, already delivered: not resent
+    lost_alerts: int = 0  # dropped by a destination (its spool full, or its disk and memory)
     last_problem: str = ""
     # when the member evaluated its first and (so far) last message, wall clock and CPU
     # time (what `bench.cluster` reads: the member's own span, not its start-up)

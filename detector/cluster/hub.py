@@ -82,6 +82,8 @@ class Hub:
         # alert ids emitted but held in memory only (the spool could not take them), in order
         # of emission: recorded as delivered once durable; until then nothing is acknowledged
         self.unsettled: dict[str, None] = {}
+        # ids a destination dropped, of alerts still unsettled: never recorded as delivered
+        self.lost: set[str] = set()
         self.fetching = asyncio.Event()  # cleared while alerts are unsettled: the pumps wait
         self.fetching.set()
 
@@ -229,12 +231,16 @@ class Hub:
         self.evaluator.counters.alerts += len(decision.send)
         self.sink.emit(decision)  # in the spool (durable) before it is recorded as delivered
         held = self.sink.unspooled_ids()
+        lost = self.lost | self.sink.take_lost()
         for alert in fresh:  # silenced and rate-limited ones too: decided, stored once
             alert_id = str(alert["alert.id"])
             if alert_id in held:  # in memory only: recorded once durable (_settle)
                 self.unsettled[alert_id] = None
+            elif alert_id in lost:
+                self._lost_one(alert_id)
             else:
                 await delivered.mark(alert_id)
+        self.lost = {i for i in lost if i in self.unsettled}
         if self.unsettled and self.fetching.is_set():
             self._hold_back()
 
@@ -254,9 +260,14 @@ class Hub:
         if not self.unsettled:
             return
         held = self.sink.unspooled_ids()
+        lost = self.lost | self.sink.take_lost()
         for alert_id in [i for i in self.unsettled if i not in held]:
-            await delivered.mark(alert_id)
+            if alert_id in lost:
+                self._lost_one(alert_id)
+            else:
+                await delivered.mark(alert_id)
             del self.unsettled[alert_id]
+        self.lost = {i for i in lost if i in self.unsettled}
         if self.unsettled:
             # what is not fetched yet may be older than what the partitions delivered last:
             # the hub's time must not move on without it (it would come late)
@@ -269,6 +280,16 @@ class Hub:
             )
         self.fetching.set()
         await self._ack()
+
+    def _lost_one(self, alert_id: str) -> None:
+        """An alert a destination dropped (its spool full, or its disk full and more held in
+        memory than it keeps): not recorded as delivered, so that a restart evaluating its
+        events again (not acknowledged yet: within the horizon) sends it."""
+        self.evaluator.counters.lost_alerts += 1
+        logger.error(
+            "hub: alert %s was dropped by a destination (spool or memory full): not delivered",
+            alert_id,  # a hash the hub made
+        )
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -314,7 +335,8 @@ class Hub:
         problem = f" (last: {c.last_problem})" if c.malformed else ""
         logger.info(
             f"hub: {c.events} events, {c.alerts} alerts sent, {c.replayed_alerts} replayed alerts "
-            f"not resent, {c.malformed} malformed messages skipped{problem}, "
+            f"not resent, {c.lost_alerts} dropped by a destination, {c.malformed} malformed "
+            f"messages skipped{problem}, "
             f"{c.late} late events not correlated (later than the lateness allowance), "
             f"{self.evaluator.evicted_groups} correlation groups evicted (past the open groups "
             f"a correlation keeps), {c.host_rewritten} host names taken from the subject"

@@ -67,6 +67,9 @@ class AlertSink:
         self._alerts: list[tuple[list[Alert], str, str]] = []
         self._grown: dict[str, tuple[Alert, str, str]] = {}  # id -> (value, disposition, why)
         self._outcomes: list[DeliveryOutcome] = []
+        # ids of alerts a destination let go (a full spool, or memory while its disk is
+        # full) since `take_lost` was last asked: never delivered there
+        self._lost: set[str] = set()
         self._dispositions: dict[str, tuple[str, str]] = {}  # alert id -> (disposition, why)
         self._store_due = time.monotonic() + EVENTS_FLUSH_S
         self._retry_due = 0.0
@@ -132,6 +135,7 @@ class AlertSink:
 
     def _delivered(self, report: DeliveryReport) -> None:
         self._outcomes.extend(report.outcomes)
+        self._lost.update(o.alert_id for o in report.outcomes if o.state == "dropped")
         self.spool_depth()  # the gauge follows every delivery round
         for name, dest in report.destinations.items():
             if dest.delivered:
@@ -202,6 +206,12 @@ class AlertSink:
             self.flush_store()
         due = self._store_due if self.outputs is None else min(self._retry_due, self._store_due)
         return max(due - time.monotonic(), 0.0)
+
+    def take_lost(self) -> set[str]:
+        """Ids of the alerts a destination dropped since the last call (the hub must not
+        record them as delivered)."""
+        lost, self._lost = self._lost, set()
+        return lost
 
     def unspooled_ids(self) -> set[str]:
         """Ids of the alerts held in memory only, because a spool could not take them (disk

@@ -105,9 +105,9 @@ async def _feed_round(url: str, step: float) -> tuple[list[int | None], list[int
 @pytest.mark.parametrize(
     ("step", "block", "expected"),
     [
-        # events a second apart are held one by one: one ack per run, up to the first event
-        # not older than the cutoff (3 waits for none)
-        (1.0, consumer.HELD_BLOCK, [0, 4, 5, 10]),
+        # events further apart than HELD_SPREAD_S are held one by one: one ack per run, up
+        # to the first event not older than the cutoff (3 waits for none)
+        (100.0, consumer.HELD_BLOCK, [0, 4, 5, 10]),
         # within HELD_SPREAD_S, by blocks (of 4 here): a block is acked once all its events
         # are, so 5-8 waits for 8
         (0.01, 4, [0, 4, 4, 10]),
@@ -149,8 +149,22 @@ def test_held_messages_cost_a_block_each_not_a_message_each() -> None:
     assert [b.last_seq for b in feed.held][-2:] == [count - 7, count]
     assert all(b.newest == 1000.049 for b in list(feed.held)[:-1])
     # past the spread a block ends early: a block's events are acked at most that late
-    feed.hold(count + 1, Msg(_client=None, reply=V1.format(seq=count + 1)), 1000.0 + 5)  # type: ignore[arg-type]
+    feed.hold(count + 1, Msg(_client=None, reply=V1.format(seq=count + 1)), 1000.0 + 100)  # type: ignore[arg-type]
     assert len(feed.held) == blocks + 1
+
+
+def test_events_past_the_last_cutoff_join_any_block() -> None:
+    """A node's backlog sent among live events: its events, already past the cutoff, wait
+    for nothing and do not break the blocks of the live ones."""
+    import types
+
+    feed = PartitionFeed(types.SimpleNamespace(_nc=None), 3)  # type: ignore[arg-type]
+    assert asyncio.run(feed.ack_before(2000.0)) == 0  # nothing held: only the cutoff moves
+    for seq in range(1, 101):
+        t = 3000.0 + seq / 100 if seq % 2 else 1000.0 - seq  # live, backlog, live, …
+        feed.hold(seq, Msg(_client=None, reply=V1.format(seq=seq)), t)  # type: ignore[arg-type]
+    (block,) = feed.held
+    assert (block.count, block.oldest, block.newest) == (100, 3000.01, 3000.99)
 
 
 def _reference_clock(events: list[dict], sources: list[int], idle_before: set[int]) -> HubClock:
@@ -352,13 +366,17 @@ async def _lose_in_flight(url: str, at_tail: bool) -> tuple[list[int], list[int]
 
 @pytest.mark.parametrize("at_tail", [False, True], ids=["gap-in-the-middle", "gap-at-the-tail"])
 def test_messages_delivered_but_not_received_are_read_again(
-    nats_server: NatsServer, at_tail: bool, caplog: pytest.LogCaptureFixture
+    nats_server: NatsServer,
+    at_tail: bool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Messages the server delivered that never reached the member (lost on their way) are
     read again from the stream and evaluated once, in order: found by the delivery sequence
     of the next message, or, when nothing newer comes, by the consumer saying it delivered
     more than arrived. They are acknowledged only once evaluated."""
     caplog.set_level(logging.WARNING, "hpcsec.detector.cluster.consumer")
+    monkeypatch.setattr(consumer, "HELD_SPREAD_S", 0.5)  # events a second apart: one by one
     evaluated, floors = asyncio.run(_lose_in_flight(nats_server.url, at_tail))
     total = 7 if at_tail else 9
     assert evaluated == list(range(1, total + 1))

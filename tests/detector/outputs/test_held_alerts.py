@@ -42,11 +42,26 @@ def test_the_oldest_go_past_the_size_and_the_size_follows_each_change():
     assert (len(queue), queue.bytes) == (0, 0)
 
 
-def test_an_alert_larger_than_the_bound_alone_is_let_go_at_once():
+def test_an_alert_larger_than_the_bound_alone_is_not_held_and_pushes_nothing_out():
     queue = HeldAlerts(max_count=100, max_bytes=1000)
     huge = large(0)
-    assert queue.add([alert(1), huge]) == [alert(1), huge]
-    assert (len(queue), queue.bytes) == (0, 0)
+    assert queue.add([alert(1), huge, alert(2)]) == [huge]
+    assert [a["alert.id"] for a in queue] == ["a001", "a002"]
+
+
+def test_a_flood_of_low_alerts_does_not_push_out_a_critical_one():
+    """Past a bound the lowest level goes first, its oldest first, as the spool lets go."""
+
+    def at(n: int, level: str) -> dict:
+        return alert(n) | {"rule.level": level}
+
+    queue = HeldAlerts(max_count=4, max_bytes=1 << 30)
+    dropped = queue.add([at(0, "low"), at(1, "critical"), at(2, "medium")])
+    dropped += queue.add([at(n, "low") for n in range(3, 9)])
+    assert [a["alert.id"] for a in queue] == ["a001", "a002", "a007", "a008"]
+    assert [a["alert.id"] for a in dropped] == ["a000", "a003", "a004", "a005", "a006"]
+    assert queue.first()["alert.id"] == "a001"  # sent in arrival order all the same
+    assert queue.popleft()["alert.id"] == "a001" and len(queue) == 3
 
 
 def test_large_alerts_on_a_full_disk_with_the_receiver_down_stay_within_the_memory_bound(
