@@ -114,6 +114,10 @@ class DetectedChunk:
     # them, once: evaluate.log_compile_error)
     compile_errors: tuple[str, ...] = ()
 
+    @property
+    def held_bytes(self) -> int:
+        return len(self.kept) if isinstance(self.kept, bytes) else 0
+
 
 _engines: dict[bytes, Engine] = {}  # a worker's engine, by the digest of its Detect
 

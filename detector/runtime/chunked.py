@@ -61,6 +61,10 @@ AHEAD_PER_WORKER = 2  # chunks handed to each worker and not done yet: enough to
 # 1.75x then).
 WINDOW_PARSED = 3
 WINDOW_DETECTED = 48
+# and, whatever their number, no more chunks are handed out while the results done and not
+# taken hold this much (their JSON): a file whose every event some rule matches (or every
+# `gpu_device` event, which the caller always needs) keeps whole chunks, 48 of them 100 MB
+WINDOW_BYTES = 32 * 2**20
 LOCAL_AHEAD = 16
 
 
@@ -88,6 +92,10 @@ class ParsedChunk:
     events: int
     malformed: int
     malformed_lines: list[tuple[int, str]]
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(len(a) for a in self.arrays if isinstance(a, bytes))
 
 
 def tune_gc() -> None:
@@ -149,6 +157,8 @@ class ChunkCounts(Protocol):
     def malformed(self) -> int: ...
     @property
     def malformed_lines(self) -> list[tuple[int, str]]: ...
+    @property
+    def held_bytes(self) -> int: ...
 
 
 def merge(report: InputReport, chunk: ChunkCounts, lines_before: int) -> None:
@@ -230,6 +240,8 @@ def in_file_order(
         def hand_out() -> None:
             """More chunks to the workers, up to `ahead` not done and `window_size` held."""
             busy = sum(1 for slot in window if _waiting(slot))
+            if busy < ahead and _done_bytes(window) >= WINDOW_BYTES:
+                return
             for start, end in islice(bounds, max(0, min(ahead - busy, window_size - len(window)))):
                 try:
                     future = executor.submit(task, path, start, end, prepare)
@@ -257,6 +269,18 @@ def in_file_order(
             merge(report, done, lines_before)
             lines_before = report.lines
             yield done
+
+
+def _done_bytes(window: deque[Slot]) -> int:
+    """What the workers' results done and not taken yet hold (their JSON)."""
+    return sum(
+        future.result().held_bytes
+        for slot in window
+        if (future := slot.future) is not None
+        and future.done()
+        and not future.cancelled()
+        and future.exception() is None
+    )
 
 
 def _waiting(slot: Slot) -> bool:

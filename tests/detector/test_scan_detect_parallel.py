@@ -430,6 +430,53 @@ def test_a_worker_goes_on_while_the_caller_is_busy_within_the_window(tmp_path, m
     assert read == expected and two == one
 
 
+def test_results_done_and_not_taken_are_bounded_by_their_size_too(tmp_path, monkeypatch):
+    """Whatever the window's count, no chunk is handed out while the results done and not
+    taken hold WINDOW_BYTES: a file whose every event is kept makes each result a whole
+    chunk, and the count alone let 48 of them wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(chunked, "WINDOW_BYTES", 3 * 2048)
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=8)
+    handed: list[int] = []
+    finished: list[int] = []
+
+    class Pool(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            handed.append(args[1])
+            return super().submit(fn, *args, **kwargs)
+
+    def task(path: str, start: int, end: int, prepare: chunked.Prepare | None) -> object:
+        parsed = chunked.parse_chunk(path, start, end, prepare)
+        finished.append(start)
+        return parsed
+
+    leads: list[int] = []
+    with events.open("rb") as stream, Pool(1) as pool:
+        chunks = chunked.in_file_order(
+            str(events),
+            stream,
+            InputReport(str(events)),
+            1,
+            task,
+            None,
+            None,
+            pool,
+            40,  # type: ignore[arg-type]
+        )
+        for taken, chunk in enumerate(chunks, 1):
+            for _ in range(400):  # busy until the worker has done all it was given
+                if len(finished) == len(handed):
+                    break
+                threading.Event().wait(0.01)
+            leads.append(len(handed) - taken)
+            assert chunk.held_bytes < 2 * 2048  # each result about a chunk's JSON
+    assert len(leads) > 20
+    assert 3 <= max(leads) <= 3 + chunked.AHEAD_PER_WORKER  # not the 40 of the count
+
+
 def test_a_chunk_is_detected_list_by_list_as_one_whole_list_would_be(tmp_path, monkeypatch):
     """A worker parses, prepares and evaluates a chunk PARSE_BATCH lines at a time (the
     events still in the CPU cache), never the whole chunk at once; what it keeps, and their
