@@ -164,17 +164,9 @@ class FileAccessSensor:
     def _live(self, ctx: SensorContext, roots: list[str], known: dict[int, dict[str, Any]]) -> str:
         duration = ctx.options.get("duration")
         if duration is None and not ctx.options.get("stream") and self._watch is None:
-            from hpcsec.sensors.file_access import fdwalk, mounts  # live only, as fanwatch
+            from hpcsec.sensors.file_access import fdwalk  # live only, as fanwatch below
 
-            identity = mounts.Identity.here(ctx.proc)
-            records = fdwalk.open_files(ctx, path_filter(ctx, roots), identity)
-            if identity is not None and identity.skipped_namespaces:
-                self._notes.append(
-                    f"{identity.skipped_namespaces} open files in mount namespaces past the "
-                    f"first {mounts.MAX_NAMESPACES} were matched by their path only (a bind "
-                    "mount of a protected file there is not recognised)"
-                )
-            return records_jsonl(records)
+            return records_jsonl(fdwalk.open_files(ctx, path_filter(ctx, roots)))
         if self._watch is None:
             self._watch = self._start(ctx, roots)
         if duration:
