@@ -404,7 +404,9 @@ class _Condensed:
         show, each argument's kept from it as an excerpt, first in the middle: a `bash -c`
         script of 70 KB hid `xmrig` past its first ARG_KEEP bytes."""
         for whole, length in self.head_longs:
-            found = self.literals.found(_joinable(whole, length)) if self.literals else {}
+            # its first bytes (all of it unless longer than CMDLINE_MAX): what the head's cut
+            # form leaves out of them, not only what a rule could see across two arguments
+            found = self.literals.found(whole) if self.literals else {}
             own = {lit: span for lit, span in found.items() if lit not in self.covered}
             if not own or self._to_cover(_excerpt(whole, length, *_extent([*own.values()]))):
                 self.covered.update(own)
@@ -711,6 +713,7 @@ class _Condensed:
         self.left_out_bytes += len(arg)
 
     def args(self) -> list[bytes]:
+        self._cover_head()  # a head that never closed (a few long arguments) is done now
         gap: list[bytes] = []
         if self.left_out:
             plural = "s" if self.left_out != 1 else ""

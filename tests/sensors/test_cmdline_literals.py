@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from sigma.collection import SigmaCollection
 
 from hpcsec.detector.config.site import load_config
@@ -147,6 +148,23 @@ def test_a_literal_past_the_cut_of_a_long_head_argument_is_kept():
     (excerpt,) = [a for a in kept if b"stratum+tcp://pool" in a]
     assert len(excerpt) < 200 and cmdline_condense.is_condensed([excerpt])
     assert kept[2].startswith(b"echo xxx") and len(kept[2]) < cmdline_condense.ARG_KEEP + 64
+    assert condense(kept, MINER) == kept
+
+
+@pytest.mark.parametrize(
+    ("pad", "after"),
+    [
+        (40_000, [*TAIL, *TAIL]),  # the head closes on the arguments after the script
+        (70_000, [*TAIL]),  # a script longer than CMDLINE_MAX: its first 64 KiB are looked at
+        (40_000, [b"C" * 30_000]),  # a head that never closes: two long arguments, 8 KB kept
+    ],
+)
+def test_a_literal_past_the_cut_of_a_head_argument_is_kept_however_the_head_ends(pad, after):
+    script = (
+        b"echo " + b"x" * (pad // 2) + b"; ./xmrig -o stratum+tcp://pool:3333 " + b"y" * (pad // 2)
+    )
+    kept = condense([b"bash", b"-c", script, *after], MINER)
+    assert [a for a in kept if b"stratum+tcp://pool" in a]
     assert condense(kept, MINER) == kept
 
 

@@ -227,8 +227,7 @@ class _ReferenceCondensed:
         """The literals past the cut of the head's long arguments that the head does not
         show, kept from each argument as an excerpt (around them all, else around each)."""
         for whole, length in self.head_longs:
-            text = whole if len(whole) == length else _cut(whole, length)
-            found = self.literals.found(text) if self.literals is not None else {}
+            found = self.literals.found(whole) if self.literals is not None else {}
             own = {lit: span for lit, span in found.items() if lit not in self.covered}
             if not own or self._to_cover(_excerpt(whole, length, *_extent([*own.values()]))):
                 self.covered.update(own)
@@ -329,6 +328,7 @@ class _ReferenceCondensed:
         self.left_out_bytes += len(arg)
 
     def args(self) -> list[bytes]:
+        self._cover_head()  # a head that never closed
         if self.leaving is not None:  # the last to leave, next to the tail's first (kept)
             self._left_tail(self.tail[0] if self.tail else (b"", b"", 0, None))
             self.leaving = None
