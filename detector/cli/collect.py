@@ -210,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.snapshot and args.from_snapshot:
         raise UsageError("--snapshot and --from-snapshot exclude each other")
+    if args.rules and args.from_snapshot:
+        raise UsageError("--rules goes with a live collect (a snapshot holds what it kept)")
     enricher = None if args.raw else Enricher(config)
     if args.from_snapshot:
         snapshot = open_snapshot(args.from_snapshot)
@@ -239,10 +241,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _literals(config: SiteConfig, rules: list[str] | None) -> Literals | None:
     """The rules' command-line literals, kept first from a long command line, so that what
-    collect prints or records holds what a later scan's rules look for; rules that cannot be
-    loaded are said, and collect goes on without (flags and URLs are kept first then)."""
-    try:
+    collect prints or records holds what a later scan's rules look for. Rules given with
+    `--rules` must load (an error, exit 2, as for scan); the config's that cannot are said,
+    and collect goes on without (flags and URLs are kept first then)."""
+    if rules:
         return rule_literals(config, rules)
+    try:
+        return rule_literals(config, None)
     except HpcsecError as exc:
         print(
             f"hpcsec: rules not loaded, long command lines keep flags and URLs first: "

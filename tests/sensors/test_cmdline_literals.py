@@ -193,31 +193,24 @@ def test_a_padded_miner_still_raises_the_alert_in_a_live_scan(alice_runs):  # no
     assert " --donate-level=1" in miner["process.command_line"]
 
 
-def collected(*extra: str) -> tuple[list[dict], str]:
-    """`hpcsec collect --sensor process` on this node: its events, and its stderr."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcsec.detector.cli.main",
-            "collect",
-            "--sensor",
-            "process",
-            *extra,
-        ],
+def collected(*extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`hpcsec collect --sensor process` on this node."""
+    command = [sys.executable, "-m", "hpcsec.detector.cli.main", "collect", "--sensor"]
+    return subprocess.run(
+        [*command, "process", *extra],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
-    assert run.returncode == 0, run.stderr
-    return [json.loads(line) for line in run.stdout.splitlines()], run.stderr
 
 
 @as_root
 def test_collect_keeps_what_the_rules_look_for_in_a_padded_command_line(alice_runs, tmp_path):  # noqa: F811
     """A snapshot `collect` records is what a later scan reads: it keeps the option the
-    miner rule looks for behind 44 KiB of distinct flags, as a live scan does; with rules
-    that cannot be loaded it says so and still collects (flags and URLs first then)."""
+    miner rule looks for behind 44 KiB of distinct flags, as a live scan does. Rules given
+    with --rules must load (exit 2, file and line); a config's rules that cannot are said,
+    and collect goes on (flags and URLs first then)."""
     tag = "hpcsec-tag-14142"
     flags = [f"-a{n:05d}" for n in range(8000)]
     sleeper = "import time; time.sleep(120)"
@@ -226,17 +219,23 @@ def test_collect_keeps_what_the_rules_look_for_in_a_padded_command_line(alice_ru
     )
     pid = wait_for_process(tag, "python3")["process.pid"]
 
-    def line_of(events: list[dict]) -> str:
+    def line_of(run: subprocess.CompletedProcess) -> str:
+        assert run.returncode == 0, run.stderr
+        events = [json.loads(line) for line in run.stdout.splitlines()]
         (event,) = [e for e in events if e.get("process.pid") == pid]
         return event["process.command_line"]
 
-    events, _ = collected()
-    assert " --donate-level=1" in line_of(events)
+    assert " --donate-level=1" in line_of(collected())
     broken = tmp_path / "broken.yml"
     broken.write_text("title: [unclosed\n")
-    events, stderr = collected("--rules", str(broken))
-    assert "rules not loaded" in stderr and "broken.yml" in stderr
-    assert " --donate-level=1" not in line_of(events)  # the flags pushed it out
+    refused = collected("--rules", str(broken))
+    assert refused.returncode == 2 and "broken.yml:" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    config = tmp_path / "site.yml"
+    config.write_text(f"rules: [{broken}]\n")
+    went_on = collected("--config", str(config))
+    assert "rules not loaded" in went_on.stderr and "broken.yml" in went_on.stderr
+    assert " --donate-level=1" not in line_of(went_on)  # the flags pushed it out
 
 
 def test_an_argument_with_two_literals_far_apart_does_not_turn_the_literals_off():

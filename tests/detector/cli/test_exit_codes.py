@@ -90,3 +90,11 @@ def test_slurm_hooks_exit_0_when_their_module_cannot_be_imported(tmp_path, hook)
 
 def test_slurm_hook_help_still_exits_0(tmp_path):
     assert hpcsec(tmp_path, "slurm", "prolog", "--help").returncode == 0
+
+
+def test_collect_refuses_rules_with_a_snapshot_it_replays(tmp_path):
+    """What a snapshot kept of a command line was decided when it was recorded: --rules
+    would change nothing, so it is refused rather than ignored."""
+    run = hpcsec(tmp_path, "collect", "--from-snapshot", str(tmp_path), "--rules", "x.yml")
+    assert run.returncode == 2
+    assert "--rules goes with a live collect" in run.stderr
