@@ -374,20 +374,14 @@ def test_the_caller_keeps_detecting_while_its_worker_starts(tmp_path, monkeypatc
     assert read == expected and two == one
 
 
-def test_a_worker_goes_on_while_the_caller_is_busy_within_the_window(tmp_path, monkeypatch):
-    """A caller slower than its worker (busy with what the chunks before kept) lets the
-    worker run ahead by up to `window_size` chunks: results it finished and the caller has
-    not taken yet do not count against the worker's AHEAD_PER_WORKER (capped there, the
-    worker waited on the caller). Never more than `window_size` chunks are out at once,
-    which bounds the memory they hold, and they still come in file order."""
+def slow_caller(events: Path, window: int) -> tuple[list[int], list, InputReport]:
+    """`events` through one worker (a thread) and a caller slower than it: before taking
+    each chunk after its first, the caller waits until the worker has done all it was given.
+    Returns how many chunks were handed out ahead of each one taken, the chunks, the report."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2048)
-    events = tmp_path / "events.jsonl"
-    write_events(events, rounds=8)
     handed: list[int] = []
     finished: list[int] = []
-    window = 7
 
     class Pool(ThreadPoolExecutor):
         def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -400,15 +394,13 @@ def test_a_worker_goes_on_while_the_caller_is_busy_within_the_window(tmp_path, m
         return parsed
 
     leads: list[int] = []
+    taken: list = []
+    report = InputReport(str(events))
     with events.open("rb") as stream, Pool(1) as pool:
-        one = InputReport(str(events))
-        expected = list(read_jsonl(stream, one))
-        stream.seek(0)
-        two = InputReport(str(events))
         chunks = chunked.in_file_order(
             str(events),
             stream,
-            two,
+            report,
             1,
             task,
             None,
@@ -416,63 +408,47 @@ def test_a_worker_goes_on_while_the_caller_is_busy_within_the_window(tmp_path, m
             pool,
             window,  # type: ignore[arg-type]
         )
-        read = []
-        for taken, chunk in enumerate(chunks, 1):
+        for chunk in chunks:
             for _ in range(400):  # busy until the worker has done all it was given
                 if len(finished) == len(handed):
                     break
                 threading.Event().wait(0.01)
-            leads.append(len(handed) - taken)
-            read += [e for a in chunk.arrays for e in orjson.loads(a)]
+            taken.append(chunk)
+            leads.append(len(handed) - len(taken))
+    return leads, taken, report
+
+
+def test_a_worker_goes_on_while_the_caller_is_busy_within_the_window(tmp_path, monkeypatch):
+    """A caller slower than its worker (busy with what the chunks before kept) lets the
+    worker run ahead by up to `window_size` chunks: results it finished and the caller has
+    not taken yet do not count against the worker's AHEAD_PER_WORKER (capped there, the
+    worker waited on the caller). Never more than `window_size` chunks are out at once,
+    which bounds the memory they hold, and they still come in file order."""
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2048)
+    events = tmp_path / "events.jsonl"
+    write_events(events, rounds=8)
+    window = 7
+    leads, chunks, two = slow_caller(events, window)
+    with events.open("rb") as stream:
+        one = InputReport(str(events))
+        expected = list(read_jsonl(stream, one))
     assert len(leads) > 3 * window  # the file was many windows long
     assert max(leads) == window  # the worker ran as far ahead as the window lets it, no further
     assert window > chunked.AHEAD_PER_WORKER + 1
-    assert read == expected and two == one
+    assert [e for c in chunks for a in c.arrays for e in orjson.loads(a)] == expected
+    assert two == one
 
 
 def test_results_done_and_not_taken_are_bounded_by_their_size_too(tmp_path, monkeypatch):
     """Whatever the window's count, no chunk is handed out while the results done and not
     taken hold WINDOW_BYTES: a file whose every event is kept makes each result a whole
     chunk, and the count alone let 48 of them wait."""
-    from concurrent.futures import ThreadPoolExecutor
-
     monkeypatch.setattr(chunked, "CHUNK_BYTES", 2048)
     monkeypatch.setattr(chunked, "WINDOW_BYTES", 3 * 2048)
     events = tmp_path / "events.jsonl"
     write_events(events, rounds=8)
-    handed: list[int] = []
-    finished: list[int] = []
-
-    class Pool(ThreadPoolExecutor):
-        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
-            handed.append(args[1])
-            return super().submit(fn, *args, **kwargs)
-
-    def task(path: str, start: int, end: int, prepare: chunked.Prepare | None) -> object:
-        parsed = chunked.parse_chunk(path, start, end, prepare)
-        finished.append(start)
-        return parsed
-
-    leads: list[int] = []
-    with events.open("rb") as stream, Pool(1) as pool:
-        chunks = chunked.in_file_order(
-            str(events),
-            stream,
-            InputReport(str(events)),
-            1,
-            task,
-            None,
-            None,
-            pool,
-            40,  # type: ignore[arg-type]
-        )
-        for taken, chunk in enumerate(chunks, 1):
-            for _ in range(400):  # busy until the worker has done all it was given
-                if len(finished) == len(handed):
-                    break
-                threading.Event().wait(0.01)
-            leads.append(len(handed) - taken)
-            assert chunk.held_bytes < 2 * 2048  # each result about a chunk's JSON
+    leads, chunks, _ = slow_caller(events, 40)
+    assert all(chunk.held_bytes < 2 * 2048 for chunk in chunks)  # about a chunk's JSON each
     assert len(leads) > 20
     assert 3 <= max(leads) <= 3 + chunked.AHEAD_PER_WORKER  # not the 40 of the count
 
