@@ -7,9 +7,9 @@ tail and, from the middle, the arguments that carry what rules look for (flags a
 the arguments showing the loaded rules' literals first), with one marker argument saying how
 much was left out. Each kept argument is cut at `ARG_KEEP` bytes with a marker (a literal
 past the cut of a head argument, shown nowhere in the head, is kept as an excerpt in the
-middle, as one from the middle is). The
-condensed form fits `CMDLINE_MAX` and is stable: condensing it again changes nothing, so a
-snapshot that records it replays to the same event.
+middle, as one from the middle is). The condensed form fits `CMDLINE_MAX` and is stable:
+condensing it again changes nothing, so a snapshot that records it replays to the same
+event.
 
 The sensor reads every process's command line at every sample, so its cost is the agent's:
 32 million one-byte arguments (64 MiB, proclists.SCAN_MAX) cost 80 s of CPU when each went

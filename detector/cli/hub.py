@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     store = None
     try:
         store = open_store_journal(args.store or config.store_path, config.retention_days)
-        sink = AlertSink(outputs, store, AgentMetrics())
+        sink = AlertSink(outputs, store, AgentMetrics(), track_lost=True)
         setup = HubSetup(list(args.nats), member, StreamSettings())
         return asyncio.run(Hub(setup, evaluation, sink).run())
     finally:

@@ -231,16 +231,17 @@ class Hub:
         self.evaluator.counters.alerts += len(decision.send)
         self.sink.emit(decision)  # in the spool (durable) before it is recorded as delivered
         held = self.sink.unspooled_ids()
-        lost = self.lost | self.sink.take_lost()
+        lost = self._lost_ids()
+        dropped = 0
         for alert in fresh:  # silenced and rate-limited ones too: decided, stored once
             alert_id = str(alert["alert.id"])
             if alert_id in held:  # in memory only: recorded once durable (_settle)
                 self.unsettled[alert_id] = None
             elif alert_id in lost:
-                self._lost_one(alert_id)
+                dropped += 1
             else:
                 await delivered.mark(alert_id)
-        self.lost = {i for i in lost if i in self.unsettled}
+        self._dropped(dropped)
         if self.unsettled and self.fetching.is_set():
             self._hold_back()
 
@@ -260,14 +261,15 @@ class Hub:
         if not self.unsettled:
             return
         held = self.sink.unspooled_ids()
-        lost = self.lost | self.sink.take_lost()
+        lost = self._lost_ids()
+        dropped = 0
         for alert_id in [i for i in self.unsettled if i not in held]:
             if alert_id in lost:
-                self._lost_one(alert_id)
+                dropped += 1
             else:
                 await delivered.mark(alert_id)
             del self.unsettled[alert_id]
-        self.lost = {i for i in lost if i in self.unsettled}
+        self._dropped(dropped)
         if self.unsettled:
             # what is not fetched yet may be older than what the partitions delivered last:
             # the hub's time must not move on without it (it would come late)
@@ -281,14 +283,24 @@ class Hub:
         self.fetching.set()
         await self._ack()
 
-    def _lost_one(self, alert_id: str) -> None:
-        """An alert a destination dropped (its spool full, or its disk full and more held in
-        memory than it keeps): not recorded as delivered, so that a restart evaluating its
-        events again (not acknowledged yet: within the horizon) sends it."""
-        self.evaluator.counters.lost_alerts += 1
+    def _lost_ids(self) -> set[str]:
+        """Ids a destination dropped: those it just said, and those of unsettled alerts it
+        said before (they are decided when they leave memory)."""
+        self.lost |= self.sink.take_lost()
+        return self.lost
+
+    def _dropped(self, count: int) -> None:
+        """`count` alerts a destination dropped (its spool full, or its disk full and more
+        held in memory than it keeps) were not recorded as delivered, so that a restart
+        evaluating their events again (not acknowledged yet: within the horizon) sends
+        them; said once per batch."""
+        self.lost &= self.unsettled.keys()
+        if not count:
+            return
+        self.evaluator.counters.lost_alerts += count
         logger.error(
-            "hub: alert %s was dropped by a destination (spool or memory full): not delivered",
-            alert_id,  # a hash the hub made
+            "hub: %d alert(s) dropped by a destination (spool or memory full): not delivered",
+            count,
         )
 
     def _housekeeping(self) -> None:

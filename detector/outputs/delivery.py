@@ -189,7 +189,7 @@ class _Lane:
         except SpoolError as exc:
             d.unspooled += len(alerts)
             d.spool_error = str(exc)
-            for lost in self.unspooled.add(alerts):  # memory is bounded too: oldest out
+            for lost in self.unspooled.add(alerts):  # memory is bounded too (held.py)
                 d.dropped += 1
                 report.outcomes.append(
                     DeliveryOutcome(str(lost.get("alert.id")), name, "dropped", str(exc))

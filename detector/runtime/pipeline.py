@@ -121,12 +121,7 @@ class Pipeline:
         file:line. Without the rules' test events: a slip in a tests file must not stop
         detection. `lateness_s`/`clock`: how correlations wait for late events (None: the
         whole input is put in event-time order, as `scan` does; see engine/reorder.py)."""
-        ruleset = load_rules(
-            rule_paths_for(config, rule_paths, default_rules=default_rules),
-            with_tests=False,
-            threshold_values=config.thresholds,
-            cache=rulecache.default_dir(),
-        )
+        ruleset = _ruleset(config, rule_paths, default_rules)
         engine = Engine(
             ruleset,
             placeholders=config.placeholders(),
@@ -199,11 +194,17 @@ def rule_literals(config: SiteConfig, rule_paths: Sequence[str] | None) -> Liter
     """What the rules `Pipeline.load` would load look for in a command line, without
     building their match functions: for `collect`, which evaluates nothing but records
     command lines a scan may read later. Raises HpcsecError as Pipeline.load does."""
-    ruleset = load_rules(
-        rule_paths_for(config, rule_paths),
+    engine = Engine(_ruleset(config, rule_paths), placeholders=config.placeholders(), lazy=True)
+    return Literals(engine.command_line_literals())
+
+
+def _ruleset(
+    config: SiteConfig, rule_paths: Sequence[str] | None, default_rules: bool = True
+) -> RuleSet:
+    """The rules of `rule_paths_for`, through the rule cache, without their test events."""
+    return load_rules(
+        rule_paths_for(config, rule_paths, default_rules=default_rules),
         with_tests=False,
         threshold_values=config.thresholds,
         cache=rulecache.default_dir(),
     )
-    engine = Engine(ruleset, placeholders=config.placeholders(), lazy=True)
-    return Literals(engine.command_line_literals())

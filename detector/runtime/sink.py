@@ -58,8 +58,12 @@ class AlertSink:
         store: JournalWriter | None,
         metrics: AgentMetrics,
         min_level: str = "informational",
+        track_lost: bool = False,
     ):
+        """`track_lost`: keep the ids of alerts a destination dropped for `take_lost` (the
+        hub asks after every batch; the agent, which never asks, keeps none)."""
         self.outputs = outputs
+        self.track_lost = track_lost
         self.min_level = min_level  # alerts below it are stored only (`--min-level`)
         self.store = store
         self.metrics = metrics
@@ -135,7 +139,8 @@ class AlertSink:
 
     def _delivered(self, report: DeliveryReport) -> None:
         self._outcomes.extend(report.outcomes)
-        self._lost.update(o.alert_id for o in report.outcomes if o.state == "dropped")
+        if self.track_lost:
+            self._lost.update(o.alert_id for o in report.outcomes if o.state == "dropped")
         self.spool_depth()  # the gauge follows every delivery round
         for name, dest in report.destinations.items():
             if dest.delivered:

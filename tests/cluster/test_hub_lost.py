@@ -80,3 +80,23 @@ def test_a_dropped_alert_is_not_recorded_as_delivered_now_or_once_settled() -> N
     assert delivered.marked == ["a", "d"]  # never b or c
     assert not hub.unsettled and hub.fetching.is_set()
     assert evaluation.counters.lost_alerts == 2
+
+
+def test_only_a_sink_that_tracks_them_keeps_the_ids_of_dropped_alerts() -> None:
+    """The hub asks for them after every batch; the agent never asks, so its sink keeps none
+    (kept, they would grow for as long as a destination drops)."""
+    from hpcsec.detector.outputs.delivery import DeliveryOutcome, DeliveryReport
+    from hpcsec.detector.runtime.metrics import AgentMetrics
+    from hpcsec.detector.runtime.sink import AlertSink
+
+    report = DeliveryReport(
+        outcomes=[
+            DeliveryOutcome("a1", "hook", "dropped"),
+            DeliveryOutcome("a2", "hook", "pending"),
+        ]
+    )
+    for track, expected in ((True, {"a1"}), (False, set())):
+        sink = AlertSink(None, None, AgentMetrics(), track_lost=track)
+        sink._delivered(report)
+        assert sink.take_lost() == expected
+        assert sink.take_lost() == set()
