@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsec.detector.alerts.identity import (
+    MAX_DISTINCT_PER_HOST,
     MAX_DISTINCT_PER_KEY,
     OVERFLOW_FIELD,
     Facets,
     base_key,
+    host_of,
     identity_values,
     overflow_key,
     rule_identity,
@@ -29,6 +31,13 @@ from hpcsec.detector.engine.context import rule_context
 from hpcsec.detector.engine.evaluate import Match
 
 MAX_EVIDENCE_EVENTS = 20
+# the summary of an overflow alert, by the bound that opened it (AlertBuilder._ident)
+OVERFLOWS = {
+    "key": f"More than {MAX_DISTINCT_PER_KEY} distinct actions of this rule by one job and "
+    "user in the window, folded here; the first: ",
+    "host": f"More than {MAX_DISTINCT_PER_HOST} distinct alerts of this rule from one host "
+    "in the window (any job and user), folded here; the first: ",
+}
 
 
 def _epoch(ts: str | None) -> float:
@@ -250,8 +259,9 @@ class AlertBuilder:
             facets = self._facets[rule.id] = rule_identity(rule.sigma)
         return facets
 
-    def _ident(self, match: Match) -> tuple[str, tuple, bool]:
-        """(alert id, key, overflow) of a match: which open alert it folds into."""
+    def _ident(self, match: Match) -> tuple[str, tuple, str | None]:
+        """(alert id, key, overflow) of a match: which open alert it folds into; `overflow`
+        says which bound sent it to an overflow alert ("key", "host"; None: none)."""
         rule = match.rule
         first = match.events[0]
         if match.group:
@@ -260,22 +270,34 @@ class AlertBuilder:
             key = base_key(first) + identity_values(first, self._identity(match))
         when = _epoch(first.get("@timestamp"))
         if not self.dedup:
-            return alert_id(rule.id, key, "event:" + str(first.get("event.id", when))), key, False
+            return alert_id(rule.id, key, "event:" + str(first.get("event.id", when))), key, None
         # Correlations fire once per group and correlation window; repeated firings of
         # one group inside the dedup window fold like repeated detection matches.
         start = _epoch(match.window_start) if match.window_start else when
         window = int(start // self.window_s)
         ident = alert_id(rule.id, key, window)
         if match.group or ident in self._open:
-            return ident, key, False
+            return ident, key, None
         base = base_key(first)
         per_key = alert_id(rule.id, base, window)
         distinct = self._distinct.get(per_key, 0)
-        if distinct < MAX_DISTINCT_PER_KEY:
+        overflow = None
+        if distinct >= MAX_DISTINCT_PER_KEY:
+            overflow, key = "key", overflow_key(base)
+            ident = alert_id(rule.id, key, window)
+            if ident in self._open:
+                return ident, key, overflow
+        # a new alert: within the host's bound too, or into the host's overflow alert
+        host = host_of(base)
+        per_host = alert_id(rule.id, host, window)
+        made = self._distinct.get(per_host, 0)
+        if made >= MAX_DISTINCT_PER_HOST:
+            key = overflow_key(host)
+            return alert_id(rule.id, key, window), key, "host"
+        self._distinct[per_host] = made + 1
+        if overflow is None:
             self._distinct[per_key] = distinct + 1
-            return ident, key, False
-        key = overflow_key(base)
-        return alert_id(rule.id, key, window), key, True
+        return ident, key, overflow
 
     def _add_one(self, match: Match) -> Alert | None:
         ident, key, overflow = self._ident(match)
@@ -285,13 +307,11 @@ class AlertBuilder:
             self._grown[ident] = None
             return None
         alert = self._new_alert(ident, match, key)
-        if overflow:
+        if overflow is not None:
             alert = alert.evolve(
                 {
                     OVERFLOW_FIELD: True,
-                    "alert.summary": f"More than {MAX_DISTINCT_PER_KEY} distinct actions of "
-                    "this rule by one job and user in the window, folded here; the first: "
-                    + alert["alert.summary"],
+                    "alert.summary": OVERFLOWS[overflow] + alert["alert.summary"],
                 }
             )
         (first_t, _), (last_t, _) = _span(match)

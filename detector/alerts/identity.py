@@ -40,6 +40,12 @@ ATTRIBUTE = "alert_identity"
 # overflow alert: the builder's memory stays bounded whatever a node's user does (a loop over
 # a million file names), and the overflow alert says that more actions were folded into it.
 MAX_DISTINCT_PER_KEY = 100
+# ...and per rule, host and window, whatever the job and user: a compromised node writes the
+# job and user of its events itself (the hub takes only `host.name` from where it published,
+# docs/cluster.md), so a million made-up users must not make a million alerts, nor a
+# million open ones in the hub's memory. A node runs a few jobs at a time: 10 of them each at
+# the per-key cap still fit.
+MAX_DISTINCT_PER_HOST = 1000
 OVERFLOW_FIELD = "alert.distinct_overflow"
 
 Facets = tuple[tuple[str, ...], ...]
@@ -74,4 +80,11 @@ def identity_values(event: Mapping[str, Any], facets: Facets) -> tuple[tuple[str
 
 
 def overflow_key(base: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """The key of the alert that further distinct actions of `base` fold into: (host, job,
+    user) past MAX_DISTINCT_PER_KEY, the host alone past MAX_DISTINCT_PER_HOST."""
     return (*base, (OVERFLOW_FIELD, True))
+
+
+def host_of(base: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """The host part of a `base_key`."""
+    return base[:1]

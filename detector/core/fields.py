@@ -334,8 +334,8 @@ ALERT_FIELDS: tuple[Field, ...] = (
     Field(
         "alert.distinct_overflow",
         "boolean",
-        "more distinct actions of one rule, host, job and user in a window than dedup keeps "
-        "apart were folded into this alert",
+        "more distinct actions of one rule, host, job and user (or alerts of one rule and "
+        "host) in a window than dedup keeps apart were folded into this alert",
     ),
     Field(
         "incident.id",

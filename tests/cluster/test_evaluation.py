@@ -7,6 +7,7 @@ import math
 import orjson
 import pytest
 
+from hpcsec.detector.alerts.identity import MAX_DISTINCT_PER_HOST, OVERFLOW_FIELD
 from hpcsec.detector.cluster.evaluation import HUB_LATENESS_S, HubClock, HubEvaluation
 from hpcsec.detector.cluster.fleet import FleetFirmware
 from hpcsec.detector.cluster.partition import (
@@ -309,3 +310,38 @@ def test_the_hub_honours_no_default_rules(tmp_path, capsys) -> None:
     only = HubEvaluation.load(SiteConfig(), [str(own)], default_rules=False)
     assert [r.title for r in only.pipeline.ruleset.rules] == ["Own"]
     assert len(HubEvaluation.load(SiteConfig(), [str(own)]).pipeline.ruleset.rules) > 1
+
+
+def test_a_node_making_up_jobs_and_users_gets_a_bounded_number_of_alerts() -> None:
+    """The hub takes only `host.name` from where a node published: a compromised node that
+    gives each miner event a user and job of its own still gets at most the host's bound
+    of alerts per rule and window, the rest folded into one overflow alert per rule."""
+    ev = evaluator()
+    n = MAX_DISTINCT_PER_HOST + 300
+    miners = [
+        {
+            "@timestamp": f"2026-12-01T10:00:{i % 60:02d}Z",
+            "event.id": f"m{i}",
+            "event.category": "process",
+            "event.action": "start",
+            "process.pid": 10_000 + i,
+            "process.name": "xmrig",
+            "process.executable": "/tmp/xmrig",
+            "process.command_line": "xmrig -o stratum+tcp://pool.example:3333",
+            "user.name": f"made-up-{i}",
+            "user.id": 20_000 + i,
+            "slurm.job.id": str(500_000 + i),
+        }
+        for i in range(n)
+    ]
+    decoded = [ev.decode(orjson.dumps(e), "gpu-017") for e in miners]
+    alerts = ev.evaluate([e for e in decoded if e is not None]) + ev.finish()
+    by_rule: dict[str, list[dict]] = {}
+    for alert in alerts:
+        by_rule.setdefault(alert["rule.id"], []).append(alert)
+    assert by_rule  # the miner rules fired
+    for rule_alerts in by_rule.values():
+        assert len(rule_alerts) <= MAX_DISTINCT_PER_HOST + 1
+    assert any(
+        len(a) == MAX_DISTINCT_PER_HOST + 1 and a[-1].get(OVERFLOW_FIELD) for a in by_rule.values()
+    )

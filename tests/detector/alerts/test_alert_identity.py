@@ -4,7 +4,11 @@ process, file or peer) are alerts of their own, whatever was done first."""
 from __future__ import annotations
 
 from hpcsec.detector.alerts.builder import AlertBuilder
-from hpcsec.detector.alerts.identity import MAX_DISTINCT_PER_KEY, OVERFLOW_FIELD
+from hpcsec.detector.alerts.identity import (
+    MAX_DISTINCT_PER_HOST,
+    MAX_DISTINCT_PER_KEY,
+    OVERFLOW_FIELD,
+)
 from hpcsec.detector.alerts.stage import AlertStage
 from hpcsec.detector.config.site import SiteConfig
 from hpcsec.detector.engine.evaluate import Engine
@@ -156,6 +160,42 @@ def test_distinct_actions_beyond_the_cap_fold_into_one_overflow_alert(tmp_path):
     assert not any(OVERFLOW_FIELD in a for a in builder.alerts()[:-1])
     other_user = {**read(0, 900, "cp", f"{MODEL}/x"), "user.name": "bob"}
     assert len(builder.add(matches(tmp_path, MODEL_RULE, [other_user]))) == 1  # its own cap
+
+
+def test_made_up_jobs_and_users_of_one_host_fold_into_its_overflow_alert(tmp_path):
+    """A compromised node writes the job and user of its events: a distinct pair each time
+    must not make an alert each time (nor keep one open each in the hub's memory)."""
+    n = MAX_DISTINCT_PER_HOST + 40
+    events = [
+        {**read(i % 60, 100, "cp", f"{MODEL}/f{i % 3}"), "user.name": f"u{i}", "slurm.job.id": i}
+        for i in range(n)
+    ]
+    builder = AlertBuilder()
+    new = builder.add(matches(tmp_path, MODEL_RULE, events))
+    assert len(new) == len(builder.alerts()) == MAX_DISTINCT_PER_HOST + 1
+    overflow = builder.alerts()[-1]
+    assert overflow[OVERFLOW_FIELD] is True and overflow["count"] == 40
+    assert overflow["user.name"] == f"u{MAX_DISTINCT_PER_HOST}"  # the first folded in
+    assert overflow["alert.summary"].startswith(
+        f"More than {MAX_DISTINCT_PER_HOST} distinct alerts of this rule from one host"
+    )
+    assert len(builder._distinct) <= MAX_DISTINCT_PER_HOST + 1  # its bookkeeping too
+    # repeats of an action already alerted on still fold into their own alert
+    assert builder.add(matches(tmp_path, MODEL_RULE, events[:1])) == []
+    assert builder.alerts()[0]["count"] == 2
+    other_host = {**events[-1], "host.name": "gpu-018"}
+    assert len(builder.add(matches(tmp_path, MODEL_RULE, [other_host]))) == 1  # its own bound
+
+
+def test_a_key_past_its_cap_counts_once_against_the_host(tmp_path):
+    """The per-key overflow alert is one alert of the host's, however much folds into it."""
+    n = MAX_DISTINCT_PER_KEY + 500
+    events = [read(i % 60, 100, "find", f"{MODEL}/f{i}") for i in range(n)]
+    builder = AlertBuilder()
+    builder.add(matches(tmp_path, MODEL_RULE, events))
+    host = builder._distinct[next(k for k, v in builder._distinct.items() if v > 100)]
+    assert host == MAX_DISTINCT_PER_KEY + 1
+    assert len(builder.alerts()) == MAX_DISTINCT_PER_KEY + 1
 
 
 def test_grown_hands_out_each_folded_alert_once(tmp_path):
