@@ -227,6 +227,11 @@ class AgentMetrics:
         self.store_errors = Counter(
             "hpcsec_store_errors_total", "Alert store writes that failed", registry=r
         )
+        self.store_events_dropped = Counter(
+            "hpcsec_store_events_dropped_total",
+            "Events let go unstored while the store could not be written (oldest first)",
+            registry=r,
+        )
 
     def _declare_state(self, r: CollectorRegistry) -> None:
         self.last_sample = Gauge(

@@ -4,9 +4,10 @@ The main loop calls `emit` with each Decision of the alert stage and `tick` on e
 Delivery never blocks the loop for long: `emit` puts alerts in the spool (durable before
 anything is sent) and makes at most one attempt per destination; `tick` retries what is left
 in short slices, so a receiver that is down costs a retry now and then, not a stalled agent.
-Store writes are batched: events are written every EVENTS_FLUSH_S and alerts within
-ALERTS_FLUSH_S, each flush as one segment of the store's journal (store/journal.py; the agent
-never loads DuckDB, which would cost it ~40 MB). Every APPLY_EVERY_S a short-lived child,
+Store writes are batched: events are written every EVENTS_FLUSH_S (sooner once their JSON
+passes EVENTS_FLUSH_BYTES) and alerts within ALERTS_FLUSH_S, each flush as one segment of
+the store's journal (store/journal.py; the agent never loads DuckDB, which would cost it
+~40 MB). Every APPLY_EVERY_S a short-lived child,
 `hpcsec alerts --apply`, moves the segments into the DuckDB file and applies the retention,
 so the journal stays small even when no one queries.
 
@@ -33,7 +34,12 @@ from hpcsec.detector.runtime.endpoints import (
     OutputSet,
 )
 from hpcsec.detector.runtime.metrics import AgentMetrics
-from hpcsec.detector.store.journal import JournalWriter, StoreError, encode_records
+from hpcsec.detector.store.journal import (
+    JournalWriter,
+    StoreError,
+    encode_events,
+    encode_records,
+)
 
 logger = get_logger(__name__)
 
@@ -41,7 +47,15 @@ ALERTS_FLUSH_S = 5.0
 EVENTS_FLUSH_S = 60.0
 FLUSH_SLICE_S = 0.5  # longest a spool retry holds the main loop
 RETRY_IDLE_S = 1.0  # pause between retry rounds that delivered nothing
-MAX_BUFFERED_EVENTS = 200_000  # store down: keep at most this many events for it
+# Events are kept for the store as their journal lines, encoded when they are kept (a line is
+# about a quarter of the memory of its event's dict). A node's users choose how large their
+# events are: 300 sleeping processes with 64 KiB command lines made 38 MB of events per
+# sample, gigabytes by the minute. So the store is written as soon as the lines pass
+# EVENTS_FLUSH_BYTES; while it cannot be written (a full disk) at most MAX_BUFFERED_EVENTS
+# lines and MAX_BUFFERED_BYTES are kept, the newest, and the oldest let go are counted.
+EVENTS_FLUSH_BYTES = 4 * 2**20
+MAX_BUFFERED_EVENTS = 200_000
+MAX_BUFFERED_BYTES = 16 * 2**20
 SELF_HEALTH_VECTOR = "self_health"  # rules/self_health.yml
 FAILING_REPORT_EVERY_S = 300.0  # a destination that keeps failing is reported this often
 
@@ -67,7 +81,9 @@ class AlertSink:
         self.min_level = min_level  # alerts below it are stored only (`--min-level`)
         self.store = store
         self.metrics = metrics
-        self._events: list[Event] = []
+        self._event_lines: list[bytes] = []  # the events kept for the store, encoded
+        self._event_bytes = 0
+        self.events_dropped = 0  # events let go while the store could not be written
         self._alerts: list[tuple[list[Alert], str, str]] = []
         self._grown: dict[str, tuple[Alert, str, str]] = {}  # id -> (value, disposition, why)
         self._outcomes: list[DeliveryOutcome] = []
@@ -190,9 +206,25 @@ class AlertSink:
     def keep_events(self, events: list[Event]) -> None:
         if self.store is None:
             return
-        self._events.extend(events)
-        if len(self._events) > MAX_BUFFERED_EVENTS:  # the store is failing: keep the newest
-            del self._events[: len(self._events) - MAX_BUFFERED_EVENTS]
+        lines = encode_events(events)
+        self._event_lines.extend(lines)
+        self._event_bytes += sum(map(len, lines))
+        if self._event_bytes >= EVENTS_FLUSH_BYTES:
+            self._store_due = 0.0  # written at the next tick, not in a minute
+        kept = self._event_lines
+        if len(kept) > MAX_BUFFERED_EVENTS or self._event_bytes > MAX_BUFFERED_BYTES:
+            self._let_go_oldest()
+
+    def _let_go_oldest(self) -> None:
+        """The store is failing: keep the newest events within the bounds, count the rest."""
+        kept, size, n = self._event_lines, self._event_bytes, 0
+        while n < len(kept) and (len(kept) - n > MAX_BUFFERED_EVENTS or size > MAX_BUFFERED_BYTES):
+            size -= len(kept[n])
+            n += 1
+        del kept[:n]
+        self._event_bytes = size
+        self.events_dropped += n
+        self.metrics.store_events_dropped.inc(n)
 
     # -- periodic ----------------------------------------------------------------------------
 
@@ -247,14 +279,19 @@ class AlertSink:
             return
         deliveries = [(o.alert_id, o.destination, o.state, o.error) for o in self._outcomes]
         grown = self._grown_records()
+        records = [*self._alerts, *grown]
         try:
-            self.store.append(encode_records(self._events, [*self._alerts, *grown], deliveries))
+            self.store.append(encode_records([], records, deliveries, self._event_lines))
         except StoreError as exc:  # kept in memory (bounded) and written at the next flush
             self.store_errors += 1
             self.metrics.store_errors.inc()
-            self._fault("store", "write_failed", str(exc))
+            dropped = (
+                f"; {self.events_dropped} event(s) let go so far" if self.events_dropped else ""
+            )
+            self._fault("store", "write_failed", f"{exc}{dropped}")
             return
-        self._events, self._alerts, self._outcomes, self._grown = [], [], [], {}
+        self._event_lines, self._event_bytes = [], 0
+        self._alerts, self._outcomes, self._grown = [], [], {}
 
     def _grown_records(self) -> list[tuple[list[Alert], str, str]]:
         """The counts repeats grew, as alert records after the alerts they update (an id

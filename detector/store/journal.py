@@ -82,15 +82,23 @@ def open_private_dir(path: Path, create: bool) -> int:
     return fd
 
 
+def encode_events(events: Iterable[dict[str, Any]]) -> list[bytes]:
+    """The event lines of a segment, encoded ahead (the agent keeps its events for the store
+    this way: a line is a fraction of the memory of the event it holds)."""
+    return [dumps(["e", e]) for e in events]
+
+
 def encode_records(
     events: Sequence[dict[str, Any]],
     alerts: Iterable[tuple[Sequence[Any], str, str]],
     deliveries: Iterable[tuple[str, str, str, str]],
+    event_lines: Sequence[bytes] = (),
 ) -> bytes:
-    """One segment's bytes: events, then alert batches, then delivery states, in the order the
-    agent decided them (a later record of the same alert or delivery wins)."""
+    """One segment's bytes: events (`event_lines`, encoded ahead by `encode_events`, then
+    `events`), then alert batches, then delivery states, in the order the agent decided them
+    (a later record of the same alert or delivery wins)."""
     now = _now()
-    lines = [dumps(["e", e]) for e in events]
+    lines = [*event_lines, *encode_events(events)]
     for batch, disposition, reason in alerts:
         lines.extend(dumps(["a", disposition, reason, now, dict(a)]) for a in batch)
     lines.extend(
