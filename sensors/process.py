@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from hpcsec.detector.core.schema import Event, new_event
 from hpcsec.sensors.base import SensorContext, SensorUnavailable
+from hpcsec.sensors.cmdline_budget import CommandLineBudget
 from hpcsec.sensors.procinfo import (
     Users,
     environ_value,
@@ -37,6 +38,7 @@ class ProcessSensor:
         if not found:
             raise SensorUnavailable(f"no processes under {ctx.proc.path}")
         users = Users.load(ctx.etc)
+        budget = CommandLineBudget(ctx.cmdline_literals)
         for pid in found:
             fields = process_fields(ctx, pid, users)
             if "process.command_line" not in fields and not fields.keys() & UNREAD_MEMORY:
@@ -44,7 +46,9 @@ class ProcessSensor:
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:
                 fields["process.cgroup"] = cgroup.strip()
-            environ = read_environ(ctx.proc, pid, owner_key(ctx, pid, fields.get("user.id")))
+            owner = owner_key(ctx, pid, fields.get("user.id"))
+            budget.charge(owner, fields)
+            environ = read_environ(ctx.proc, pid, owner)
             for var in SELECTED_ENV:
                 value = environ_value(environ, var)
                 if value is not None:

@@ -1,0 +1,91 @@
+"""A sample's command lines, bounded per owner.
+
+Each command line is condensed to at most 64 KiB (cmdline_condense.py), but a user chooses
+how many processes carry one: 300 sleeping processes with 64 KiB of bytes that are not
+UTF-8 (each byte is four characters of event text, `\\xff`, in `process.command_line` and
+again in `process.args`) made 300 MB of events in every sample of the agent, whose budget is
+80 MB. So each owner (a uid, or the user a rootless container's subordinate uid belongs to:
+procinfo.owner_key) has OWNER_BUDGET characters of command lines per sample kept as read;
+the command lines of that owner's further processes in the sample are shortened to their
+head (HEAD_KEEP) and an excerpt around each text of the loaded rules they show (the
+condenser's Literals), with a marker saying how much was left out, and are marked
+`process.command_line_truncated` as a condensed one is. A user's many processes thus cost
+their own command lines, not the detection of another user's: another owner's budget is
+untouched. The rules' texts are still seen in every command line (a miner behind 300
+padded sleepers keeps its `stratum+tcp://`); what is lost past the budget is the context
+around them (regular expressions over the whole line).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable
+from typing import Any
+
+from hpcsec.sensors.cmdline_condense import Literals
+
+OWNER_BUDGET = 1024 * 1024  # characters of command lines per owner and sample, kept whole
+HEAD_KEEP = 1024  # of a shortened command line, its first characters
+EXCERPT_CONTEXT = 32  # bytes kept on each side of a rule's text in an excerpt
+MAX_EXCERPTS = 64  # rules' texts kept per shortened command line, at most (first found)
+
+
+class CommandLineBudget:
+    """The command lines of one sample, charged to their owners (one per sensor run)."""
+
+    def __init__(self, literals: Literals | None):
+        self.literals = literals
+        self.spent: dict[Hashable, int] = {}
+        self.shortened = 0  # command lines shortened in this sample
+
+    def charge(self, owner: Hashable, fields: dict[str, Any]) -> None:
+        """Charge a process's command line (`fields`, process_fields's) to its owner, and
+        shorten it in place when the owner's budget for the sample is spent."""
+        args = fields.get("process.args")
+        if not args:
+            return
+        size = sum(map(len, args)) + len(args)
+        spent = self.spent.get(owner, 0)
+        if spent + size > OWNER_BUDGET:
+            short = shortened(args, self.literals)
+            if short is not args:
+                size = sum(map(len, short)) + len(short)
+                fields["process.args"] = short
+                fields["process.command_line"] = " ".join(short)
+                fields["process.command_line_truncated"] = True
+                self.shortened += 1
+        self.spent[owner] = spent + size
+
+
+def shortened(args: list[str], literals: Literals | None) -> list[str]:
+    """The arguments of a command line past its owner's budget: its first HEAD_KEEP bytes,
+    an excerpt around each rule's text the rest shows, and a marker for what was left out
+    (the condenser's GAP form, so that `is_condensed` sees it). One that short is kept."""
+    line = " ".join(args).encode()
+    if len(line) <= HEAD_KEEP:
+        return args
+    rest = line[HEAD_KEEP:]
+    kept = [_cut(line, HEAD_KEEP)]
+    found = literals.found(rest) if literals is not None else {}
+    kept += [_excerpt(rest, start, end) for start, end in sorted(found.values())[:MAX_EXCERPTS]]
+    ends = itertools.accumulate(len(arg.encode()) + 1 for arg in args)
+    whole = sum(1 for end in ends if end - 1 <= HEAD_KEEP)  # arguments the head shows whole
+    kept.append(f"\u2026[hpcsec: {len(args) - whole} arguments ({len(rest)} bytes) left out]")
+    return kept
+
+
+def _text(data: bytes) -> str:
+    """Event text of `data`, a slice of UTF-8 text: a character its ends split is dropped."""
+    return data.decode("utf-8", "ignore")
+
+
+def _cut(data: bytes, keep: int) -> str:
+    return _text(data[:keep]) + f"\u2026[hpcsec: cut {len(data) - keep} bytes]"
+
+
+def _excerpt(data: bytes, start: int, end: int) -> str:
+    """The bytes of `data` around [start, end), with a CUT marker for each side left out."""
+    low, high = max(0, start - EXCERPT_CONTEXT), min(len(data), end + EXCERPT_CONTEXT)
+    before = f"\u2026[hpcsec: cut {low} bytes]" if low else ""
+    after = f"\u2026[hpcsec: cut {len(data) - high} bytes]" if high < len(data) else ""
+    return before + _text(data[low:high]) + after
