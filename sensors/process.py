@@ -40,15 +40,13 @@ class ProcessSensor:
         users = Users.load(ctx.etc)
         budget = CommandLineBudget(ctx.cmdline_literals)
         for pid in found:
-            fields = process_fields(ctx, pid, users)
+            fields = process_fields(ctx, pid, users, budget)
             if "process.command_line" not in fields and not fields.keys() & UNREAD_MEMORY:
                 continue  # a kernel thread, or the process exited while we looked
             cgroup = ctx.proc.read_text(f"{pid}/cgroup")
             if cgroup:
                 fields["process.cgroup"] = cgroup.strip()
-            owner = owner_key(ctx, pid, fields.get("user.id"))
-            budget.charge(owner, fields)
-            environ = read_environ(ctx.proc, pid, owner)
+            environ = read_environ(ctx.proc, pid, owner_key(ctx, pid, fields.get("user.id")))
             for var in SELECTED_ENV:
                 value = environ_value(environ, var)
                 if value is not None:

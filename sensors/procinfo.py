@@ -15,6 +15,7 @@ from typing import Any
 from hpcsec.detector.core.text import from_node_bytes
 from hpcsec.sensors import cmdline_condense, proclists, stalls, subuids
 from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.cmdline_budget import CommandLineBudget
 
 # Read sizes: a read buffer is allocated at its full size, and these files are read for every
 # process of every sample. status is ~1.5 KiB. cmdline and environ are read whole, in bounded
@@ -127,7 +128,12 @@ def users_of(ctx: SensorContext) -> Users:
     return users
 
 
-def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> dict[str, Any]:
+def process_fields(
+    ctx: SensorContext,
+    pid: int,
+    users: Users | None = None,
+    budget: CommandLineBudget | None = None,
+) -> dict[str, Any]:
     """process.* and user.* fields of `pid`; {} when the process is gone (or not visible).
 
     A kernel thread has an empty cmdline: it gets no `process.command_line`; nor does a
@@ -136,6 +142,7 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
     (stalls.py).
     Every string is
     event text (core/text): a name or argument that is not UTF-8 keeps its bytes as `\\xNN`.
+    `budget`: the sample's command lines per owner (the process sensor's: cmdline_budget.py).
     """
     base = str(pid)
     status = ctx.proc.read_text(f"{base}/status", STATUS_MAX)
@@ -170,10 +177,14 @@ def process_fields(ctx: SensorContext, pid: int, users: Users | None = None) -> 
         cmdline = None
     if cmdline:
         # each argument decoded on its own: an odd byte stays `\xNN` in its own argument
-        args = [from_node_bytes(arg) for arg in cmdline.rstrip(b"\0").split(b"\0")]
+        raw = cmdline.rstrip(b"\0").split(b"\0")
+        if budget is None:
+            args, short = [from_node_bytes(arg) for arg in raw], False
+        else:
+            args, short = budget.args(owner_key(ctx, pid, uid), raw)
         fields["process.args"] = args
         fields["process.command_line"] = " ".join(args)
-        if cmdline_condense.is_condensed(args):  # rules still saw its flags and URLs, head and tail
+        if short or cmdline_condense.is_condensed(args):  # rules still saw what they look for
             fields["process.command_line_truncated"] = True
     if uid is not None:
         fields["user.id"] = uid
