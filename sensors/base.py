@@ -347,6 +347,10 @@ class SensorSpec:
     description: str
     default_enabled: bool = True
     categories: tuple[str, ...] = ()
+    # Whether its events hold process command lines read now (procinfo.process_fields, by
+    # the sensor or by enrichment of the pids it names): only then are the rules loaded for
+    # the literals a long one keeps (SensorContext.cmdline_literals).
+    command_lines: bool = False
 
 
 @dataclass

@@ -18,18 +18,21 @@ SENSORS: tuple[SensorSpec, ...] = (
         lambda: _load("hpcsec.sensors.process", "ProcessSensor"),
         "processes from /proc: command line, user, cgroup, selected environment",
         categories=("process",),
+        command_lines=True,
     ),
     SensorSpec(
         "sockets",
         lambda: _load("hpcsec.sensors.sockets", "SocketSensor"),
         "TCP/UDP sockets (sock_diag) with the owning process",
         categories=("network_socket",),
+        command_lines=True,
     ),
     SensorSpec(
         "file_access",
         lambda: _load("hpcsec.sensors.file_access.sensor", "FileAccessSensor"),
         "accesses to protected paths: fanotify stream (--duration) or open files",
         categories=("file_access",),
+        command_lines=True,
     ),
     SensorSpec(
         "slurm_jobs",
@@ -42,6 +45,7 @@ SENSORS: tuple[SensorSpec, ...] = (
         lambda: _load("hpcsec.sensors.gpu.nvml", "GpuSensor"),
         "GPUs and the processes on them, from NVML (nvml.json)",
         categories=("gpu_device", "gpu_process"),
+        command_lines=True,
     ),
     SensorSpec(
         "firmware",
@@ -60,6 +64,7 @@ SENSORS: tuple[SensorSpec, ...] = (
         lambda: _load("hpcsec.sensors.rdma.qp", "RdmaQpSensor"),
         "RDMA queue pairs and their owners from `rdma -j res show qp`",
         categories=("rdma_qp",),
+        command_lines=True,  # enrichment reads the process of a QP's pid
     ),
     SensorSpec(
         "roce",

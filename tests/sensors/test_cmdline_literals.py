@@ -238,6 +238,37 @@ def test_collect_keeps_what_the_rules_look_for_in_a_padded_command_line(alice_ru
     assert " --donate-level=1" not in line_of(went_on)  # the flags pushed it out
 
 
+@pytest.mark.parametrize(
+    "sensor, loads",
+    [("process", True), ("gpu", True), ("rdma_counters", False), ("firmware", False)],
+)
+def test_collect_loads_the_rules_only_for_a_sensor_that_reads_command_lines(
+    tmp_path, sensor, loads
+):
+    """Only command lines keep the rules' literals: for a sensor whose events hold none,
+    collect loads no rules (0.2 s and some 50 modules), so a config's broken rule file goes
+    unsaid; one given with --rules is still refused (exit 2), whatever the sensor."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text("title: [unclosed\n")
+    config = tmp_path / "site.yml"
+    config.write_text(f"rules: [{broken}]\n")
+    empty = tmp_path / "node"
+    empty.mkdir()
+    roots = ["--sysfs-root", str(empty), "--procfs-root", str(empty), "--etc-root", str(empty)]
+    command = [sys.executable, "-m", "hpcsec.detector.cli.main", "collect", "--sensor", sensor]
+
+    def collect(*extra: str) -> subprocess.CompletedProcess:
+        run = [*command, *roots, "--raw", *extra]
+        return subprocess.run(run, capture_output=True, text=True, timeout=120)
+
+    went_on = collect("--config", str(config))
+    assert went_on.returncode == 0, went_on.stderr
+    assert ("rules not loaded" in went_on.stderr) is loads, went_on.stderr
+    refused = collect("--rules", str(broken))
+    assert refused.returncode == 2 and "broken.yml:" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_an_argument_with_two_literals_far_apart_does_not_turn_the_literals_off():
     """`xmrig` + 9 KB + `jupyter` in one argument: one excerpt of both would not fit the
     literals' room; it is kept around one of them, and a later `--algo rx/0` still is."""
