@@ -59,8 +59,10 @@ def parse_files(
             ruleset.rules += part.rules
             ruleset.errors += part.errors
     crossfile.drop_duplicate_ids(ruleset)
+    referable = crossfile.Referable.of(ruleset)  # what resolve_correlations resolves against
     correlation_rules.resolve_correlations(ruleset)
-    crossfile.drop_cycles(ruleset, [correlation_rules.references_of(r) for r in ruleset.rules])
+    references = [correlation_rules.references_of(r) for r in ruleset.rules]
+    crossfile.drop_cycles(ruleset, references, referable)
     for path in sources if with_tests else ():
         ruletests.load_tests_for(path, ruleset)
 

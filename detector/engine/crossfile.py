@@ -83,6 +83,11 @@ class Referable:
     """The rules a correlation may name, looked up as pySigma's SigmaCollection does: a
     string by UUID when it reads as one, else by name; a number by position."""
 
+    @classmethod
+    def of(cls, ruleset: RuleSet) -> Referable:
+        """The rules of `ruleset` a correlation may name (not its filters), as they are now."""
+        return cls([r for r in ruleset.rules if r.kind != "filter"])
+
     def __init__(self, rules: list[LoadedRule]):
         self.rules = rules
         self.ids: dict[str, LoadedRule] = {}
@@ -109,10 +114,9 @@ class Referable:
         return self.find(ref) is not None or not isinstance(ref, str | int)
 
 
-def check_references(ruleset: RuleSet, references: list[References]) -> None:
-    """Drop each correlation that names a rule not loaded, with an error at that name.
-    `references` (one per rule) is kept in step with the rules."""
-    referable = Referable([r for r in ruleset.rules if r.kind != "filter"])
+def check_references(ruleset: RuleSet, references: list[References], referable: Referable) -> None:
+    """Drop each correlation that names a rule not in `referable` (Referable.of the set),
+    with an error at that name. `references` (one per rule) is kept in step with the rules."""
     kept, kept_refs = [], []
     for rule, refs in zip(ruleset.rules, references, strict=True):
         if rule.kind == "correlation" and not all(referable.known(ref) for ref in refs):
@@ -132,15 +136,17 @@ def _reference_errors(rule: LoadedRule, referable: Referable) -> list[RuleError]
     return correlation_rules.unknown_reference_errors(rule, referable.known)
 
 
-def drop_cycles(ruleset: RuleSet, references: list[References]) -> None:
+def drop_cycles(ruleset: RuleSet, references: list[References], referable: Referable) -> None:
     """Drop each correlation that refers to itself, directly or through other correlations,
     with an error at its `rules`: it would feed itself (the engine refuses such a set, and
     pySigma's conversion recurses without end on it), so the load says so, for every command
-    alike. `references` (one per rule) is kept in step with the rules."""
+    alike. `referable`: the one the references were checked against, made before a
+    correlation naming an unknown rule was dropped: a position counts the rules as pySigma
+    does, and a drop must not shift it (`rules: [2]`, the correlation's own, named another
+    rule or none). `references` (one per rule) is kept in step with the rules."""
     correlations = [r for r in ruleset.rules if r.kind == "correlation"]
     if not correlations:  # most rule sets: nothing to walk
         return
-    referable = Referable([r for r in ruleset.rules if r.kind != "filter"])
     refers: dict[int, list[LoadedRule]] = {}
     for rule, refs in zip(ruleset.rules, references, strict=True):
         if rule.kind == "correlation":

@@ -179,8 +179,9 @@ def _load_through_cache(
             )
     references = _assemble(ruleset, sources, found, datas, threshold_values)
     crossfile.drop_duplicate_ids(ruleset, references)
-    crossfile.check_references(ruleset, references)
-    crossfile.drop_cycles(ruleset, references)
+    referable = crossfile.Referable.of(ruleset)  # one for both: see drop_cycles
+    crossfile.check_references(ruleset, references, referable)
+    crossfile.drop_cycles(ruleset, references, referable)
     return True
 
 

@@ -31,6 +31,7 @@ from hpcsec.detector.engine.regex import UnsupportedRegex, compile_regex
 from hpcsec.detector.engine.ruleset import SigmaItem
 
 DETECTION_META_KEYS = ("condition", "timeframe")
+EMPTY_DETECTION = "Detection is empty"  # pySigma's, for a mapping with nothing in it
 Key = tuple[str | int, ...]
 COMPARISON_TYPE_ERROR = re.compile(r"incompatible to value type of (?P<value>.+)$")
 PYPARSING_AT = re.compile(
@@ -240,6 +241,12 @@ def empty_detection_errors(doc: YamlDocument, section_name: str) -> list[RuleErr
                 f"detection {ident!r} is empty: give it field: value pairs or a list of values"
             )
             errors.append(RuleError(message, location(doc.path, doc.line_of(section_name, ident))))
+        elif isinstance(definition, list) and {} in definition:  # `- {}`: a mapping of nothing
+            i = definition.index({})
+            message = f"detection {ident!r} lists an empty mapping: give it field: value pairs"
+            errors.append(
+                RuleError(message, location(doc.path, doc.line_of(section_name, ident, i)))
+            )
         elif isinstance(definition, list) and None in definition:  # a keyword that is null
             i = definition.index(None)
             message = f"detection {ident!r} lists null: a value without a field cannot be null"
@@ -370,15 +377,25 @@ def parse_document(doc: YamlDocument) -> tuple[SigmaItem | None, list[RuleError]
         if section != "correlation":
             errors += empty_detection_errors(doc, section) + regex_errors(doc, section)
         return (None, errors) if errors else (item, [])
-    located = detection_errors(data.get(section), section)
+    return None, located_errors(item, doc, section)
+
+
+def located_errors(item: SigmaItem, doc: YamlDocument, section: str) -> list[RuleError]:
+    """The errors pySigma collected, each at the line of what it is about where we can tell."""
+    located = detection_errors(doc.data.get(section), section)
     messages = {error_message(e) for e, _ in located}
     errors = [
         RuleError(detection_message(e, at), location(doc.path, doc.line_of(*at)))
         for e, at in located
     ]
+    if section != "correlation" and (empty := empty_detection_errors(doc, section)):
+        # pySigma's "Detection is empty" (`selection: {}`) names no detection, and would be
+        # said at the `detection:` line: each empty one is said at its own line instead
+        errors += empty
+        messages.add(EMPTY_DETECTION)
     errors += [
         RuleError(error_message(e), location(doc.path, doc.line_of(*key_for(e, section))))
         for e in item.errors
         if error_message(e) not in messages
     ]
-    return None, list({str(e): e for e in errors}.values())
+    return list({str(e): e for e in errors}.values())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcsec.detector.cli.main import main
+from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import load_rules
 
 HEAD = "title: {name}\nname: {name}\nid: {uid}\nstatus: experimental\nlevel: high\n"
@@ -63,16 +64,50 @@ def test_each_regex_of_a_list_that_is_not_text_is_an_error_at_its_line(tmp_path)
 
 
 EMPTY = "detection 'selection' is empty: give it field: value pairs or a list of values"
+EMPTY_MAPPING = "detection 'selection' lists an empty mapping: give it field: value pairs"
 
 
 @pytest.mark.parametrize(
     ("definition", "expected"),
-    [("", (8, EMPTY)), (" []", (8, EMPTY)), (" {}", (7, "Detection is empty"))],  # pySigma's
+    [
+        ("", (8, EMPTY)),
+        (" []", (8, EMPTY)),
+        (" {}", (8, EMPTY)),
+        ("\n    - process.name: a\n    - {}", (10, EMPTY_MAPPING)),
+    ],
 )
-def test_an_empty_detection_is_an_error_at_its_line(tmp_path, definition, expected):
-    # `selection:` alone passed `rules check` and then stopped `scan` (SigmaNull, at line 1)
+@pytest.mark.parametrize("cache", [False, True])
+def test_an_empty_detection_is_an_error_at_its_line(tmp_path, definition, expected, cache):
+    # `selection:` alone passed `rules check` and then stopped `scan` (SigmaNull, at line 1);
+    # `selection: {}` was pySigma's "Detection is empty" at the `detection:` line (7)
     body = PROCESS + f"detection:\n  selection:{definition}\n  condition: selection\n"
-    assert expected in errors_of(tmp_path, rule("r", 1, body))
+    for _ in range(2 if cache else 1):  # with the cache: written, then read
+        assert expected in errors_of(tmp_path, rule("r", 1, body), cache)
+
+
+def test_an_empty_mapping_is_said_at_its_line_with_the_rule_s_other_errors(tmp_path):
+    # the error pySigma collects for `{}` named the `filter:` (or `detection:`) line, and
+    # came with the rule's other errors, which must still be said
+    text = rule(
+        "f",
+        1,
+        PROCESS + "filter:\n  rules: [r]\n  selection: {}\n  bad:\n    user.name|nosuch: x\n"
+        "  condition: not selection and not bad\n",
+    )
+    assert errors_of(tmp_path, text) == [
+        (11, "user.name|nosuch: Unknown modifier 'nosuch'"),
+        (9, EMPTY),
+    ]
+
+
+def test_rules_check_names_the_line_of_an_empty_mapping_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "r.yml"
+    path.write_text(rule("r", 1, PROCESS + "detection:\n  selection: {}\n  condition: selection\n"))
+    assert main(["rules", "check", str(path)]) == 2
+    captured = capsys.readouterr()
+    said = captured.err + captured.out
+    assert f"{path}:8: error: {EMPTY}" in said
+    assert "Detection is empty" not in said and "Traceback" not in said
 
 
 def test_a_null_keyword_is_an_error_at_its_line(tmp_path):
@@ -141,6 +176,37 @@ def test_a_correlation_that_refers_to_itself_is_an_error_at_its_rules(tmp_path, 
         ]
     ruleset = load_rules([tmp_path / "r.yml"], collect_errors=True, with_tests=False)
     assert [r.name for r in ruleset.rules] == ["miner", "fine"]
+
+
+SEL = "detection:\n  sel:\n    process.name: xmrig\n  condition: sel\n"
+
+
+@pytest.mark.parametrize("itself", ["[selfpos]", "[2]"])
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_self_reference_after_a_dropped_correlation_is_said_as_one(tmp_path, cache, itself):
+    # by position, the correlation named itself as the set was checked (before `gone` was
+    # dropped): the cycle check counted without `gone`, found another rule (or none) there,
+    # kept it, and the engine then refused the whole set ("unknown rule '2'")
+    text = "---\n".join(
+        [
+            rule("miner", 4, PROCESS + SEL),
+            correlation("gone", 1, "[nope]"),
+            correlation("selfpos", 2, itself),
+            correlation("fine", 3, "[miner]"),
+        ]
+    )
+    for _ in range(2 if cache else 1):  # with the cache: written, then read
+        assert errors_of(tmp_path, text, cache) == [
+            (19, "correlation names unknown rule 'nope'"),
+            (
+                31,
+                "rule 00000000-0000-4000-8000-000000000002: correlation refers to itself "
+                "through its rules (selfpos -> selfpos): it would count its own alerts",
+            ),
+        ]
+    ruleset = load_rules([tmp_path / "r.yml"], collect_errors=True, with_tests=False)
+    assert [r.name for r in ruleset.rules] == ["miner", "fine"]
+    assert len(Engine(ruleset).correlations) == 1
 
 
 @pytest.mark.parametrize("command", [["rules", "check"], ["rules", "convert", "-t", "sqlite"]])
