@@ -319,6 +319,8 @@ def write_alerts(alerts: list[Alert], fmt: str, incidents: bool = False) -> None
         rows = summarize_incidents(alerts)
         if fmt == "table":
             write_incidents_table(rows, title=f"hpcsec: {len(rows)} incident(s)")
+        elif fmt == "jsonl":  # one incident per line, as --format jsonl gives alerts
+            write_jsonl([row.as_dict() for row in rows])
         else:
             write_incidents_json(rows)
     elif fmt == "json":

@@ -127,6 +127,10 @@ def test_scan_incidents_prints_one_row_per_incident(capsys):
     assert miner[0]["rule.level"] == "critical" and miner[0]["incident.alerts"] >= 3
     assert miner[0]["rule.vector"] == ["gpu_hijack"]
     assert len({r["incident.id"] for r in rows}) == len(rows)
+    # --format jsonl: the same rows, one JSON object per line
+    assert main(["scan", "--demo", "--incidents", "--format", "jsonl"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in lines] == rows
 
 
 def test_the_stage_tags_new_grown_and_forgotten_alerts_as_the_agent_sees_them(tmp_path):
