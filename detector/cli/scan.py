@@ -161,11 +161,18 @@ def sources_of(
 
 def sensor_states(report: ScanReport) -> tuple[list[str], list[str]]:
     """(unavailable, failing): sensors whose status was `unavailable` / anything but `ok`
-    in any sample, each named once."""
+    in any sample, each named once. A sensor that ran but says among its events that what
+    it reads is unavailable (slurm_jobs: Slurm unreachable) is unavailable too, as its
+    line on stderr says."""
     unavailable: dict[str, None] = {}
     failing: dict[str, None] = {}
     for run in report.sensor_runs:
         action = run.status.get("event.action")
+        if action == "ok" and any(
+            e.get("event.category") == "sensor_status" and e.get("event.action") == "unavailable"
+            for e in run.events
+        ):
+            action = "unavailable"
         if action == "unavailable":
             unavailable[run.name] = None
         elif action != "ok":

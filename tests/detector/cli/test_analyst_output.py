@@ -257,3 +257,24 @@ def test_version(capsys):
     from importlib.metadata import version
 
     assert capsys.readouterr().out == f"hpcsec {version('hpcsec')}\n"
+
+
+def test_require_sensor_fails_when_slurm_is_unreachable(tmp_path):
+    """slurm_jobs runs, but says among its events that Slurm cannot be reached: a scan with
+    no job context must not pass for a clean one when the user requires it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("scontrol", "squeue", "sinfo"):
+        fake = bin_dir / tool
+        fake.write_text(
+            "#!/bin/sh\necho 'fatal: Could not establish a configuration source' >&2\nexit 1\n"
+        )
+        fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    argv = [*HPCSEC, "scan", "--sensor", "slurm_jobs", "--format", "jsonl"]
+    scan = subprocess.run(
+        [*argv, "--require-sensor", "slurm_jobs"], capture_output=True, text=True, env=env
+    )
+    assert scan.returncode == 2, scan.stderr
+    assert "required sensor slurm_jobs is unavailable" in scan.stderr
+    assert "unavailable: slurm_jobs" in scan.stderr  # the footer names it too
