@@ -7,7 +7,9 @@ standard library: the responder loads nothing it does not need.
 
 responder -> agent
   E  an access: seq, mask, pid, st_dev, st_ino, size (-1: none), drops and timeouts not
-     reported yet, then the path of the event's descriptor as the responder sees it
+     reported yet, whether the responder holds the opener for the agent (1) or let it go
+     already (0: a permission event it does not hold, or not one), then the path of the
+     event's descriptor as the responder sees it
   C  counters alone (drops, timeouts), sent when no access carried them
   N  a note (a mark that failed), UTF-8
   F  fatal at start: errno, then the message; the responder exits after it
@@ -40,7 +42,7 @@ MARK = b"M"
 MARK_FD = b"D"
 ACK = b"A"
 
-_ACCESS = struct.Struct("<QQiQQqII")
+_ACCESS = struct.Struct("<QQiQQqIIB")
 _COUNTERS = struct.Struct("<II")
 _FATAL = struct.Struct("<i")
 _SEQ = struct.Struct("<Q")
@@ -58,6 +60,7 @@ class Access(NamedTuple):
     dropped: int
     timeouts: int
     path: str
+    held: bool = False  # the responder holds the opener until the agent is done with it
 
 
 _FD_SPACE = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # one expected; more is refused
@@ -84,10 +87,16 @@ def pair() -> tuple[socket.socket, socket.socket]:
 
 
 def access(
-    seq: int, mask: int, pid: int, st: os.stat_result | None, path: bytes, counts: tuple[int, int]
+    seq: int,
+    mask: int,
+    pid: int,
+    st: os.stat_result | None,
+    path: bytes,
+    counts: tuple[int, int],
+    held: bool = False,
 ) -> bytes:
     dev, ino, size = (st.st_dev, st.st_ino, st.st_size) if st is not None else (0, 0, -1)
-    return ACCESS + _ACCESS.pack(seq, mask, pid, dev, ino, size, *counts) + path
+    return ACCESS + _ACCESS.pack(seq, mask, pid, dev, ino, size, *counts, held) + path
 
 
 def counters(dropped: int, timeouts: int) -> bytes:
@@ -113,9 +122,10 @@ def mark(flags: int, mask: int, path: str, kind: bytes = MARK) -> bytes:
 
 
 def parse_access(frame: bytes) -> Access:
-    seq, mask, pid, dev, ino, size, dropped, timeouts = _ACCESS.unpack_from(frame, 1)
+    seq, mask, pid, dev, ino, size, dropped, timeouts, held = _ACCESS.unpack_from(frame, 1)
     path = os.fsdecode(frame[1 + _ACCESS.size :])
-    return Access(seq, mask, pid, dev, ino, None if size < 0 else size, dropped, timeouts, path)
+    size = None if size < 0 else size
+    return Access(seq, mask, pid, dev, ino, size, dropped, timeouts, path, bool(held))
 
 
 def parse_counters(frame: bytes) -> tuple[int, int]:

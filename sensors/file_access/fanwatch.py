@@ -18,15 +18,18 @@ A second group in FID mode (FAN_REPORT_DFID_NAME), here, notifications only, rep
 create, delete and rename, where the kernel supports it; otherwise the stream runs without
 them and says so. A directory made in or moved into a protected tree is marked from its
 create or rename event, and walked for what it already holds on a thread of its own
-(newtrees.py). The marks made while the watch runs travel to the responder as descriptors
-(or a name in a directory's descriptor) the watch opened by file handle or checked: no path
-is resolved again, so a symlink swapped in meanwhile cannot move a mark out of the tree.
+(newtrees.py); the files of one moved in are reported as moved in with it. The marks made
+while the watch runs travel to the responder as descriptors (or a name in a directory's
+descriptor) the watch opened by file handle or checked: no path is resolved again, so a
+symlink swapped in meanwhile cannot move a mark out of the tree.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import functools
 import os
 import select
 import stat
@@ -113,7 +116,9 @@ class FanotifyWatch:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._quick = contextlib.ExitStack()  # quick thread switches while it runs (start)
-        self.answered_by_timeout = 0  # permission events the responder answered unheld-for
+        # opens let through before the agent read the opener, since the last drain: the
+        # responder's timeouts, and the opens it did not hold whose opener was gone
+        self.answered_by_timeout = 0
         self.restart_policy = RestartPolicy()
         self.restarts = 0  # responders started again after one died, since the last drain
         self._errors = 0  # reads and events the reader could not handle, since the last drain
@@ -250,12 +255,14 @@ class FanotifyWatch:
         self._mark(path, CONTENT_MASK | fan.FAN_EVENT_ON_CHILD, flags, fd)
         self._mark_fid(path, flags, fd)
 
-    def _new_dir(self, path: str, fsid: int) -> None:
+    def _new_dir(self, path: str, fsid: int, arrival: tuple[int, str] | None = None) -> None:
         """A directory made in, or moved into, a protected tree while the watch runs (`path`
         as the OS takes it, read back from its parent's handle, on the filesystem `fsid`):
         marked within its owner's share, then queued to be walked for what it already holds
         (newtrees.py); else counted and reported as unwatched. Never through a symlink
-        (open_checked), and queued by its handle (renamed before its walk, it is walked)."""
+        (open_checked), and queued by its handle (renamed before its walk, it is walked).
+        `arrival`: the pid and time of the move that brought it in, whose walk reports each
+        file found as moved in (_arrived_entry)."""
         mount_fd = self._mount_fds.get(fsid)
         fd = open_checked(path)
         if fd is None:
@@ -275,7 +282,7 @@ class FanotifyWatch:
             os.close(fd)
         if self.new_trees is None or mount_fd is None or handle is None:
             return
-        walk = TreeWalk(path, self.owner_of(info.st_uid), mount_fd, handle, identity)
+        walk = TreeWalk(path, self.owner_of(info.st_uid), mount_fd, handle, identity, arrival)
         full = self.new_trees.put(walk)
         if full is not None:
             self._count_unwatched(path, f"what it holds is not walked: {full}")
@@ -283,8 +290,32 @@ class FanotifyWatch:
     def _walk_new_tree(self, walk: TreeWalk, entries: int) -> int:
         """A slice of what a new directory holds (the walker's thread): its directories
         within their owners' shares, each marked before it is listed, and its files marked
-        and indexed."""
-        return walk_slice(walk, entries, self._visitor)
+        and indexed; those of a tree moved in are reported too (_arrived_entry)."""
+        visitor = self._visitor
+        if walk.arrival is not None:
+            on_file = functools.partial(self._arrived_entry, walk.arrival, visitor.on_file)
+            visitor = dataclasses.replace(visitor, on_file=on_file)
+        return walk_slice(walk, entries, visitor)
+
+    def _arrived_entry(
+        self,
+        arrival: tuple[int, str],
+        adopt: Callable[[str, os.DirEntry[str], int], None],
+        path: str,
+        entry: os.DirEntry[str],
+        dir_fd: int,
+    ) -> None:
+        """A file (or a symlink: one created is reported too) found in a tree moved into a
+        protected one: marked and indexed (`adopt`: _new_entry), and, protected, reported
+        as moved in by the move that brought its tree (`arrival`: its pid and time), since
+        no event of its own says so: its directory moved, not it. The walk of a directory
+        made in the tree reports nothing: what is made in it once it is marked has its
+        create event."""
+        adopt(path, entry, dir_fd)
+        text = escape_surrogates(path)  # event text, as the FID events' paths
+        if self.protected(text):
+            pid, when = arrival
+            self.folder.add(when, pid, text, "rename", target=text, asset=text)
 
     def _new_subdir(self, parent: str, entry: os.DirEntry[str]) -> int | None:
         """A subdirectory a walk met: the identity charged for it, None if refused."""
@@ -481,7 +512,9 @@ class FanotifyWatch:
     def _count(self, dropped: int, timeouts: int) -> None:
         if dropped:
             self.folder.drop(dropped)
-        self.answered_by_timeout += timeouts
+        if timeouts:
+            with self._lock:  # drain takes and zeroes it from the agent's thread
+                self.answered_by_timeout += timeouts
 
     def _error(self, what: str) -> None:
         with self._lock:
@@ -496,8 +529,14 @@ class FanotifyWatch:
             if asset is None:
                 return
             if permission:
-                # the responder still holds the opener: its /proc entry is there to read
-                self.openers.remember(access.pid, fresh=True)
+                # held (access.held), the opener waits for us: its /proc entry is there
+                named = self.openers.remember(access.pid, fresh=True)
+                if not (named or access.held):
+                    # Let through unheld (the agent was late: after a timeout, until it
+                    # answers again, or past MAX_HELD) and gone before we read it: counted
+                    # with the timeouts, so that the `answer_timeout` status accounts for
+                    # every open whose events name the opener by pid alone.
+                    self._count(0, 1)
             size = access.size if permission or access.mask & fan.FAN_CLOSE_WRITE else None
             seen = access.path or asset
             actions = fan.actions_of(access.mask)
@@ -525,12 +564,24 @@ class FanotifyWatch:
         paths = {fid.info_type: self._id_path(fid) for fid in event.ids}
         old = paths.get(fan.INFO_OLD_DFID_NAME) or paths.get(fan.INFO_DFID_NAME)
         new = paths.get(fan.INFO_NEW_DFID_NAME)
+        # A move's two ends: FAN_RENAME names the old one only where its directory is
+        # watched, the new one only where its new directory is (a file moved in from
+        # elsewhere comes with its new name alone, one moved out with its old name alone);
+        # before 5.17, the two halves come as events of their own.
+        moved = event.mask & (fan.FAN_RENAME | fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO)
+        if event.mask & fan.FAN_RENAME:
+            src, dst = paths.get(fan.INFO_OLD_DFID_NAME), new
+        else:  # each half names its own end, in its one record
+            src = old if event.mask & fan.FAN_MOVED_FROM else None
+            dst = old if event.mask & fan.FAN_MOVED_TO else None
         is_dir = bool(event.mask & fan.FAN_ONDIR)
         if is_dir:  # directories are containers; the files in them are the assets
             # A directory made in a marked one (a create reaches only its parent's mark), or
             # moved in from outside the watched trees, is marked and walked (_new_dir), by
             # the path the OS takes, whatever bytes its name holds. One renamed within a
-            # tree keeps its marks (they follow the inode).
+            # tree keeps its marks (they follow the inode). A move of it is reported as a
+            # file's is, and the walk of one moved in reports each file it holds as moved
+            # in with it (the mover's pid and time): a tree planted in one rename.
             kind = None
             if event.mask & fan.FAN_CREATE and old:
                 kind = fan.INFO_DFID_NAME
@@ -541,23 +592,24 @@ class FanotifyWatch:
             fid = next((f for f in event.ids if f.info_type == kind), None)
             target = None if fid is None else self._id_path(fid, as_text=False)
             if fid is not None and target is not None and self._in_tree(target):
+                arrival = (event.pid, when) if moved else None
                 with contextlib.suppress(OSError):
-                    self._new_dir(target, fid.fsid)
+                    self._new_dir(target, fid.fsid, arrival)
+            if moved:
+                self._moved(event.pid, when, src, dst)
             return
         # A filesystem mark reports the whole filesystem: /proc is read only for what is kept.
-        if event.mask & fan.FAN_RENAME and old and new:
-            if self.protected(old) or self.protected(new):
-                self._new_file(event, fan.INFO_NEW_DFID_NAME)
-                self.openers.remember(event.pid, fresh=False)
-                self.folder.add(when, event.pid, old, "rename", target=new, asset=old)
-            return
+        if moved:
+            if self._moved(event.pid, when, src, dst) and dst is not None:
+                renamed = event.mask & fan.FAN_RENAME
+                self._new_file(event, fan.INFO_NEW_DFID_NAME if renamed else fan.INFO_DFID_NAME)
+            if not event.mask & (fan.FAN_CREATE | fan.FAN_DELETE):  # else merged with it
+                return
         action = (
             "create"
             if event.mask & fan.FAN_CREATE
             else "delete"
             if event.mask & fan.FAN_DELETE
-            else "rename"
-            if event.mask & (fan.FAN_MOVED_FROM | fan.FAN_MOVED_TO)
             else None
         )
         path = old or new
@@ -568,6 +620,23 @@ class FanotifyWatch:
                 self._new_file(event, kind)
             self.openers.remember(event.pid, fresh=False)
             self.folder.add(when, event.pid, path, action, asset=path)
+
+    def _moved(self, pid: int, when: str, src: str | None, dst: str | None) -> bool:
+        """A move of a file or directory from `src` to `dst` (None: not under a watched
+        directory, or before 5.17 the other half's own event), reported about the protected
+        end: moved out or within, the old path (`file.path`, and the asset), the new one as
+        its target; moved in from elsewhere, where it now lies (`file.path`, the asset and
+        the target alike: the file the rules and site policy must judge is the protected
+        one, its name, extension and directory). False when neither end is protected."""
+        if src is not None and self.protected(src):
+            path, target = src, dst
+        elif dst is not None and self.protected(dst):
+            path, target = dst, dst
+        else:
+            return False
+        self.openers.remember(pid, fresh=False)
+        self.folder.add(when, pid, path, "rename", target=target, asset=path)
+        return True
 
     def _in_tree(self, path: str) -> bool:
         """Whether a path read back from a handle lies in a watched tree."""

@@ -129,13 +129,15 @@ class TreeWalk:
     """One new directory's walk, as far as it got: the directories still to list, and the
     one being listed. `mount_fd`: a descriptor on its filesystem (the watch's, kept open while
     the walker runs), to open handles through; a directory on another filesystem (a mount in
-    the tree) is not walked."""
+    the tree) is not walked. `arrival`: the pid and time of the move that brought the tree
+    in (None: made in the tree), whose files the watch reports as moved in."""
 
     top: str
     owner: int
     mount_fd: int
     handle: fan.Handle
     identity: int
+    arrival: tuple[int, str] | None = None
     stack: list[Pending] = field(default_factory=list)
     listing: _Listing | None = None
 
@@ -281,7 +283,7 @@ class NewTrees:
         # the filesystems and handles of tops waiting, not started: once (a handle, not
         # st_ino: a directory made where a queued one was removed may reuse its inode
         # number, never its handle)
-        self._queued: set[tuple[int, fan.Handle]] = set()
+        self._queued: dict[tuple[int, fan.Handle], TreeWalk] = {}
         self._pending = 0
         self._tokens = float(BURST)
         self._filled_at = clock()
@@ -295,7 +297,10 @@ class NewTrees:
         """Queue the walk of a new directory; why not when there is no room."""
         owner = walk.owner
         with self._changed:
-            if walk.key in self._queued:  # moved in again before its walk began: once
+            queued = self._queued.get(walk.key)
+            if queued is not None:  # moved in again before its walk began: once
+                if queued.arrival is None:  # made, then moved out and in: its files moved in
+                    queued.arrival = walk.arrival
                 return None
             waiting = self._walks.get(owner)
             if waiting is not None and len(waiting) >= MAX_PENDING_PER_OWNER:
@@ -306,7 +311,7 @@ class NewTrees:
                 waiting = self._walks[owner] = deque()
                 self._turns.append(owner)
             waiting.append(walk)
-            self._queued.add(walk.key)
+            self._queued[walk.key] = walk
             self._pending += 1
             self._changed.notify_all()
         return None
@@ -344,7 +349,7 @@ class NewTrees:
                 owner = self._turns.popleft()
                 waiting = self._walks[owner]
                 walk = waiting.popleft()
-                self._queued.discard(walk.key)
+                self._queued.pop(walk.key, None)
                 self._busy = True
             try:
                 used = self._walk_on(walk, SLICE_ENTRIES)

@@ -33,8 +33,9 @@ class OpenerCache:
         self._read_at: dict[int, float] = {}  # pid -> monotonic time of its /proc read
         self._proc_inputs: dict[int, tuple[ProcInput, ...]] = {}
 
-    def remember(self, pid: int, fresh: bool) -> None:
-        """Process fields of `pid` at the access (through ctx.proc, so snapshots keep them).
+    def remember(self, pid: int, fresh: bool) -> bool:
+        """Process fields of `pid` at the access (through ctx.proc, so snapshots keep them);
+        whether any are known for it (False: its events name it by pid alone).
 
         An open re-reads them unless this pid was read in the last `_REREAD_S` (a loader
         opening shard after shard pays the /proc read once; an exec or a reused pid is
@@ -42,7 +43,7 @@ class OpenerCache:
         """
         now = time.monotonic()
         if pid in self._processes and (not fresh or now - self._read_at.get(pid, 0) < _REREAD_S):
-            return
+            return bool(self._processes[pid])
         if self._capture is not None:
             self._capture.inputs = []
         fields = access_process_fields(self._proc_ctx, pid, _NO_USERS)
@@ -51,6 +52,7 @@ class OpenerCache:
             self._read_at[pid] = now
             if self._capture is not None:
                 self._proc_inputs[pid] = tuple(self._capture.inputs)
+        return bool(self._processes[pid])
 
     def take(
         self, pids: set[int]

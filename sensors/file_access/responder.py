@@ -13,7 +13,9 @@ non-blocking send, and then:
   entry meanwhile, so a `cat` that exits right after its open is still named), but never
   longer than HOLD_S; an event that reaches HOLD_S is answered and counted, and until the
   agent answers again the responder holds nothing (a stopped agent costs one HOLD_S, not
-  one per open);
+  one per open); each access it hands over says whether it holds the opener, and the
+  agent counts the opens let through unheld whose opener it then finds gone (fanwatch.py):
+  with the timeouts, they are the `answer_timeout` status;
 - answers at once what it could not hand over (counted as dropped), what the agent's own
   process opens, and everything past MAX_HELD events held at the same time.
 
@@ -108,9 +110,11 @@ class Responder:
         except OSError:
             path, st = "", None
         self.seq += 1
-        frame = channel.access(
-            self.seq, event.mask, event.pid, st, os.fsencode(path), (self.dropped, self.timeouts)
-        )
+        # decided before the send: the agent must know whether the opener waits for it (an
+        # open let through unheld is one whose opener it may find gone: it counts those)
+        hold = bool(permission) and not self.agent_late and len(self.held) < MAX_HELD
+        counts = (self.dropped, self.timeouts)
+        frame = channel.access(self.seq, event.mask, event.pid, st, os.fsencode(path), counts, hold)
         sent = self._send(frame)
         if sent:
             self.dropped = self.timeouts = 0
@@ -118,7 +122,7 @@ class Responder:
             self.dropped += 1
         if not permission:
             self._done(event.fd, permission)
-        elif sent and not self.agent_late and len(self.held) < MAX_HELD:
+        elif sent and hold:
             self.held[self.seq] = (event.fd, time.monotonic() + self.hold_s)
         else:
             self._allow(event.fd)

@@ -148,7 +148,8 @@ class FileAccessSensor:
                 self.name,
                 "answer_timeout",
                 f"{self._timeouts} opens of protected files let through by the fanotify "
-                "responder before the agent read the opener (the agent was slow or stopped)",
+                "responder before the agent read the opener (the agent was slow or stopped): "
+                "their events may name the opener by its pid alone",
                 **{"hpcsec.errors": self._timeouts},
             )
         if self._dropped:

@@ -372,9 +372,10 @@ def test_the_responder_answers_when_the_proc_read_stalls(shared_dir, monkeypatch
             assert (child.returncode, child.stdout) == (0, b"w")  # answered, not stuck
         release.set()  # the reader reads what the responder counted meanwhile
         deadline = time.monotonic() + 5
-        while watch.answered_by_timeout < 1 and time.monotonic() < deadline:
+        while watch.answered_by_timeout < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert watch.answered_by_timeout == 1
+        # the timeout, and the two let through unheld whose opener the reader found gone
+        assert watch.answered_by_timeout == 3
 
 
 @root_only

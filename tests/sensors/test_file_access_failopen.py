@@ -12,11 +12,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import slurm_harness
+
+from hpcsec.sensors.base import FsRoot, SensorContext
+from hpcsec.sensors.file_access import openers
+from hpcsec.sensors.file_access.sensor import FileAccessSensor
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="fanotify and runuser need root")
 OPEN_TIMEOUT_S = 5.0  # a liveness bound: an open the kernel holds for an answer never returns
@@ -46,7 +51,7 @@ else:
 # of the record, e.g. a `cat`'s open and read: only the open-only test reads it); the loop
 # waits for `wanted` of what the test counts, so a record folding two actions cannot end it
 # before every opener was reported
-open_events = opens = dropped = timeouts = 0
+open_events = opens = dropped = timeouts = unnamed = 0
 deadline = time.monotonic() + 90  # a bound for a loaded machine, not a speed
 while (open_events if count_by == "events" else opens) + dropped < wanted and (
     time.monotonic() < deadline
@@ -55,11 +60,18 @@ while (open_events if count_by == "events" else opens) + dropped < wanted and (
         if e.get("event.action") == "open":
             open_events += 1
             opens += e.get("file.access_count") or 1
+            unnamed += "user.id" not in e
         dropped += e.get("hpcsec.dropped", 0)
         if e.get("event.action") == "answer_timeout":
             timeouts += e["hpcsec.errors"]
     time.sleep(0.05)
-result = {"open_events": open_events, "opens": opens, "dropped": dropped, "timeouts": timeouts}
+result = {
+    "open_events": open_events,
+    "opens": opens,
+    "dropped": dropped,
+    "timeouts": timeouts,
+    "unnamed": unnamed,
+}
 print(json.dumps(result), flush=True)
 sensor.close()
 """
@@ -124,7 +136,9 @@ def test_opens_complete_while_the_agent_is_stopped_and_are_reported_after(protec
     agent.stdin.flush()
     result = summary(agent)
     assert (result["open_events"], result["dropped"]) == (100, 0)  # all fit in the channel
-    assert result["timeouts"] == 1  # the first open waited out the hold; the rest did not wait
+    # The first open waited out the hold; the rest did not wait, and each `cat` was gone
+    # when the agent came to read it: every one is counted, as many as name no user.
+    assert result["timeouts"] == result["unnamed"] == 100
 
 
 @root_only
@@ -186,3 +200,62 @@ def test_the_responder_never_reads_proc_for_an_answer(protected):
     finally:
         agent.kill()
         agent.wait()
+
+
+@root_only
+def test_every_open_let_through_unheld_whose_opener_is_gone_is_counted(protected, monkeypatch):
+    """After one open waits out the hold the responder holds nothing until the agent answers
+    again: the opens it lets through meanwhile are reported with their pid alone when the
+    opener is gone by the time the agent reads it. Each is counted in the `answer_timeout`
+    status, with the one that timed out, so the count is exactly the opens whose events
+    name no user; an opener still alive when read is named and not counted."""
+    shard = protected / "model" / "shard-0.safetensors"
+    release = threading.Event()
+    read_opener = openers.access_process_fields
+
+    def stalled(ctx, pid, users=None):  # the agent's thread stuck (a slow /proc, a GC)
+        release.wait(30)
+        return read_opener(ctx, pid, users)
+
+    monkeypatch.setattr(openers, "access_process_fields", stalled)
+    ctx = SensorContext(
+        "node",
+        FsRoot("sys", "/sys"),
+        FsRoot("proc", "/proc"),
+        FsRoot("etc", "/etc"),
+        options={"watch": [str(protected / "model")], "stream": True},
+    )
+    sensor = FileAccessSensor()
+    lingering = None
+    events: list[dict] = []
+    try:
+        list(sensor.collect(ctx))
+        opens_by_alice(shard, 5)  # the first waits out the hold, the other four are not held
+        lingering = subprocess.Popen(  # not held either, but alive when the agent reads it
+            ["runuser", "-u", "alice", "--", "sh", "-c", 'exec 3<"$0"; echo opened; read x', shard],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert lingering.stdout is not None and lingering.stdout.readline() == "opened\n"
+        release.set()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            events += list(sensor.collect(ctx))
+            if len([e for e in events if e["event.action"] == "open"]) >= 6:
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)  # any count still on its way
+        events += list(sensor.collect(ctx))
+    finally:
+        release.set()
+        if lingering is not None:
+            lingering.communicate("\n", timeout=10)
+        sensor.close()
+    opened = [e for e in events if e["event.action"] == "open"]
+    assert len(opened) == 6
+    unnamed = [e for e in opened if "user.id" not in e]
+    named = [e for e in opened if "user.id" in e]
+    assert [(e["user.name"], e["process.name"]) for e in named] == [("alice", "sh")]
+    counted = [e for e in events if e["event.action"] == "answer_timeout"]
+    assert sum(e["hpcsec.errors"] for e in counted) == len(unnamed) == 5

@@ -552,6 +552,27 @@ def test_owners_take_turns_a_slice_each_and_a_tree_queued_twice_is_walked_once()
         trees.stop()
 
 
+def test_a_tree_made_then_moved_in_before_its_walk_is_walked_once_as_moved_in():
+    """A directory made in the tree, moved out and in again while its walk waits: walked
+    once, and as a tree moved in (its files are reported with the move's pid)."""
+    walker = _Walker()
+    trees = newtrees.NewTrees(walker, lambda why: None)
+    try:
+        trees.put(_walk("/m/busy", 1001))
+        assert walker.taken.wait(5)
+        made = _walk("/m/ckpt", 1002)
+        moved_in = _walk("/m/ckpt", 1002)
+        moved_in.arrival = (4242, "2026-11-30T10:00:00.000Z")
+        assert trees.put(made) is None and trees.put(moved_in) is None
+        walker.release.set()
+        assert trees.wait_idle(5)
+        assert walker.walked == ["/m/busy", "/m/ckpt"]
+        assert made.arrival == (4242, "2026-11-30T10:00:00.000Z")
+    finally:
+        walker.release.set()
+        trees.stop()
+
+
 def test_a_directory_that_reuses_a_queued_ones_inode_number_is_queued():
     """A directory removed while its walk waits, and one made that reuses its inode number
     (ext4 does): not the same directory (another handle, with the inode's generation), so
