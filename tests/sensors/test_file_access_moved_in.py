@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import slurm_harness
 
-from hpcsec.detector.config.site import load_config
+from hpcsec.detector.config.site import SiteConfig, load_config
 from hpcsec.detector.engine.evaluate import Engine
 from hpcsec.detector.engine.loader import bundled_rules_dir, load_rules
 from hpcsec.detector.enrich.policy import policy_for
@@ -88,20 +88,19 @@ def without_fan_rename(monkeypatch) -> None:
     monkeypatch.setattr(fan, "mark_at", mark_at)
 
 
+def live_stream(node: Path) -> tuple[SiteConfig, SensorContext]:
+    """The node's site config, and a context for the live fanotify stream under it."""
+    config = load_config(node / "site.yml", cache=False)
+    roots = (FsRoot("sys", "/sys"), FsRoot("proc", "/proc"), FsRoot("etc", "/etc"))
+    return config, SensorContext("node", *roots, config=config, options={"stream": True})
+
+
 @root_only
 @pytest.mark.parametrize("kernel", ["FAN_RENAME", "FAN_MOVED_TO"])
 def test_files_and_a_directory_moved_in_are_events_about_the_dataset(node, monkeypatch, kernel):
     if kernel == "FAN_MOVED_TO":
         without_fan_rename(monkeypatch)
-    config = load_config(node / "site.yml", cache=False)
-    ctx = SensorContext(
-        "node",
-        FsRoot("sys", "/sys"),
-        FsRoot("proc", "/proc"),
-        FsRoot("etc", "/etc"),
-        config=config,
-        options={"stream": True},
-    )
+    config, ctx = live_stream(node)
     c4 = node / "datasets" / "c4"
     moved_in, replaced = str(c4 / "moved_in.pkl"), str(c4 / "grp" / "shard.bin")
     directory = str(c4 / "dir_moved_in")
@@ -147,15 +146,7 @@ def test_a_move_out_or_within_the_tree_is_about_the_old_path(node, monkeypatch, 
     within the tree: the old path is the event's and the asset's."""
     if kernel == "FAN_MOVED_TO":
         without_fan_rename(monkeypatch)
-    config = load_config(node / "site.yml", cache=False)
-    ctx = SensorContext(
-        "node",
-        FsRoot("sys", "/sys"),
-        FsRoot("proc", "/proc"),
-        FsRoot("etc", "/etc"),
-        config=config,
-        options={"stream": True},
-    )
+    _, ctx = live_stream(node)
     c4 = node / "datasets" / "c4"
     (c4 / "keep.bin").write_bytes(b"k")
     shard, kept, renamed = c4 / "grp" / "shard.bin", c4 / "keep.bin", c4 / "renamed.bin"
