@@ -24,11 +24,11 @@ import itertools
 from collections.abc import Hashable
 
 from hpcsec.detector.core.text import from_node_bytes
-from hpcsec.sensors.cmdline_condense import Literals
+from hpcsec.sensors.cmdline_condense import Literals, excerpt
+from hpcsec.sensors.proclists import cut_to
 
 OWNER_BUDGET = 1024 * 1024  # characters of command lines per owner and sample, kept whole
 HEAD_KEEP = 1024  # of a shortened command line, its first characters
-EXCERPT_CONTEXT = 32  # bytes kept on each side of a rule's text in an excerpt
 MAX_EXCERPTS = 64  # rules' texts kept per shortened command line, at most (first found)
 
 
@@ -63,22 +63,11 @@ def shortened(raw: list[bytes], literals: Literals | None) -> list[str] | None:
     if len(line) <= HEAD_KEEP:
         return None
     rest = line[HEAD_KEEP:]
-    kept = [_cut(line, HEAD_KEEP)]
+    kept = [from_node_bytes(cut_to(line, len(line), HEAD_KEEP))]
     found = literals.found(rest) if literals is not None else {}
-    kept += [_excerpt(rest, start, end) for start, end in sorted(found.values())[:MAX_EXCERPTS]]
+    spans = sorted(found.values())[:MAX_EXCERPTS]
+    kept += [from_node_bytes(excerpt(rest, len(rest), start, end)) for start, end in spans]
     ends = itertools.accumulate(len(arg) + 1 for arg in raw)
     whole = sum(1 for end in ends if end - 1 <= HEAD_KEEP)  # arguments the head shows whole
     kept.append(f"\u2026[hpcsec: {len(raw) - whole} arguments ({len(rest)} bytes) left out]")
     return kept
-
-
-def _cut(data: bytes, keep: int) -> str:
-    return from_node_bytes(data[:keep]) + f"\u2026[hpcsec: cut {len(data) - keep} bytes]"
-
-
-def _excerpt(data: bytes, start: int, end: int) -> str:
-    """The bytes of `data` around [start, end), with a CUT marker for each side left out."""
-    low, high = max(0, start - EXCERPT_CONTEXT), min(len(data), end + EXCERPT_CONTEXT)
-    before = f"\u2026[hpcsec: cut {low} bytes]" if low else ""
-    after = f"\u2026[hpcsec: cut {len(data) - high} bytes]" if high < len(data) else ""
-    return before + from_node_bytes(data[low:high]) + after

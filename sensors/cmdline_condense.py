@@ -157,7 +157,7 @@ DENSE = 8  # one argument in this many a flag or URL: one dictionary pass over t
 WEIGH_BLOCK = 256  # flags and URLs compared to the room (in C) that many at a time
 
 
-def _excerpt(arg: bytes, length: int, start: int, end: int) -> bytes:
+def excerpt(arg: bytes, length: int, start: int, end: int) -> bytes:
     """`arg` (the first bytes of an argument `length` long) whole when short, else the bytes
     around [start, end) with a CUT marker for each side left out."""
     if length <= EXCERPT_WHOLE and len(arg) == length:
@@ -408,12 +408,12 @@ class _Condensed:
             # form leaves out of them, not only what a rule could see across two arguments
             found = self.literals.found(whole) if self.literals else {}
             own = {lit: span for lit, span in found.items() if lit not in self.covered}
-            if not own or self._to_cover(_excerpt(whole, length, *_extent([*own.values()]))):
+            if not own or self._to_cover(excerpt(whole, length, *_extent([*own.values()]))):
                 self.covered.update(own)
                 continue
             for literal, span in sorted(own.items(), key=lambda item: item[1][1] - item[1][0]):
                 # far apart: an excerpt around each that still fits the literals' room
-                if literal not in self.covered and self._to_cover(_excerpt(whole, length, *span)):
+                if literal not in self.covered and self._to_cover(excerpt(whole, length, *span)):
                     self.covered.add(literal)
         self.head_longs = []
 
@@ -510,7 +510,7 @@ class _Condensed:
         spans += [(start, len(left)) for start, _ in across.values()]
         if not spans:
             self._keep_or_leave(kept)
-        elif self._to_cover(_excerpt(whole, length, *_extent(spans))):
+        elif self._to_cover(excerpt(whole, length, *_extent(spans))):
             self._covering(own, across)
             self.middle_seen.add(kept)
         elif not self._one_of(kept, whole, length, carried, own, across):
@@ -552,7 +552,7 @@ class _Condensed:
                 for lit, (a, b) in across.items()
             ]
         for span, one_own, one_across in sorted(choices, key=lambda c: c[0][1] - c[0][0]):
-            if self._to_cover(_excerpt(whole, length, *span)):
+            if self._to_cover(excerpt(whole, length, *span)):
                 self._covering(one_own, one_across)
                 self.middle_seen.add(kept)
                 return True
